@@ -1,0 +1,217 @@
+"""msgpack encoding of checkpoints and stored values, with a versioned envelope.
+
+Beyond msgpack's own types, tuples, sets, frozensets, datetimes and dates round-trip as
+ext types. Nothing else is accepted, and decoding never runs code: there is no pickle.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping
+from typing import Any
+
+import msgpack
+
+from agentq.errors import (
+    CheckpointTooLarge,
+    CorruptCheckpoint,
+    UnserializableState,
+    UnsupportedVersion,
+)
+from agentq.records import Checkpoint
+
+FORMAT_VERSION = 1
+DEFAULT_MAX_CHECKPOINT_BYTES = 1024 * 1024
+
+_EXT_TUPLE = 1
+_EXT_SET = 2
+_EXT_FROZENSET = 3
+_EXT_DATETIME = 4
+_EXT_DATE = 5
+
+_PLAIN = (str, bytes, int, float, bool, type(None))
+
+
+def _default(obj: object) -> Any:
+    if isinstance(obj, tuple):
+        return msgpack.ExtType(_EXT_TUPLE, _pack(list(obj)))
+    if isinstance(obj, frozenset):
+        return msgpack.ExtType(_EXT_FROZENSET, _pack(list(obj)))
+    if isinstance(obj, set):
+        return msgpack.ExtType(_EXT_SET, _pack(list(obj)))
+    if isinstance(obj, dt.datetime):
+        return msgpack.ExtType(_EXT_DATETIME, obj.isoformat().encode())
+    if isinstance(obj, dt.date):
+        return msgpack.ExtType(_EXT_DATE, obj.isoformat().encode())
+    # strict_types sends subclasses here; store them as their base type.
+    if isinstance(obj, Mapping):
+        return dict(obj)
+    if isinstance(obj, list):
+        return list(obj)
+    if isinstance(obj, str):
+        return str(obj)
+    if isinstance(obj, bool):
+        return bool(obj)
+    if isinstance(obj, int):
+        return int(obj)
+    if isinstance(obj, float):
+        return float(obj)
+    raise TypeError(f"cannot store {type(obj).__name__}")
+
+
+def _ext_hook(code: int, data: bytes) -> Any:
+    if code == _EXT_TUPLE:
+        return tuple(_unpack(data))
+    if code == _EXT_SET:
+        return set(_unpack(data))
+    if code == _EXT_FROZENSET:
+        return frozenset(_unpack(data))
+    if code == _EXT_DATETIME:
+        return dt.datetime.fromisoformat(data.decode())
+    if code == _EXT_DATE:
+        return dt.date.fromisoformat(data.decode())
+    raise ValueError(f"unknown msgpack ext type {code}")
+
+
+def _pack(value: Any) -> bytes:
+    return msgpack.packb(value, default=_default, strict_types=True, use_bin_type=True)  # type: ignore[no-any-return]
+
+
+def _unpack(data: bytes) -> Any:
+    return msgpack.unpackb(data, ext_hook=_ext_hook, raw=False, strict_map_key=False)
+
+
+def find_unencodable(value: Any, path: str) -> tuple[str, str] | None:
+    """Return ``(path, type name)`` of the first value below ``value`` that cannot be stored."""
+    if isinstance(value, _PLAIN):
+        return None
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            if not isinstance(key, (*_PLAIN, tuple)):
+                return f"{path}[{key!r}] (a key)", type(key).__name__
+            found = find_unencodable(item, f"{path}.{key}" if isinstance(key, str) else
+                                     f"{path}[{key!r}]")
+            if found:
+                return found
+        return None
+    if isinstance(value, (list, tuple, set, frozenset)):
+        for index, item in enumerate(value):
+            found = find_unencodable(item, f"{path}[{index}]")
+            if found:
+                return found
+        return None
+    if isinstance(value, (dt.datetime, dt.date)):
+        return None
+    return path, type(value).__name__
+
+
+def encode_value(value: Any, *, what: str, thread_id: str | None, step: int | None) -> bytes:
+    """Encode one stored value (an input, a result, an effect's result) or raise
+    :class:`UnserializableState` naming the path ``what`` to the offending item."""
+    try:
+        return _pack(value)
+    except (TypeError, ValueError, OverflowError) as exc:
+        found = find_unencodable(value, what) or (what, type(value).__name__)
+        path, type_name = found
+        raise UnserializableState(
+            f"{path}: {type_name} cannot be stored in a checkpoint ({exc}); store plain data "
+            "(dict, list, str, int, float, bool, None, bytes, tuple, set, datetime) or convert "
+            "it first, e.g. model objects with .model_dump()",
+            path=path,
+            thread_id=thread_id,
+            step=step,
+        ) from exc
+
+
+def decode_value(data: bytes, *, what: str, thread_id: str | None, step: int | None) -> Any:
+    """Decode a value written by :func:`encode_value`."""
+    try:
+        return _unpack(data)
+    except Exception as exc:
+        raise CorruptCheckpoint(
+            f"{what} does not decode ({type(exc).__name__}: {exc}); the stored bytes were "
+            "not written by agentq or were damaged",
+            thread_id=thread_id,
+            step=step,
+        ) from exc
+
+
+def encode_checkpoint(
+    thread_id: str, checkpoint: Checkpoint, *, limit: int = DEFAULT_MAX_CHECKPOINT_BYTES
+) -> bytes:
+    """Encode ``checkpoint`` in the versioned envelope.
+
+    Raises :class:`UnserializableState` for a value that cannot be stored and
+    :class:`CheckpointTooLarge` when the result exceeds ``limit`` bytes; both before any
+    write, so nothing stored is touched.
+    """
+    envelope = {
+        "v": FORMAT_VERSION,
+        "step": checkpoint.step,
+        "node": checkpoint.node,
+        "state": checkpoint.state,
+        "pending": checkpoint.pending,
+        "cursors": checkpoint.cursors,
+        "task": checkpoint.task,
+        "token": checkpoint.token,
+        "at": checkpoint.created_at,
+    }
+    try:
+        data = _pack(envelope)
+    except (TypeError, ValueError, OverflowError):
+        for field in ("state", "pending", "cursors"):
+            encode_value(envelope[field], what=field, thread_id=thread_id, step=checkpoint.step)
+        raise
+    if len(data) > limit:
+        raise CheckpointTooLarge(
+            f"checkpoint is {len(data)} bytes, over the limit of {limit}; keep large data "
+            "(documents, files, images) out of the state: store it with "
+            "run.artifacts.put(data) and keep the returned reference, or raise "
+            "max_checkpoint_bytes",
+            size=len(data),
+            limit=limit,
+            thread_id=thread_id,
+            step=checkpoint.step,
+        )
+    return data
+
+
+def decode_checkpoint(thread_id: str, data: bytes, *, step: int | None = None) -> Checkpoint:
+    """Decode an envelope written by :func:`encode_checkpoint`.
+
+    Raises :class:`CorruptCheckpoint` for bytes that are not an envelope and
+    :class:`UnsupportedVersion` for one written by a newer format version.
+    """
+    envelope = decode_value(data, what="checkpoint", thread_id=thread_id, step=step)
+    if not isinstance(envelope, dict) or not isinstance(envelope.get("v"), int):
+        raise CorruptCheckpoint(
+            "stored bytes are not an agentq checkpoint envelope; restore the key from a "
+            "backup or fork the thread from an earlier step",
+            thread_id=thread_id,
+            step=step,
+        )
+    if envelope["v"] > FORMAT_VERSION:
+        raise UnsupportedVersion(
+            f"checkpoint format version {envelope['v']} is newer than this agentq "
+            f"understands ({FORMAT_VERSION}); upgrade agentq on this worker",
+            thread_id=thread_id,
+            step=step,
+        )
+    try:
+        return Checkpoint(
+            step=int(envelope["step"]),
+            node=envelope["node"],
+            state=envelope["state"],
+            pending=envelope["pending"],
+            cursors=envelope["cursors"],
+            task=envelope["task"],
+            token=int(envelope["token"]),
+            created_at=float(envelope["at"]),
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CorruptCheckpoint(
+            f"checkpoint envelope is missing or mistypes a field ({exc}); restore the key "
+            "from a backup or fork the thread from an earlier step",
+            thread_id=thread_id,
+            step=step,
+        ) from exc

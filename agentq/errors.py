@@ -1,0 +1,102 @@
+"""Every exception agentq raises.
+
+All of them derive from :class:`AgentqError` and carry the thread and the step they are
+about as attributes, so a handler can act on them without parsing the message.
+"""
+
+from __future__ import annotations
+
+
+class AgentqError(Exception):
+    """Raised for every agentq failure; the root of the hierarchy."""
+
+    def __init__(self, message: str, *, thread_id: str | None = None, step: int | None = None):
+        self.thread_id = thread_id
+        self.step = step
+        where = []
+        if thread_id is not None:
+            where.append(f"thread {thread_id!r}")
+        if step is not None:
+            where.append(f"step {step}")
+        super().__init__(f"{', '.join(where)}: {message}" if where else message)
+
+
+class InvalidThreadId(AgentqError, ValueError):
+    """Raised when a thread id is empty, too long, or holds braces or control characters."""
+
+
+class StoreConfigError(AgentqError):
+    """Raised when a store URL or store option cannot be used."""
+
+
+class CodecError(AgentqError):
+    """Raised when a value cannot be turned into stored bytes or back."""
+
+
+class UnserializableState(CodecError, TypeError):
+    """Raised when a checkpoint holds a value msgpack cannot store; names the path to it."""
+
+    def __init__(self, message: str, *, path: str, thread_id: str | None, step: int | None):
+        self.path = path
+        super().__init__(message, thread_id=thread_id, step=step)
+
+
+class CheckpointTooLarge(CodecError):
+    """Raised before writing when an encoded checkpoint exceeds the configured size limit."""
+
+    def __init__(self, message: str, *, size: int, limit: int, thread_id: str, step: int):
+        self.size = size
+        self.limit = limit
+        super().__init__(message, thread_id=thread_id, step=step)
+
+
+class CorruptCheckpoint(CodecError):
+    """Raised when stored bytes do not decode into a checkpoint envelope."""
+
+
+class UnsupportedVersion(CodecError):
+    """Raised when a checkpoint was written by a newer agentq format version than this one."""
+
+
+class ThreadNotFound(AgentqError, LookupError):
+    """Raised when an operation needs a thread that the store does not hold."""
+
+
+class CheckpointNotFound(AgentqError, LookupError):
+    """Raised when a checkpoint step was never written or has been pruned by retention."""
+
+
+class ThreadExists(AgentqError):
+    """Raised when creating a thread (a fork) under an id that is already taken."""
+
+
+class FencingError(AgentqError):
+    """Raised when the store refuses a write from a worker that no longer drives the thread."""
+
+
+class LeaseHeld(FencingError):
+    """Raised when acquiring a thread's lease while another owner's lease is live."""
+
+    def __init__(self, message: str, *, thread_id: str, ttl_ms: int):
+        self.ttl_ms = ttl_ms
+        super().__init__(message, thread_id=thread_id)
+
+
+class LeaseLost(FencingError):
+    """Raised when renewing or releasing a lease that expired or passed to another worker."""
+
+
+class StaleToken(FencingError):
+    """Raised when a commit or claim carries a fencing token older than the thread's current one."""
+
+
+class StepConflict(FencingError):
+    """Raised when committing step n while the latest stored step is not n-1."""
+
+    def __init__(self, message: str, *, thread_id: str, step: int, latest: int):
+        self.latest = latest
+        super().__init__(message, thread_id=thread_id, step=step)
+
+
+class EffectError(AgentqError):
+    """Raised when an idempotency record cannot be claimed or completed as asked."""

@@ -1,0 +1,111 @@
+"""The typed records a store hands back: thread meta, checkpoints, effect records."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+
+class Status(str, Enum):
+    """Where a thread is in its life. Stored as the plain string value."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    WAITING = "waiting"
+    RETRYING = "retrying"
+    DONE = "done"
+    FAILED = "failed"
+    NEEDS_ATTENTION = "needs_attention"
+    CANCELLED = "cancelled"
+
+    @property
+    def finished(self) -> bool:
+        """True for the statuses retention may expire: nothing will run the thread again."""
+        return self in FINISHED
+
+
+FINISHED = frozenset({Status.DONE, Status.FAILED, Status.CANCELLED})
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """One snapshot of a thread: enough to continue as if nothing had happened.
+
+    ``step`` and ``node`` are the program counter (``node`` is ``None`` once the thread has
+    finished); ``state`` is the user's accumulated state; ``pending`` the tool calls decided
+    but not yet recorded; ``cursors`` progress through the outside world. ``token`` is the
+    fencing token of the worker that wrote it and ``created_at`` a Unix time.
+    """
+
+    step: int
+    node: str | None
+    state: dict[str, Any] = field(default_factory=dict)
+    pending: list[Any] = field(default_factory=list)
+    cursors: dict[str, Any] = field(default_factory=dict)
+    task: str = ""
+    token: int = 0
+    created_at: float = 0.0
+
+
+@dataclass(frozen=True)
+class ThreadMeta:
+    """What a store knows about a thread besides its checkpoints.
+
+    ``step`` is the latest committed step (-1 before the first commit). ``fence`` is the
+    highest fencing token handed out for the thread. ``input``, ``result``, ``interrupt``
+    and ``resume_value`` are decoded values; ``None`` when absent.
+    """
+
+    thread_id: str
+    status: Status
+    step: int
+    node: str | None
+    task: str
+    attempts: int
+    crashes: int
+    fence: int
+    error: str | None
+    created_at: float
+    updated_at: float
+    input: Any = None
+    result: Any = None
+    interrupt: Any = None
+    resume_value: Any = None
+    cancel_requested: bool = False
+
+
+@dataclass(frozen=True)
+class Effect:
+    """An idempotency record: ``state`` is ``pending`` from its claim until completed ``done``."""
+
+    key: str
+    state: str
+    token: int
+    result: Any = None
+
+
+@dataclass(frozen=True)
+class Claim:
+    """The answer to claiming an effect key.
+
+    ``outcome`` is ``claimed`` (the caller owns the key now and must run the effect),
+    ``done`` (it already ran: ``effect.result`` is its recorded result) or ``unknown`` (an
+    earlier driver claimed it and never recorded an outcome: it may or may not have run).
+    """
+
+    outcome: str
+    effect: Effect
+
+
+@dataclass(frozen=True)
+class Finding:
+    """A store configuration problem found by ``check()``, with the fix."""
+
+    setting: str
+    value: str
+    problem: str
+    fix: str
+
+    def __str__(self) -> str:
+        return f"{self.setting}={self.value}: {self.problem} Fix: {self.fix}"

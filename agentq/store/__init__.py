@@ -1,0 +1,1 @@
+"""Store backends: Redis (and Redis-API servers) and SQLite."""

@@ -1,0 +1,293 @@
+"""The store contract: what every agentq backend provides, and how atomic each call is.
+
+A store holds threads. A thread has meta (status, step, node, ...), an append-only chain of
+checkpoints addressed by step, a lease with a fencing token, idempotency records for its
+side effects, and an entry in the due-time index while something should run it.
+
+Fencing: ``acquire`` hands out a token that only ever increases for a thread. Every write a
+driver makes (``commit``, ``set_status``, ``claim_effect``, ``complete_effect``) carries it,
+and the store refuses the write with :class:`~agentq.errors.StaleToken` once a newer token
+exists. A worker that was paused past its lease ("zombie") therefore cannot damage the
+thread, whatever it believes.
+
+Times: durations are seconds (floats); the due index and timestamps are Unix times taken
+from the store's clock where it has one (Redis ``TIME``), so workers' clocks may drift.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from typing import Any, Final
+
+from agentq.codec import DEFAULT_MAX_CHECKPOINT_BYTES, decode_value
+from agentq.records import Checkpoint, Claim, Effect, Finding, Status, ThreadMeta
+
+DEFAULT_KEEP_LAST: Final = 20
+
+
+class _Unset:
+    def __repr__(self) -> str:
+        return "UNSET"
+
+
+UNSET: Final = _Unset()
+"""Marks an optional meta value the caller leaves as it is (``None`` is a value)."""
+
+
+class Store(ABC):
+    """A durable home for threads. Subclasses: ``RedisStore``, ``SQLiteStore``."""
+
+    keep_last: int
+    """How many checkpoints of a thread are kept; older ones are deleted by ``commit``."""
+    max_checkpoint_bytes: int
+    """The encoded size over which ``commit`` refuses a checkpoint."""
+
+    def __init__(
+        self,
+        *,
+        keep_last: int = DEFAULT_KEEP_LAST,
+        max_checkpoint_bytes: int = DEFAULT_MAX_CHECKPOINT_BYTES,
+    ) -> None:
+        if keep_last < 1:
+            raise ValueError(f"keep_last must be at least 1, got {keep_last}")
+        if max_checkpoint_bytes < 1:
+            raise ValueError(f"max_checkpoint_bytes must be positive, got {max_checkpoint_bytes}")
+        self.keep_last = keep_last
+        self.max_checkpoint_bytes = max_checkpoint_bytes
+
+    # -- threads -------------------------------------------------------------------------
+
+    @abstractmethod
+    def open_thread(
+        self, thread_id: str, *, task: str, input: Any = None, start_grace: float = 30.0
+    ) -> tuple[ThreadMeta, bool]:
+        """Create the thread as ``queued`` unless it exists; return its meta and whether it
+        was created. A new thread is due ``start_grace`` seconds from now, so a lost
+        message is re-sent by recovery. An existing thread is returned unchanged.
+
+        Atomic.
+        """
+
+    @abstractmethod
+    def meta(self, thread_id: str) -> ThreadMeta | None:
+        """Return the thread's meta, or ``None`` if the store does not hold it. Atomic."""
+
+    @abstractmethod
+    def threads(
+        self, status: Status | None = None, *, limit: int = 100, offset: int = 0
+    ) -> list[ThreadMeta]:
+        """List threads, most recently updated first, optionally only those in ``status``.
+
+        Not atomic across threads: each meta is read as it is at that moment.
+        """
+
+    @abstractmethod
+    def delete_thread(self, thread_id: str) -> bool:
+        """Delete the thread with every checkpoint, effect record and index entry it owns;
+        ``False`` if it did not exist. Atomic. Global effect records are not the thread's
+        and stay."""
+
+    @abstractmethod
+    def fork(self, thread_id: str, step: int, new_thread_id: str) -> ThreadMeta:
+        """Create ``new_thread_id`` holding a copy of checkpoint ``step`` of ``thread_id`` as
+        its latest, in status ``waiting`` with no lease and no effect records.
+
+        Raises :class:`~agentq.errors.CheckpointNotFound` if the step is not stored and
+        :class:`~agentq.errors.ThreadExists` if the new id is taken. Creating the new thread
+        is atomic; the source is only read.
+        """
+
+    @abstractmethod
+    def gc(self, finished_ttl: float) -> int:
+        """Delete threads that finished (``done``, ``failed``, ``cancelled``) more than
+        ``finished_ttl`` seconds ago; return how many. Each deletion is atomic."""
+
+    # -- lease ---------------------------------------------------------------------------
+
+    @abstractmethod
+    def acquire(self, thread_id: str, owner: str, ttl: float) -> int:
+        """Take the thread's lease for ``ttl`` seconds and return a new fencing token,
+        greater than every token handed out for this thread before.
+
+        An owner may re-acquire its own live lease (and gets a new token). A ``queued``,
+        ``retrying`` or ``running`` thread becomes ``running`` and is due when the lease
+        expires. Raises :class:`~agentq.errors.LeaseHeld` while another owner's lease is
+        live and :class:`~agentq.errors.ThreadNotFound` for an unknown thread. Atomic.
+        """
+
+    @abstractmethod
+    def renew(self, thread_id: str, owner: str, token: int, ttl: float) -> None:
+        """Extend the lease to ``ttl`` seconds from now and push the thread's due time with
+        it. Raises :class:`~agentq.errors.LeaseLost` if the lease expired or changed hands.
+        Atomic."""
+
+    @abstractmethod
+    def release(self, thread_id: str, owner: str, token: int) -> bool:
+        """Give the lease up; ``False`` if it was no longer ours (nothing changes). Atomic."""
+
+    # -- checkpoints ---------------------------------------------------------------------
+
+    @abstractmethod
+    def commit(
+        self,
+        thread_id: str,
+        token: int,
+        checkpoint: Checkpoint,
+        *,
+        status: Status = Status.RUNNING,
+        due_in: float | None = None,
+        result: Any = UNSET,
+        release_owner: str | None = None,
+    ) -> None:
+        """Write checkpoint ``checkpoint.step`` as the thread's latest.
+
+        Succeeds only if ``token`` is the thread's current fencing token (else
+        :class:`~agentq.errors.StaleToken`) and the latest step is ``checkpoint.step - 1``
+        (else :class:`~agentq.errors.StepConflict`). In one atomic operation it writes the
+        snapshot, the latest pointer, the meta (status, step, node, attempts reset to 0,
+        ``result`` if given), the status and due indexes (due in ``due_in`` seconds, or
+        out of the due index when ``None``) and prunes checkpoints beyond ``keep_last``;
+        with ``release_owner`` it also releases that owner's lease. On any refusal no key
+        changes. Encoding errors are raised before anything is written.
+        """
+
+    @abstractmethod
+    def set_status(
+        self,
+        thread_id: str,
+        token: int,
+        status: Status,
+        *,
+        due_in: float | None = None,
+        error: str | _Unset | None = UNSET,
+        attempts: int | _Unset = UNSET,
+        crashes: int | _Unset = UNSET,
+        result: Any = UNSET,
+        interrupt: Any = UNSET,
+        release_owner: str | None = None,
+    ) -> None:
+        """Change the thread's status without a new checkpoint (a retry being scheduled, a
+        failure, an interrupt), fenced by ``token`` like ``commit``. Meta values left
+        ``UNSET`` stay as they are. Atomic."""
+
+    @abstractmethod
+    def latest(self, thread_id: str) -> Checkpoint | None:
+        """Return the latest checkpoint, ``None`` if none was committed. One round trip."""
+
+    @abstractmethod
+    def checkpoint(self, thread_id: str, step: int) -> Checkpoint:
+        """Return checkpoint ``step``; :class:`~agentq.errors.CheckpointNotFound` if it was
+        never written or was pruned."""
+
+    @abstractmethod
+    def history(
+        self, thread_id: str, *, before: int | None = None, limit: int = 20
+    ) -> list[Checkpoint]:
+        """Return up to ``limit`` checkpoints, newest first, with steps below ``before`` when
+        given (pass the last step of a page to get the next one)."""
+
+    # -- effects -------------------------------------------------------------------------
+
+    @abstractmethod
+    def claim_effect(
+        self, thread_id: str, key: str, token: int, *, shared: bool = False, takeover: bool = False
+    ) -> Claim:
+        """Claim the idempotency record ``key`` of the thread (``shared=True``: the global
+        record, across threads).
+
+        A new record is created ``pending`` under ``token`` and the outcome is ``claimed``.
+        A ``done`` record answers ``done`` with its result. A ``pending`` one answers
+        ``unknown``, or with ``takeover=True`` passes to ``token`` and answers ``claimed``.
+        Raises :class:`~agentq.errors.StaleToken` when ``token`` is not the thread's
+        current one. Atomic (for ``shared`` records on Redis Cluster the token check and the
+        claim are two steps, because they live in different slots).
+        """
+
+    @abstractmethod
+    def complete_effect(
+        self, thread_id: str, key: str, token: int, result: Any, *, shared: bool = False
+    ) -> None:
+        """Record the effect's result and mark it ``done``. Refused with
+        :class:`~agentq.errors.StaleToken` unless ``token`` is current and holds the claim.
+        Atomic."""
+
+    @abstractmethod
+    def effect(self, thread_id: str, key: str, *, shared: bool = False) -> Effect | None:
+        """Return the idempotency record, or ``None``."""
+
+    # -- recovery ------------------------------------------------------------------------
+
+    @abstractmethod
+    def due(self, *, limit: int = 100) -> list[tuple[str, float]]:
+        """Return ``(thread_id, due_at)`` for threads due now, earliest first. Read-only."""
+
+    @abstractmethod
+    def claim_due(self, *, hold: float, limit: int = 100) -> list[str]:
+        """Return the threads due now and push each one's due time ``hold`` seconds ahead,
+        so a concurrent sweeper does not send it again before the thread has had time to
+        start. Atomic."""
+
+    # -- operations ----------------------------------------------------------------------
+
+    @abstractmethod
+    def check(self) -> list[Finding]:
+        """Read the backend's configuration; return what threatens durability, with fixes."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release connections."""
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+META_FIELDS: Final = (
+    "status", "step", "node", "task", "attempts", "crashes", "fence", "first",
+    "error", "created_at", "updated_at", "input", "result", "interrupt", "resume",
+    "cancel",
+)  # fmt: skip
+"""The fields of a thread's meta, as both backends store them. ``first`` is the oldest step
+still stored; ``input``, ``result``, ``interrupt`` and ``resume`` hold msgpack bytes."""
+
+
+def meta_from_fields(thread_id: str, fields: Mapping[str, Any]) -> ThreadMeta:
+    """Build a :class:`ThreadMeta` from stored fields (Redis hash bytes or SQLite values)."""
+
+    def text(name: str) -> str | None:
+        value = fields.get(name)
+        if value is None or value == b"" or value == "":
+            return None
+        return value.decode() if isinstance(value, bytes) else str(value)
+
+    def number(name: str, default: float = 0) -> float:
+        value = text(name)
+        return float(value) if value is not None else default
+
+    def blob(name: str) -> Any:
+        value = fields.get(name)
+        if value is None or value == b"":
+            return None
+        return decode_value(bytes(value), what=f"meta.{name}", thread_id=thread_id, step=None)
+
+    return ThreadMeta(
+        thread_id=thread_id,
+        status=Status(text("status") or "queued"),
+        step=int(number("step", -1)),
+        node=text("node"),
+        task=text("task") or "",
+        attempts=int(number("attempts")),
+        crashes=int(number("crashes")),
+        fence=int(number("fence")),
+        error=text("error"),
+        created_at=number("created_at"),
+        updated_at=number("updated_at"),
+        input=blob("input"),
+        result=blob("result"),
+        interrupt=blob("interrupt"),
+        resume_value=blob("resume"),
+        cancel_requested=text("cancel") == "1",
+    )

@@ -1,0 +1,74 @@
+-- Shared by every script that moves a thread between statuses or in the due index.
+--
+-- Convention for those scripts: ARGV[1] is the status-index key prefix and the due index
+-- key is the last of KEYS, so the indexes change in the same atomic step. On Redis
+-- Cluster the indexes live in another slot: the caller then passes ARGV[1] = '' and no
+-- due key, and the script returns the index changes ("ops") for index.lua to apply
+-- next. Index entries are only ever removed after the thread changed, so a crash between
+-- the two leaves an early due time (recovery re-checks the thread), never a missing one.
+
+local function now_seconds()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) + tonumber(t[2]) / 1000000
+end
+
+-- new_status: a status, '' for no change, '-' to leave the status indexes (deletion).
+-- due: a Unix time, 'keep' or 'clear'.
+local function apply_index(due_key, status_prefix, thread_id, old_status, new_status, due, now)
+  if old_status and old_status ~= '' and new_status ~= '' and new_status ~= old_status then
+    redis.call('ZREM', status_prefix .. old_status, thread_id)
+  end
+  if new_status ~= '' and new_status ~= '-' then
+    redis.call('ZADD', status_prefix .. new_status, now, thread_id)
+  end
+  if due == 'clear' then
+    redis.call('ZREM', due_key, thread_id)
+  elseif due ~= 'keep' then
+    redis.call('ZADD', due_key, due, thread_id)
+  end
+end
+
+local function index(thread_id, old_status, new_status, due, now)
+  old_status = old_status or ''
+  if ARGV[1] ~= '' then
+    apply_index(KEYS[#KEYS], ARGV[1], thread_id, old_status, new_status, due, now)
+    return 0
+  end
+  return {thread_id, old_status, new_status, tostring(due), tostring(now)}
+end
+
+-- Sets the status, then ARGV[first_field..] as (field, value) pairs ('' deletes the
+-- field), releases the lease if it is still `release` ('' to keep it), and schedules the
+-- thread `due_in` seconds from now ('' takes it out of the due index).
+local function update_thread(meta, lock, thread_id, new_status, due_in, release, first_field)
+  local now = now_seconds()
+  local old_status = redis.call('HGET', meta, 'status')
+  redis.call('HSET', meta, 'status', new_status, 'updated_at', tostring(now))
+  for i = first_field, #ARGV, 2 do
+    if ARGV[i + 1] == '' then
+      redis.call('HDEL', meta, ARGV[i])
+    else
+      redis.call('HSET', meta, ARGV[i], ARGV[i + 1])
+    end
+  end
+  if release ~= '' and redis.call('GET', lock) == release then
+    redis.call('DEL', lock)
+  end
+  local due = 'clear'
+  if due_in ~= '' then
+    due = now + tonumber(due_in)
+  end
+  return index(thread_id, old_status, new_status, due, now)
+end
+
+-- Fencing check shared by every driver write: {code, fence} on refusal, nil when allowed.
+local function refuse_stale(meta, token)
+  local fence = tonumber(redis.call('HGET', meta, 'fence'))
+  if not fence then
+    return {-3, 0, 0}
+  end
+  if fence ~= tonumber(token) then
+    return {-1, fence, 0}
+  end
+  return nil
+end

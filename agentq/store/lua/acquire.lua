@@ -1,0 +1,25 @@
+-- Takes a thread's lease and hands out the next fencing token.
+-- KEYS[1]: lock, [2]: meta, [due index].
+-- ARGV[1]: status prefix or '', [2] thread id, [3] owner, [4] ttl in ms.
+-- Returns {1, token, ops}; {-1, remaining ms, 0} while another owner holds it;
+-- {-2, 0, 0} for an unknown thread.
+if redis.call('EXISTS', KEYS[2]) == 0 then
+  return {-2, 0, 0}
+end
+local current = redis.call('GET', KEYS[1])
+if current then
+  local sep = string.find(current, ':', 1, true)
+  if string.sub(current, sep + 1) ~= ARGV[3] then
+    return {-1, redis.call('PTTL', KEYS[1]), 0}
+  end
+end
+local token = redis.call('HINCRBY', KEYS[2], 'fence', 1)
+redis.call('SET', KEYS[1], token .. ':' .. ARGV[3], 'PX', ARGV[4])
+local status = redis.call('HGET', KEYS[2], 'status')
+local ops = 0
+if status == 'queued' or status == 'retrying' or status == 'running' then
+  local now = now_seconds()
+  redis.call('HSET', KEYS[2], 'status', 'running', 'updated_at', tostring(now))
+  ops = index(ARGV[2], status, 'running', now + tonumber(ARGV[4]) / 1000, now)
+end
+return {1, token, ops}

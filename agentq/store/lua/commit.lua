@@ -1,0 +1,29 @@
+-- Writes checkpoint n if the token is current and the latest step is n-1.
+-- KEYS[1]: meta, [2]: latest, [3]: checkpoint n, [4]: lock, [due index].
+-- ARGV[1]: status prefix or '', [2] thread id, [3] token, [4] n, [5] snapshot bytes,
+-- [6] status, [7] due in seconds ('' for none), [8] '<token>:<owner>' to release or '',
+-- [9] checkpoint key prefix, [10] keep_last, [11..] meta (field, value) pairs.
+-- Returns {1, n, ops}; {-1, current fence, 0} for a stale token; {-2, latest, 0} for a
+-- step conflict; {-3, 0, 0} for an unknown thread. A refusal writes nothing.
+local meta = KEYS[1]
+local refused = refuse_stale(meta, ARGV[3])
+if refused then
+  return refused
+end
+local step = tonumber(ARGV[4])
+local latest = tonumber(redis.call('GET', KEYS[2]) or '-1')
+if latest ~= step - 1 then
+  return {-2, latest, 0}
+end
+redis.call('SET', KEYS[3], ARGV[5])
+redis.call('SET', KEYS[2], step)
+local first = tonumber(redis.call('HGET', meta, 'first') or '0')
+local keep_from = step - tonumber(ARGV[10]) + 1
+if keep_from > first then
+  for s = first, keep_from - 1 do
+    redis.call('DEL', ARGV[9] .. s)
+  end
+  redis.call('HSET', meta, 'first', keep_from)
+end
+local ops = update_thread(meta, KEYS[4], ARGV[2], ARGV[6], ARGV[7], ARGV[8], 11)
+return {1, step, ops}

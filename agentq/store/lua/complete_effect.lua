@@ -1,0 +1,22 @@
+-- Records an effect's result under the claim that ran it.
+-- KEYS[1]: effect record, [2]: meta (omitted for a shared record on Redis Cluster).
+-- ARGV[1]: token, [2]: result bytes.
+-- Returns {1, token, 0}; {-1, fence, 0} stale token; {-3, 0, 0} unknown thread;
+-- {-4, 0, 0} no record; {-5, holder, 0} when not pending under this token.
+if #KEYS >= 2 then
+  local refused = refuse_stale(KEYS[2], ARGV[1])
+  if refused then
+    return refused
+  end
+end
+local state = redis.call('HGET', KEYS[1], 'state')
+if not state then
+  return {-4, 0, 0}
+end
+local holder = redis.call('HGET', KEYS[1], 'token')
+if state ~= 'pending' or holder ~= ARGV[1] then
+  return {-5, tonumber(holder), 0}
+end
+redis.call('HSET', KEYS[1], 'state', 'done', 'result', ARGV[2],
+  'done_at', tostring(now_seconds()))
+return {1, tonumber(ARGV[1]), 0}

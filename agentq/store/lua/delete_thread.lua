@@ -1,0 +1,26 @@
+-- Deletes a thread and every key it owns.
+-- KEYS[1]: meta, [2]: latest, [3]: lock, [4]: effects set, [due index].
+-- ARGV[1]: status prefix or '', [2] thread id, [3] checkpoint key prefix, [4] '' or a
+-- Unix time: then only delete if the thread is finished and was last updated before it.
+-- Returns {1, ops} if deleted, {0, 0} if absent or (with ARGV[4]) not finished.
+local meta = KEYS[1]
+local status = redis.call('HGET', meta, 'status')
+if not status then
+  return {0, 0}
+end
+if ARGV[4] ~= '' then
+  local finished = status == 'done' or status == 'failed' or status == 'cancelled'
+  if not finished or tonumber(redis.call('HGET', meta, 'updated_at')) >= tonumber(ARGV[4]) then
+    return {0, 0}
+  end
+end
+local first = tonumber(redis.call('HGET', meta, 'first') or '0')
+local latest = tonumber(redis.call('GET', KEYS[2]) or '-1')
+for s = first, latest do
+  redis.call('DEL', ARGV[3] .. s)
+end
+for _, key in ipairs(redis.call('SMEMBERS', KEYS[4])) do
+  redis.call('DEL', key)
+end
+redis.call('DEL', meta, KEYS[2], KEYS[3], KEYS[4])
+return {1, index(ARGV[2], status, '-', 'clear', now_seconds())}

@@ -1,0 +1,17 @@
+-- Creates a thread as 'queued' unless it exists.
+-- KEYS[1]: meta, [due index].
+-- ARGV[1]: status prefix or '', [2] thread id, [3] task name, [4] input (msgpack, '' for
+-- none), [5] start grace in seconds.
+-- Returns {created 0|1, meta as a flat HGETALL list, index ops}.
+local meta = KEYS[1]
+if redis.call('EXISTS', meta) == 1 then
+  return {0, redis.call('HGETALL', meta), 0}
+end
+local now = now_seconds()
+redis.call('HSET', meta, 'status', 'queued', 'step', -1, 'task', ARGV[3], 'attempts', 0,
+  'crashes', 0, 'fence', 0, 'first', 0, 'created_at', tostring(now), 'updated_at', tostring(now))
+if ARGV[4] ~= '' then
+  redis.call('HSET', meta, 'input', ARGV[4])
+end
+local ops = index(ARGV[2], '', 'queued', now + tonumber(ARGV[5]), now)
+return {1, redis.call('HGETALL', meta), ops}

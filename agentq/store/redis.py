@@ -1,0 +1,558 @@
+"""The store on Redis and Redis-API servers with Lua (Valkey, KeyDB, Dragonfly, ...).
+
+Every write is one Lua script on the thread's keys (see :mod:`agentq.keys`), so it is
+atomic and costs one round trip. On a single server the global indexes change in the
+same script; on Redis Cluster they live in another slot and follow in a second call
+(see ``lua/_prelude.lua`` for why that ordering is safe).
+"""
+
+from __future__ import annotations
+
+import heapq
+from importlib.resources import files
+from typing import Any
+
+import redis
+from redis.cluster import RedisCluster
+from redis.commands.core import Script
+
+from agentq.codec import (
+    DEFAULT_MAX_CHECKPOINT_BYTES,
+    decode_checkpoint,
+    decode_value,
+    encode_checkpoint,
+    encode_value,
+)
+from agentq.errors import (
+    CheckpointNotFound,
+    EffectError,
+    LeaseHeld,
+    LeaseLost,
+    StaleToken,
+    StepConflict,
+    StoreConfigError,
+    ThreadExists,
+    ThreadNotFound,
+)
+from agentq.keys import Keys, validate_effect_key, validate_thread_id
+from agentq.records import FINISHED, Checkpoint, Claim, Effect, Finding, Status, ThreadMeta
+from agentq.store.base import DEFAULT_KEEP_LAST, UNSET, Store, _Unset, meta_from_fields
+
+RedisClient = redis.Redis | RedisCluster
+
+_SCRIPTS = (
+    "index", "open_thread", "acquire", "renew", "release", "commit", "set_status",
+    "latest", "delete_thread", "create_fork", "claim_effect", "complete_effect", "claim_due",
+)  # fmt: skip
+
+
+def _load_scripts(client: RedisClient) -> dict[str, Script]:
+    lua = files("agentq.store") / "lua"
+    prelude = (lua / "_prelude.lua").read_text()
+    return {
+        name: client.register_script(prelude + (lua / f"{name}.lua").read_text())
+        for name in _SCRIPTS
+    }
+
+
+def _pairs(fields: dict[str, Any]) -> list[Any]:
+    return [item for pair in fields.items() for item in pair]
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _blob(value: object) -> bytes:
+    # The client is built with decode_responses=False, so stored values arrive as bytes.
+    assert isinstance(value, bytes), type(value)
+    return value
+
+
+def _hash_to_fields(flat: list[bytes]) -> dict[str, bytes]:
+    return {flat[i].decode(): flat[i + 1] for i in range(0, len(flat), 2)}
+
+
+def _fields(record: Any) -> dict[str, bytes]:
+    return {_text(k): v for k, v in record.items()}
+
+
+class RedisStore(Store):
+    """Threads in Redis. Construct from a client or with :meth:`from_url`.
+
+    ``client`` must return bytes (``decode_responses=False``, the default). A
+    :class:`redis.cluster.RedisCluster` client is used in cluster mode.
+    """
+
+    def __init__(
+        self,
+        client: RedisClient,
+        *,
+        prefix: str = "agentq:",
+        keep_last: int = DEFAULT_KEEP_LAST,
+        max_checkpoint_bytes: int = DEFAULT_MAX_CHECKPOINT_BYTES,
+    ) -> None:
+        super().__init__(keep_last=keep_last, max_checkpoint_bytes=max_checkpoint_bytes)
+        if client.get_encoder().decode_responses:
+            raise StoreConfigError(
+                "the Redis client decodes responses, but checkpoints are binary; create it "
+                "with decode_responses=False"
+            )
+        if "{" in prefix or "}" in prefix:
+            raise StoreConfigError(f"prefix {prefix!r} contains a brace; remove it")
+        self.client = client
+        self.keys = Keys(prefix)
+        self.cluster = isinstance(client, RedisCluster)
+        self._scripts = _load_scripts(client)
+
+    @classmethod
+    def from_url(cls, url: str, *, cluster: bool = False, **options: Any) -> RedisStore:
+        """Connect with a ``redis://``, ``rediss://`` or ``unix://`` URL (user, password and
+        database as redis-py reads them). ``cluster=True`` uses Redis Cluster; other
+        keyword arguments go to :class:`RedisStore`."""
+        if not url.startswith(("redis://", "rediss://", "unix://")):
+            raise StoreConfigError(
+                f"unsupported Redis URL {url!r}; use redis://, rediss:// or unix://"
+            )
+        client: RedisClient = (
+            RedisCluster.from_url(url) if cluster else redis.Redis.from_url(url)
+        )
+        return cls(client, **options)
+
+    # -- plumbing ------------------------------------------------------------------------
+
+    def _index_keys(self) -> tuple[list[str], list[Any]]:
+        """The trailing KEYS and the leading ARGV of every index-maintaining script."""
+        if self.cluster:
+            return [], [""]
+        return [self.keys.due()], [self.keys.status_index_prefix()]
+
+    def _run(self, name: str, keys: list[str], args: list[Any], *, indexed: bool) -> Any:
+        if indexed:
+            index_keys, index_args = self._index_keys()
+            keys, args = keys + index_keys, index_args + args
+        reply = self._scripts[name](keys=keys, args=args)
+        if indexed and self.cluster and isinstance(reply, list) and isinstance(reply[-1], list):
+            self._scripts["index"](
+                keys=[self.keys.due()], args=[self.keys.status_index_prefix(), *reply[-1]]
+            )
+        return reply
+
+    def _now(self) -> float:
+        seconds, micros = self.client.time()
+        return seconds + micros / 1e6
+
+    def _stale(self, thread_id: str, token: int, fence: int, step: int | None = None) -> StaleToken:
+        return StaleToken(
+            f"fencing token {token} is stale: the thread's current token is {fence}, so "
+            "another worker has taken it over; stop driving this thread",
+            thread_id=thread_id,
+            step=step,
+        )
+
+    # -- threads -------------------------------------------------------------------------
+
+    def open_thread(
+        self, thread_id: str, *, task: str, input: Any = None, start_grace: float = 30.0
+    ) -> tuple[ThreadMeta, bool]:
+        validate_thread_id(thread_id)
+        blob = b"" if input is None else encode_value(
+            input, what="input", thread_id=thread_id, step=None
+        )
+        created, flat, _ = self._run(
+            "open_thread",
+            [self.keys.meta(thread_id)],
+            [thread_id, task, blob, start_grace],
+            indexed=True,
+        )
+        return meta_from_fields(thread_id, _hash_to_fields(flat)), bool(created)
+
+    def meta(self, thread_id: str) -> ThreadMeta | None:
+        validate_thread_id(thread_id)
+        fields = self.client.hgetall(self.keys.meta(thread_id))
+        if not fields:
+            return None
+        return meta_from_fields(thread_id, _fields(fields))
+
+    def threads(
+        self, status: Status | None = None, *, limit: int = 100, offset: int = 0
+    ) -> list[ThreadMeta]:
+        statuses = [status] if status is not None else list(Status)
+        pipe = self.client.pipeline(transaction=False)
+        for each in statuses:
+            pipe.zrevrange(self.keys.status_index(each.value), 0, offset + limit - 1,
+                           withscores=True)
+        ranked = heapq.merge(*pipe.execute(), key=lambda item: -item[1])
+        ids = [member.decode() for member, _ in ranked][offset: offset + limit]
+        pipe = self.client.pipeline(transaction=False)
+        for thread_id in ids:
+            pipe.hgetall(self.keys.meta(thread_id))
+        metas = []
+        for thread_id, fields in zip(ids, pipe.execute(), strict=True):
+            if fields:
+                metas.append(meta_from_fields(thread_id, _fields(fields)))
+        return metas
+
+    def delete_thread(self, thread_id: str) -> bool:
+        validate_thread_id(thread_id)
+        return self._delete(thread_id, finished_before="")
+
+    def _delete(self, thread_id: str, *, finished_before: float | str) -> bool:
+        keys = self.keys
+        deleted, _ = self._run(
+            "delete_thread",
+            [keys.meta(thread_id), keys.latest(thread_id), keys.lock(thread_id),
+             keys.effects(thread_id)],
+            [thread_id, keys.checkpoint_prefix(thread_id), finished_before],
+            indexed=True,
+        )
+        return bool(deleted)
+
+    def fork(self, thread_id: str, step: int, new_thread_id: str) -> ThreadMeta:
+        validate_thread_id(thread_id)
+        validate_thread_id(new_thread_id)
+        data = self.client.get(self.keys.checkpoint(thread_id, step))
+        if data is None:
+            raise CheckpointNotFound(
+                "cannot fork: the checkpoint is not stored (never written, or pruned by "
+                "keep_last); list the stored steps with history()",
+                thread_id=thread_id,
+                step=step,
+            )
+        source = decode_checkpoint(thread_id, _blob(data), step=step)
+        created, flat, _ = self._run(
+            "create_fork",
+            [self.keys.meta(new_thread_id), self.keys.latest(new_thread_id),
+             self.keys.checkpoint(new_thread_id, step)],
+            [new_thread_id, data, step, source.node or "", source.task],
+            indexed=True,
+        )
+        if not created:
+            raise ThreadExists(
+                f"cannot fork step {step} of {thread_id!r} into an existing thread; pick "
+                "another id or delete that thread first",
+                thread_id=new_thread_id,
+            )
+        return meta_from_fields(new_thread_id, _hash_to_fields(flat))
+
+    def gc(self, finished_ttl: float) -> int:
+        cutoff = self._now() - finished_ttl
+        removed = 0
+        for status in FINISHED:
+            for member in self.client.zrangebyscore(
+                self.keys.status_index(status.value), "-inf", cutoff
+            ):
+                removed += self._delete(_text(member), finished_before=cutoff)
+        return removed
+
+    # -- lease ---------------------------------------------------------------------------
+
+    def acquire(self, thread_id: str, owner: str, ttl: float) -> int:
+        validate_thread_id(thread_id)
+        code, value, _ = self._run(
+            "acquire",
+            [self.keys.lock(thread_id), self.keys.meta(thread_id)],
+            [thread_id, owner, int(ttl * 1000)],
+            indexed=True,
+        )
+        if code == -2:
+            raise ThreadNotFound(
+                "cannot lease an unknown thread; start it with .delay()/.apply_async() first",
+                thread_id=thread_id,
+            )
+        if code == -1:
+            raise LeaseHeld(
+                f"another worker drives this thread for {value} ms more; leave it to that "
+                "worker (recovery takes over if it dies)",
+                thread_id=thread_id,
+                ttl_ms=int(value),
+            )
+        return int(value)
+
+    def renew(self, thread_id: str, owner: str, token: int, ttl: float) -> None:
+        ok, _ = self._run(
+            "renew",
+            [self.keys.lock(thread_id), self.keys.meta(thread_id)],
+            [thread_id, f"{token}:{owner}", int(ttl * 1000)],
+            indexed=True,
+        )
+        if not ok:
+            raise LeaseLost(
+                f"lease with token {token} expired or passed to another worker; stop "
+                "driving this thread (raise lease_ttl if its steps block for long)",
+                thread_id=thread_id,
+            )
+
+    def release(self, thread_id: str, owner: str, token: int) -> bool:
+        return bool(
+            self._scripts["release"](keys=[self.keys.lock(thread_id)], args=[f"{token}:{owner}"])
+        )
+
+    # -- checkpoints ---------------------------------------------------------------------
+
+    def commit(
+        self,
+        thread_id: str,
+        token: int,
+        checkpoint: Checkpoint,
+        *,
+        status: Status = Status.RUNNING,
+        due_in: float | None = None,
+        result: Any = UNSET,
+        release_owner: str | None = None,
+    ) -> None:
+        validate_thread_id(thread_id)
+        step = checkpoint.step
+        data = encode_checkpoint(thread_id, checkpoint, limit=self.max_checkpoint_bytes)
+        fields: dict[str, Any] = {"step": step, "node": checkpoint.node or "", "attempts": 0}
+        if result is not UNSET:
+            fields["result"] = encode_value(result, what="result", thread_id=thread_id, step=step)
+        keys = self.keys
+        code, value, _ = self._run(
+            "commit",
+            [keys.meta(thread_id), keys.latest(thread_id), keys.checkpoint(thread_id, step),
+             keys.lock(thread_id)],
+            [thread_id, token, step, data, status.value, "" if due_in is None else due_in,
+             f"{token}:{release_owner}" if release_owner else "",
+             keys.checkpoint_prefix(thread_id), self.keep_last, *_pairs(fields)],
+            indexed=True,
+        )
+        self._raise_refusal(thread_id, token, code, value, step)
+
+    def _raise_refusal(
+        self, thread_id: str, token: int, code: int, value: int, step: int | None
+    ) -> None:
+        if code == -1:
+            raise self._stale(thread_id, token, value, step)
+        if code == -2:
+            raise StepConflict(
+                f"cannot commit step {step}: the latest stored step is {value}, not "
+                f"{(step or 0) - 1}; another driver wrote it, reload with latest()",
+                thread_id=thread_id,
+                step=step or 0,
+                latest=value,
+            )
+        if code == -3:
+            raise ThreadNotFound(
+                "the store holds no such thread; create it with open_thread()",
+                thread_id=thread_id,
+                step=step,
+            )
+
+    def set_status(
+        self,
+        thread_id: str,
+        token: int,
+        status: Status,
+        *,
+        due_in: float | None = None,
+        error: str | _Unset | None = UNSET,
+        attempts: int | _Unset = UNSET,
+        crashes: int | _Unset = UNSET,
+        result: Any = UNSET,
+        interrupt: Any = UNSET,
+        release_owner: str | None = None,
+    ) -> None:
+        validate_thread_id(thread_id)
+        fields: dict[str, Any] = {}
+        if not isinstance(error, _Unset):
+            fields["error"] = error or ""
+        if not isinstance(attempts, _Unset):
+            fields["attempts"] = attempts
+        if not isinstance(crashes, _Unset):
+            fields["crashes"] = crashes
+        for name, value in (("result", result), ("interrupt", interrupt)):
+            if value is not UNSET:
+                fields[name] = b"" if value is None else encode_value(
+                    value, what=name, thread_id=thread_id, step=None
+                )
+        code, value, _ = self._run(
+            "set_status",
+            [self.keys.meta(thread_id), self.keys.lock(thread_id)],
+            [thread_id, token, status.value, "" if due_in is None else due_in,
+             f"{token}:{release_owner}" if release_owner else "", *_pairs(fields)],
+            indexed=True,
+        )
+        self._raise_refusal(thread_id, token, code, value, None)
+
+    def latest(self, thread_id: str) -> Checkpoint | None:
+        validate_thread_id(thread_id)
+        reply = self._scripts["latest"](
+            keys=[self.keys.latest(thread_id)], args=[self.keys.checkpoint_prefix(thread_id)]
+        )
+        if reply is None:
+            return None
+        step, data = int(reply[0]), reply[1]
+        if data is None:
+            raise CheckpointNotFound(
+                "the latest pointer names a checkpoint that is missing; fork the thread "
+                "from an earlier step",
+                thread_id=thread_id,
+                step=step,
+            )
+        return decode_checkpoint(thread_id, data, step=step)
+
+    def checkpoint(self, thread_id: str, step: int) -> Checkpoint:
+        validate_thread_id(thread_id)
+        data = self.client.get(self.keys.checkpoint(thread_id, step))
+        if data is None:
+            raise CheckpointNotFound(
+                "no such checkpoint (never written, or pruned by keep_last); list the "
+                "stored steps with history()",
+                thread_id=thread_id,
+                step=step,
+            )
+        return decode_checkpoint(thread_id, _blob(data), step=step)
+
+    def history(
+        self, thread_id: str, *, before: int | None = None, limit: int = 20
+    ) -> list[Checkpoint]:
+        validate_thread_id(thread_id)
+        pipe = self.client.pipeline(transaction=False)
+        pipe.get(self.keys.latest(thread_id))
+        pipe.hget(self.keys.meta(thread_id), "first")
+        latest, first = pipe.execute()
+        if latest is None:
+            return []
+        top = int(latest) if before is None else min(int(latest), before - 1)
+        steps = list(range(top, max(int(first or 0), top - limit + 1) - 1, -1))
+        if not steps:
+            return []
+        blobs = self.client.mget([self.keys.checkpoint(thread_id, s) for s in steps])
+        return [
+            decode_checkpoint(thread_id, _blob(data), step=s)
+            for s, data in zip(steps, blobs, strict=True)
+            if data is not None
+        ]
+
+    # -- effects -------------------------------------------------------------------------
+
+    def _effect_keys(self, thread_id: str, key: str, *, shared: bool) -> list[str]:
+        validate_thread_id(thread_id)
+        validate_effect_key(key, thread_id)
+        if not shared:
+            return [self.keys.effect(thread_id, key), self.keys.meta(thread_id),
+                    self.keys.effects(thread_id)]
+        if self.cluster:
+            return [self.keys.global_effect(key)]
+        return [self.keys.global_effect(key), self.keys.meta(thread_id)]
+
+    def _check_fence_apart(self, thread_id: str, token: int, shared: bool) -> None:
+        """On Redis Cluster a shared record lives in another slot than the thread's meta,
+        so its claim cannot check the token in the same script: check it just before."""
+        if shared and self.cluster:
+            fence = self.client.hget(self.keys.meta(thread_id), "fence")
+            self._raise_refusal(
+                thread_id, token, -3 if fence is None else (-1 if int(fence) != token else 1),
+                int(fence or 0), None,
+            )
+
+    def claim_effect(
+        self, thread_id: str, key: str, token: int, *, shared: bool = False, takeover: bool = False
+    ) -> Claim:
+        keys = self._effect_keys(thread_id, key, shared=shared)
+        self._check_fence_apart(thread_id, token, shared)
+        code, holder, result = self._scripts["claim_effect"](
+            keys=keys, args=[token, "1" if takeover else "0"]
+        )
+        self._raise_refusal(thread_id, token, code, holder, None)
+        if code == 2:
+            value = decode_value(result, what=f"effect {key!r} result", thread_id=thread_id,
+                                 step=None)
+            return Claim("done", Effect(key, "done", int(holder), value))
+        outcome = "claimed" if code == 1 else "unknown"
+        return Claim(outcome, Effect(key, "pending", int(holder)))
+
+    def complete_effect(
+        self, thread_id: str, key: str, token: int, result: Any, *, shared: bool = False
+    ) -> None:
+        keys = self._effect_keys(thread_id, key, shared=shared)[:2]
+        blob = encode_value(result, what=f"effect {key!r} result", thread_id=thread_id, step=None)
+        self._check_fence_apart(thread_id, token, shared)
+        code, holder, _ = self._scripts["complete_effect"](keys=keys, args=[token, blob])
+        self._raise_refusal(thread_id, token, code, holder, None)
+        if code == -4:
+            raise EffectError(
+                f"effect {key!r} was never claimed; call claim_effect() before completing it",
+                thread_id=thread_id,
+            )
+        if code == -5:
+            raise StaleToken(
+                f"effect {key!r} is not pending under token {token} (holder: {holder}); "
+                "another driver owns it now",
+                thread_id=thread_id,
+            )
+
+    def effect(self, thread_id: str, key: str, *, shared: bool = False) -> Effect | None:
+        record = _fields(self.client.hgetall(self._effect_keys(thread_id, key, shared=shared)[0]))
+        if not record:
+            return None
+        result = record.get("result")
+        return Effect(
+            key,
+            record["state"].decode(),
+            int(record["token"]),
+            None if result is None else decode_value(
+                result, what=f"effect {key!r} result", thread_id=thread_id, step=None
+            ),
+        )
+
+    # -- recovery ------------------------------------------------------------------------
+
+    def due(self, *, limit: int = 100) -> list[tuple[str, float]]:
+        entries: list[tuple[bytes, float]] = self.client.zrangebyscore(  # type: ignore[assignment]
+            self.keys.due(), "-inf", self._now(), start=0, num=limit, withscores=True
+        )
+        return [(_text(member), float(score)) for member, score in entries]
+
+    def claim_due(self, *, hold: float, limit: int = 100) -> list[str]:
+        ids = self._scripts["claim_due"](keys=[self.keys.due()], args=[hold, limit])
+        return [member.decode() for member in ids]
+
+    # -- operations ----------------------------------------------------------------------
+
+    def check(self) -> list[Finding]:
+        try:
+            config = {_text(name): _text(value) for name, value in
+                      self.client.config_get("*").items()}
+        except redis.ResponseError as exc:
+            return [Finding("CONFIG", "unavailable", f"cannot read the server's settings "
+                            f"({exc}).", "check persistence and eviction with your provider")]
+        return redis_findings(config)
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def redis_findings(config: dict[str, str]) -> list[Finding]:
+    """Judge a Redis ``CONFIG GET *`` answer for checkpoint durability."""
+    findings = []
+    aof = config.get("appendonly") == "yes"
+    if not aof and not config.get("save"):
+        findings.append(Finding(
+            "appendonly", "no",
+            "no persistence (AOF off and no RDB snapshots): a restart of the server loses "
+            "every checkpoint.",
+            "start Redis with --appendonly yes --appendfsync always",
+        ))
+    elif not aof:
+        findings.append(Finding(
+            "appendonly", "no",
+            "only RDB snapshots: a crash loses every checkpoint written since the last one.",
+            "start Redis with --appendonly yes --appendfsync always",
+        ))
+    elif config.get("appendfsync") not in ("always", "everysec"):
+        findings.append(Finding(
+            "appendfsync", config.get("appendfsync", "?"),
+            "the OS decides when the AOF reaches disk: a power loss can drop acknowledged "
+            "checkpoints.",
+            "set appendfsync always (or everysec to risk at most one second)",
+        ))
+    policy = config.get("maxmemory-policy", "noeviction")
+    if policy != "noeviction":
+        findings.append(Finding(
+            "maxmemory-policy", policy,
+            "Redis may evict checkpoints, leases and effect records under memory pressure.",
+            "set maxmemory-policy noeviction (writes then fail loudly instead)",
+        ))
+    return findings

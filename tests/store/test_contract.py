@@ -1,0 +1,391 @@
+"""The store contract, run against every backend (see ``conftest.py``)."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import msgpack
+import pytest
+
+from agentq.errors import (
+    CheckpointNotFound,
+    CheckpointTooLarge,
+    CorruptCheckpoint,
+    InvalidThreadId,
+    LeaseHeld,
+    LeaseLost,
+    StaleToken,
+    StepConflict,
+    ThreadExists,
+    ThreadNotFound,
+    UnserializableState,
+    UnsupportedVersion,
+)
+from agentq.records import Checkpoint, Status
+from agentq.store.base import Store
+from tests.store.raw import overwrite_checkpoint, snapshot
+from tests.support.redis_server import wait_until
+
+TTL = 30.0
+
+
+def started(store: Store, thread_id: str = "t1", owner: str = "w1") -> int:
+    store.open_thread(thread_id, task="agent", input={"q": "hi"})
+    return store.acquire(thread_id, owner, TTL)
+
+
+def cp(step: int, token: int, **state: object) -> Checkpoint:
+    return Checkpoint(step=step, node=f"node{step}", state=dict(state), token=token, task="agent")
+
+
+# -- threads -----------------------------------------------------------------------------
+
+
+def test_open_thread_creates_once_and_keeps_input(store: Store) -> None:
+    meta, created = store.open_thread("t1", task="agent", input={"q": ("a", 1)})
+    assert created
+    assert (meta.status, meta.step, meta.task, meta.fence) == (Status.QUEUED, -1, "agent", 0)
+    assert meta.input == {"q": ("a", 1)}
+    again, created = store.open_thread("t1", task="other", input="ignored")
+    assert not created
+    assert again.task == "agent" and again.input == {"q": ("a", 1)}
+
+
+def test_meta_of_unknown_thread_is_none(store: Store) -> None:
+    assert store.meta("nobody") is None
+    assert store.latest("nobody") is None
+
+
+def test_queued_thread_is_due_after_its_start_grace(store: Store) -> None:
+    store.open_thread("soon", task="agent", start_grace=0)
+    store.open_thread("later", task="agent", start_grace=3600)
+    assert [thread for thread, _ in store.due()] == ["soon"]
+
+
+def test_threads_lists_by_status_newest_first(store: Store) -> None:
+    for name in ("a", "b", "c"):
+        store.open_thread(name, task="agent")
+    token = store.acquire("b", "w1", TTL)
+    assert [m.thread_id for m in store.threads(Status.QUEUED)] == ["c", "a"]
+    assert [m.thread_id for m in store.threads(Status.RUNNING)] == ["b"]
+    assert [m.thread_id for m in store.threads()] == ["b", "c", "a"]
+    assert [m.thread_id for m in store.threads(limit=1, offset=1)] == ["c"]
+    store.commit("b", token, cp(0, token), status=Status.DONE, result=1)
+    assert [m.thread_id for m in store.threads(Status.DONE)] == ["b"]
+    assert store.threads(Status.RUNNING) == []
+
+
+# -- lease -------------------------------------------------------------------------------
+
+
+def test_acquire_hands_out_increasing_tokens_and_marks_running(store: Store) -> None:
+    first = started(store)
+    assert store.meta("t1").status == Status.RUNNING  # type: ignore[union-attr]
+    assert store.release("t1", "w1", first)
+    second = store.acquire("t1", "w2", TTL)
+    assert second > first
+    assert store.meta("t1").fence == second  # type: ignore[union-attr]
+
+
+def test_acquire_refused_while_another_owner_holds_the_lease(store: Store) -> None:
+    started(store)
+    with pytest.raises(LeaseHeld) as info:
+        store.acquire("t1", "w2", TTL)
+    assert info.value.thread_id == "t1" and 0 < info.value.ttl_ms <= TTL * 1000
+
+
+def test_acquire_unknown_thread(store: Store) -> None:
+    with pytest.raises(ThreadNotFound):
+        store.acquire("nobody", "w1", TTL)
+
+
+def test_expired_lease_is_taken_over_and_old_owner_fenced(store: Store) -> None:
+    store.open_thread("t1", task="agent")
+    old = store.acquire("t1", "w1", 0.05)
+    store.commit("t1", old, cp(0, old))
+    new = wait_until(lambda: _try_acquire(store, "t1", "w2"), timeout=5, what="lease expiry")
+    assert new > old
+    before = snapshot(store)
+    with pytest.raises(StaleToken):
+        store.commit("t1", old, cp(1, old))
+    with pytest.raises(StaleToken):
+        store.claim_effect("t1", "charge", old)
+    with pytest.raises(LeaseLost):
+        store.renew("t1", "w1", old, TTL)
+    assert not store.release("t1", "w1", old)
+    assert snapshot(store) == before
+    store.commit("t1", new, cp(1, new))
+    assert store.latest("t1").step == 1  # type: ignore[union-attr]
+
+
+def _try_acquire(store: Store, thread_id: str, owner: str) -> int | None:
+    try:
+        return store.acquire(thread_id, owner, TTL)
+    except LeaseHeld:
+        return None
+
+
+def test_renew_extends_the_lease(store: Store) -> None:
+    store.open_thread("t1", task="agent")
+    token = store.acquire("t1", "w1", 0.3)
+    for _ in range(4):
+        store.renew("t1", "w1", token, 0.3)
+        with pytest.raises(LeaseHeld):
+            store.acquire("t1", "w2", TTL)
+
+
+def test_running_thread_is_due_when_its_lease_expires(store: Store) -> None:
+    store.open_thread("t1", task="agent", start_grace=3600)
+    store.acquire("t1", "w1", 0.05)
+    assert wait_until(lambda: store.due(), timeout=5, what="due entry")[0][0] == "t1"
+
+
+# -- checkpoints -------------------------------------------------------------------------
+
+
+def test_commit_and_load_round_trip_rich_state(store: Store) -> None:
+    token = started(store)
+    state = {
+        "messages": [{"role": "user", "content": "hi"}],
+        "when": dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.timezone.utc),
+        "day": dt.date(2026, 1, 2),
+        "blob": b"\x00\x01",
+        "pair": (1, "a"),
+        "tags": {"x", "y"},
+        "frozen": frozenset({1}),
+        7: "int key",
+    }
+    checkpoint = Checkpoint(
+        step=0, node="model", state=state, pending=[{"id": "c1"}], cursors={"page": 3},
+        task="agent", token=token, created_at=12.5,
+    )
+    store.commit("t1", token, checkpoint, due_in=TTL)
+    assert store.latest("t1") == checkpoint
+    assert store.checkpoint("t1", 0) == checkpoint
+    meta = store.meta("t1")
+    assert meta is not None and (meta.step, meta.node, meta.status) == (0, "model", Status.RUNNING)
+
+
+def test_commit_requires_the_previous_step(store: Store) -> None:
+    token = started(store)
+    store.commit("t1", token, cp(0, token))
+    before = snapshot(store)
+    for step in (0, 2):
+        with pytest.raises(StepConflict) as info:
+            store.commit("t1", token, cp(step, token))
+        assert info.value.latest == 0 and info.value.step == step
+    assert snapshot(store) == before
+
+
+def test_first_commit_must_be_step_zero(store: Store) -> None:
+    token = started(store)
+    with pytest.raises(StepConflict):
+        store.commit("t1", token, cp(1, token))
+    assert store.latest("t1") is None
+
+
+def test_commit_on_unknown_thread(store: Store) -> None:
+    with pytest.raises(ThreadNotFound):
+        store.commit("nobody", 1, cp(0, 1))
+
+
+def test_done_commit_stores_result_releases_lease_and_leaves_due_index(store: Store) -> None:
+    store.open_thread("t1", task="agent", start_grace=0)
+    token = store.acquire("t1", "w1", 0.05)
+    store.commit("t1", token, cp(0, token), status=Status.DONE, result={"answer": 42},
+                 release_owner="w1")
+    meta = store.meta("t1")
+    assert meta is not None and meta.status == Status.DONE and meta.result == {"answer": 42}
+    assert store.acquire("t1", "w2", TTL) > token  # the lease was released
+    assert store.due() == []
+
+
+def test_set_status_is_fenced_and_schedules(store: Store) -> None:
+    token = started(store)
+    store.set_status("t1", token, Status.RETRYING, due_in=0, attempts=2, error="429",
+                     release_owner="w1")
+    meta = store.meta("t1")
+    assert meta is not None
+    assert (meta.status, meta.attempts, meta.error) == (Status.RETRYING, 2, "429")
+    assert [t for t, _ in store.due()] == ["t1"]
+    newer = store.acquire("t1", "w2", TTL)
+    with pytest.raises(StaleToken):
+        store.set_status("t1", token, Status.FAILED)
+    store.set_status("t1", newer, Status.WAITING, interrupt={"ask": "ok?"}, error=None)
+    meta = store.meta("t1")
+    assert meta is not None
+    assert (meta.status, meta.interrupt, meta.error) == (Status.WAITING, {"ask": "ok?"}, None)
+    assert store.due() == []
+
+
+def test_retention_keeps_the_last_n(store: Store) -> None:
+    token = started(store)
+    for step in range(9):
+        store.commit("t1", token, cp(step, token, n=step))
+    assert [c.step for c in store.history("t1")] == [8, 7, 6, 5, 4]
+    with pytest.raises(CheckpointNotFound):
+        store.checkpoint("t1", 3)
+
+
+def test_history_pages_newest_first(store: Store) -> None:
+    token = started(store)
+    for step in range(5):
+        store.commit("t1", token, cp(step, token))
+    page = store.history("t1", limit=2)
+    assert [c.step for c in page] == [4, 3]
+    assert [c.step for c in store.history("t1", before=page[-1].step, limit=2)] == [2, 1]
+    assert [c.step for c in store.history("t1", before=1, limit=2)] == [0]
+    assert store.history("t1", before=0) == []
+    assert store.history("nobody") == []
+
+
+def test_fork_copies_a_checkpoint_into_a_new_thread(store: Store) -> None:
+    token = started(store)
+    for step in range(3):
+        store.commit("t1", token, cp(step, token, n=step))
+    meta = store.fork("t1", 1, "t1-fork")
+    assert (meta.status, meta.step, meta.node) == (Status.WAITING, 1, "node1")
+    assert store.latest("t1-fork") == store.checkpoint("t1", 1)
+    assert store.latest("t1").step == 2  # type: ignore[union-attr]
+    fork_token = store.acquire("t1-fork", "w2", TTL)
+    store.commit("t1-fork", fork_token, cp(2, fork_token, n="forked"))
+    assert store.checkpoint("t1", 2).state == {"n": 2}
+    with pytest.raises(ThreadExists):
+        store.fork("t1", 1, "t1-fork")
+    with pytest.raises(CheckpointNotFound):
+        store.fork("t1", 9, "t1-other")
+
+
+def test_delete_thread_removes_everything_it_owns(store: Store) -> None:
+    store.open_thread("keep", task="agent")
+    before = snapshot(store)
+    token = started(store, "gone")
+    store.commit("gone", token, cp(0, token))
+    store.claim_effect("gone", "charge", token)
+    assert store.delete_thread("gone")
+    assert store.meta("gone") is None and store.latest("gone") is None
+    assert store.effect("gone", "charge") is None
+    assert not store.delete_thread("gone")
+    assert snapshot(store) == before
+
+
+def test_gc_deletes_finished_threads_after_their_ttl(store: Store) -> None:
+    for name in ("done", "running"):
+        token = started(store, name)
+        store.commit(name, token, cp(0, token),
+                     status=Status.DONE if name == "done" else Status.RUNNING)
+    assert store.gc(finished_ttl=3600) == 0
+    assert store.gc(finished_ttl=0) == 1
+    assert store.meta("done") is None and store.meta("running") is not None
+
+
+# -- effects -----------------------------------------------------------------------------
+
+
+def test_effect_claim_complete_replay(store: Store) -> None:
+    token = started(store)
+    claim = store.claim_effect("t1", "charge-1", token)
+    assert claim.outcome == "claimed"
+    assert store.claim_effect("t1", "charge-1", token).outcome == "unknown"
+    store.complete_effect("t1", "charge-1", token, {"id": "ch_1"})
+    replay = store.claim_effect("t1", "charge-1", token)
+    assert (replay.outcome, replay.effect.result) == ("done", {"id": "ch_1"})
+    assert store.effect("t1", "charge-1").state == "done"  # type: ignore[union-attr]
+
+
+def test_pending_effect_from_a_dead_owner_can_be_taken_over(store: Store) -> None:
+    old = started(store)
+    store.claim_effect("t1", "email", old)
+    store.release("t1", "w1", old)
+    new = store.acquire("t1", "w2", TTL)
+    assert store.claim_effect("t1", "email", new).outcome == "unknown"
+    with pytest.raises(StaleToken):
+        store.complete_effect("t1", "email", old, "sent")
+    assert store.claim_effect("t1", "email", new, takeover=True).outcome == "claimed"
+    store.complete_effect("t1", "email", new, "sent")
+    assert store.effect("t1", "email").result == "sent"  # type: ignore[union-attr]
+
+
+def test_shared_effects_span_threads(store: Store) -> None:
+    a = started(store, "a")
+    b = started(store, "b")
+    assert store.claim_effect("a", "invoice-9", a, shared=True).outcome == "claimed"
+    store.complete_effect("a", "invoice-9", a, 9, shared=True)
+    claim = store.claim_effect("b", "invoice-9", b, shared=True)
+    assert (claim.outcome, claim.effect.result) == ("done", 9)
+    assert store.effect("b", "invoice-9") is None
+    store.delete_thread("a")
+    assert store.effect("b", "invoice-9", shared=True) is not None
+
+
+# -- recovery index ----------------------------------------------------------------------
+
+
+def test_claim_due_holds_entries_off(store: Store) -> None:
+    store.open_thread("t1", task="agent", start_grace=0)
+    store.open_thread("t2", task="agent", start_grace=3600)
+    assert store.claim_due(hold=3600) == ["t1"]
+    assert store.claim_due(hold=3600) == []
+    assert store.due() == []
+
+
+# -- bad input ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("bad", ["", "a{b", "a}b", "tab\there", "x" * 201, 42, None])
+def test_invalid_thread_ids_are_refused(store: Store, bad: object) -> None:
+    before = snapshot(store)
+    for call in (
+        lambda: store.open_thread(bad, task="agent"),  # type: ignore[arg-type]
+        lambda: store.meta(bad),  # type: ignore[arg-type]
+        lambda: store.latest(bad),  # type: ignore[arg-type]
+        lambda: store.acquire(bad, "w1", TTL),  # type: ignore[arg-type]
+        lambda: store.delete_thread(bad),  # type: ignore[arg-type]
+    ):
+        with pytest.raises(InvalidThreadId):
+            call()
+    assert snapshot(store) == before
+
+
+def test_unserializable_state_names_the_path_and_writes_nothing(store: Store) -> None:
+    token = started(store)
+    store.commit("t1", token, cp(0, token, ok=1))
+    before = snapshot(store)
+    bad = cp(1, token, messages=[{"content": "a"}, {"content": object()}])
+    with pytest.raises(UnserializableState) as info:
+        store.commit("t1", token, bad)
+    assert info.value.path == "state.messages[1].content"
+    assert "'t1'" in str(info.value) and "step 1" in str(info.value)
+    assert snapshot(store) == before
+
+
+def test_oversized_checkpoint_is_refused_before_writing(store: Store) -> None:
+    token = started(store)
+    store.max_checkpoint_bytes = 1000
+    before = snapshot(store)
+    with pytest.raises(CheckpointTooLarge) as info:
+        store.commit("t1", token, cp(0, token, text="x" * 2000))
+    assert "artifacts" in str(info.value) and info.value.limit == 1000
+    assert snapshot(store) == before
+
+
+def test_corrupt_checkpoint_is_refused_and_the_previous_one_still_loads(store: Store) -> None:
+    token = started(store)
+    store.commit("t1", token, cp(0, token, n=0))
+    store.commit("t1", token, cp(1, token, n=1))
+    overwrite_checkpoint(store, "t1", 1, b"\xc1 not msgpack")
+    with pytest.raises(CorruptCheckpoint) as info:
+        store.latest("t1")
+    assert info.value.step == 1 and info.value.thread_id == "t1"
+    assert store.checkpoint("t1", 0).state == {"n": 0}
+    overwrite_checkpoint(store, "t1", 1, msgpack.packb([1, 2]))
+    with pytest.raises(CorruptCheckpoint):
+        store.checkpoint("t1", 1)
+
+
+def test_future_format_version_is_refused(store: Store) -> None:
+    token = started(store)
+    store.commit("t1", token, cp(0, token))
+    overwrite_checkpoint(store, "t1", 0, msgpack.packb({"v": 99, "step": 0}))
+    with pytest.raises(UnsupportedVersion, match="upgrade agentq"):
+        store.latest("t1")

@@ -66,6 +66,18 @@ class CheckpointNotFound(AgentqError, LookupError):
     """Raised when a checkpoint step was never written or has been pruned by retention."""
 
 
+class ArtifactNotFound(AgentqError, LookupError):
+    """Raised when an artifact reference names bytes the store does not hold."""
+
+
+class ThreadStateError(AgentqError):
+    """Raised when an operation does not apply to the thread's current status."""
+
+    def __init__(self, message: str, *, thread_id: str, status: str):
+        self.status = status
+        super().__init__(message, thread_id=thread_id)
+
+
 class ThreadExists(AgentqError):
     """Raised when creating a thread (a fork) under an id that is already taken."""
 

@@ -12,11 +12,13 @@ key                                        type    contents
 ``P thread:{T}:latest``                    string  n of the latest snapshot
 ``P thread:{T}:meta``                      hash    status, step, node, task, attempts,
                                                    crashes, fence, first, error, timestamps,
-                                                   input/result/interrupt/resume (msgpack)
+                                                   input/result/interrupt/resume (msgpack),
+                                                   cancel ("1" once requested)
 ``P thread:{T}:lock``                      string  ``<token>:<owner>``, expires with the lease
 ``P thread:{T}:effect:<key>``              hash    state (pending/done), token, result
-``P thread:{T}:effects``                   set     every effect key the thread owns, so that
-                                                   deleting the thread finds them
+``P thread:{T}:artifact:<sha256>``         string  an artifact's bytes, content-addressed
+``P thread:{T}:owned``                     set     every effect and artifact key of the
+                                                   thread, so that deleting it finds them
 ``P effect:{<key>}``                       hash    a global (cross-thread) effect record
 ``P index:{index}:due``                    zset    thread id -> Unix time it is due to run
 ``P index:{index}:status:<status>``        zset    thread id -> Unix time of its last update
@@ -111,8 +113,11 @@ class Keys:
     def effect(self, thread_id: str, key: str) -> str:
         return f"{self.thread(thread_id)}effect:{key}"
 
-    def effects(self, thread_id: str) -> str:
-        return f"{self.thread(thread_id)}effects"
+    def artifact(self, thread_id: str, digest: str) -> str:
+        return f"{self.thread(thread_id)}artifact:{digest}"
+
+    def owned(self, thread_id: str) -> str:
+        return f"{self.thread(thread_id)}owned"
 
     def global_effect(self, key: str) -> str:
         return f"{self.prefix}effect:{{{key}}}"

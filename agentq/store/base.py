@@ -17,7 +17,7 @@ from the store's clock where it has one (Redis ``TIME``), so workers' clocks may
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any, Final
 
 from agentq.codec import DEFAULT_MAX_CHECKPOINT_BYTES, decode_value
@@ -99,6 +99,38 @@ class Store(ABC):
         """
 
     @abstractmethod
+    def reopen(
+        self,
+        thread_id: str,
+        *,
+        from_statuses: Collection[Status],
+        resume_value: Any = UNSET,
+        start_grace: float = 30.0,
+    ) -> ThreadMeta:
+        """Queue a thread again that nobody drives: if its status is in ``from_statuses``
+        it becomes ``queued``, due in ``start_grace`` seconds, with its error, attempts and
+        cancel flag cleared and ``resume_value`` stored when given (the next driver reads
+        it from the meta). Raises :class:`~agentq.errors.ThreadStateError` for any other
+        status and :class:`~agentq.errors.ThreadNotFound` for an unknown thread. Atomic.
+        """
+
+    @abstractmethod
+    def request_cancel(self, thread_id: str) -> Status:
+        """Cancel the thread and return its status afterwards. A ``running`` thread is
+        flagged and its driver stops at the next step boundary; ``done``, ``failed`` and
+        ``cancelled`` threads stay as they are; any other becomes ``cancelled`` at once and
+        leaves the due index. Raises :class:`~agentq.errors.ThreadNotFound`. Atomic."""
+
+    @abstractmethod
+    def put_artifact(self, thread_id: str, data: bytes) -> str:
+        """Store ``data`` under its SHA-256 (hex, returned) in the thread's own keyspace;
+        storing the same bytes twice keeps one copy. Deleted with the thread. Atomic."""
+
+    @abstractmethod
+    def get_artifact(self, thread_id: str, digest: str) -> bytes:
+        """Return an artifact's bytes; :class:`~agentq.errors.ArtifactNotFound` if absent."""
+
+    @abstractmethod
     def gc(self, finished_ttl: float) -> int:
         """Delete threads that finished (``done``, ``failed``, ``cancelled``) more than
         ``finished_ttl`` seconds ago; return how many. Each deletion is atomic."""
@@ -139,14 +171,17 @@ class Store(ABC):
         due_in: float | None = None,
         result: Any = UNSET,
         release_owner: str | None = None,
-    ) -> None:
-        """Write checkpoint ``checkpoint.step`` as the thread's latest.
+    ) -> bool:
+        """Write checkpoint ``checkpoint.step`` as the thread's latest; return whether a
+        cancellation was requested meanwhile (see :meth:`request_cancel`), so the driver
+        learns it without another round trip.
 
         Succeeds only if ``token`` is the thread's current fencing token (else
         :class:`~agentq.errors.StaleToken`) and the latest step is ``checkpoint.step - 1``
         (else :class:`~agentq.errors.StepConflict`). In one atomic operation it writes the
-        snapshot, the latest pointer, the meta (status, step, node, attempts reset to 0,
-        ``result`` if given), the status and due indexes (due in ``due_in`` seconds, or
+        snapshot, the latest pointer, the meta (status, step, node; attempts and crashes
+        reset to 0; a consumed resume value and interrupt payload removed; ``result`` if
+        given), the status and due indexes (due in ``due_in`` seconds, or
         out of the due index when ``None``) and prunes checkpoints beyond ``keep_last``;
         with ``release_owner`` it also releases that owner's lease. On any refusal no key
         changes. Encoding errors are raised before anything is written.

@@ -8,7 +8,9 @@ same script; on Redis Cluster they live in another slot and follow in a second c
 
 from __future__ import annotations
 
+import hashlib
 import heapq
+from collections.abc import Collection
 from importlib.resources import files
 from typing import Any
 
@@ -24,6 +26,7 @@ from agentq.codec import (
     encode_value,
 )
 from agentq.errors import (
+    ArtifactNotFound,
     CheckpointNotFound,
     EffectError,
     LeaseHeld,
@@ -33,6 +36,7 @@ from agentq.errors import (
     StoreConfigError,
     ThreadExists,
     ThreadNotFound,
+    ThreadStateError,
 )
 from agentq.keys import Keys, validate_effect_key, validate_thread_id
 from agentq.records import FINISHED, Checkpoint, Claim, Effect, Finding, Status, ThreadMeta
@@ -43,6 +47,7 @@ RedisClient = redis.Redis | RedisCluster
 _SCRIPTS = (
     "index", "open_thread", "acquire", "renew", "release", "commit", "set_status",
     "latest", "delete_thread", "create_fork", "claim_effect", "complete_effect", "claim_due",
+    "reopen", "request_cancel", "put_artifact",
 )  # fmt: skip
 
 
@@ -202,7 +207,7 @@ class RedisStore(Store):
         deleted, _ = self._run(
             "delete_thread",
             [keys.meta(thread_id), keys.latest(thread_id), keys.lock(thread_id),
-             keys.effects(thread_id)],
+             keys.owned(thread_id)],
             [thread_id, keys.checkpoint_prefix(thread_id), finished_before],
             indexed=True,
         )
@@ -234,6 +239,53 @@ class RedisStore(Store):
                 thread_id=new_thread_id,
             )
         return meta_from_fields(new_thread_id, _hash_to_fields(flat))
+
+    def reopen(
+        self,
+        thread_id: str,
+        *,
+        from_statuses: Collection[Status],
+        resume_value: Any = UNSET,
+        start_grace: float = 30.0,
+    ) -> ThreadMeta:
+        validate_thread_id(thread_id)
+        blob = b"" if resume_value is UNSET else encode_value(
+            resume_value, what="resume value", thread_id=thread_id, step=None
+        )
+        code, flat, _ = self._run(
+            "reopen",
+            [self.keys.meta(thread_id)],
+            [thread_id, start_grace, blob, *(s.value for s in from_statuses)],
+            indexed=True,
+        )
+        self._raise_refusal(thread_id, 0, code, flat, None)
+        return meta_from_fields(thread_id, _hash_to_fields(flat))
+
+    def request_cancel(self, thread_id: str) -> Status:
+        validate_thread_id(thread_id)
+        code, status, _ = self._run(
+            "request_cancel", [self.keys.meta(thread_id)], [thread_id], indexed=True
+        )
+        self._raise_refusal(thread_id, 0, code, 0, None)
+        return Status(_text(status))
+
+    def put_artifact(self, thread_id: str, data: bytes) -> str:
+        validate_thread_id(thread_id)
+        digest = hashlib.sha256(data).hexdigest()
+        key = self.keys.artifact(thread_id, digest)
+        self._scripts["put_artifact"](keys=[key, self.keys.owned(thread_id)], args=[data])
+        return digest
+
+    def get_artifact(self, thread_id: str, digest: str) -> bytes:
+        validate_thread_id(thread_id)
+        data = self.client.get(self.keys.artifact(thread_id, digest))
+        if data is None:
+            raise ArtifactNotFound(
+                f"artifact {digest} is not stored (deleted with its thread, or from another "
+                "thread); keep references only within the thread that stored them",
+                thread_id=thread_id,
+            )
+        return _blob(data)
 
     def gc(self, finished_ttl: float) -> int:
         cutoff = self._now() - finished_ttl
@@ -300,11 +352,14 @@ class RedisStore(Store):
         due_in: float | None = None,
         result: Any = UNSET,
         release_owner: str | None = None,
-    ) -> None:
+    ) -> bool:
         validate_thread_id(thread_id)
         step = checkpoint.step
         data = encode_checkpoint(thread_id, checkpoint, limit=self.max_checkpoint_bytes)
-        fields: dict[str, Any] = {"step": step, "node": checkpoint.node or "", "attempts": 0}
+        fields: dict[str, Any] = {
+            "step": step, "node": checkpoint.node or "", "attempts": 0, "crashes": 0,
+            "resume": "", "interrupt": "",
+        }  # fmt: skip
         if result is not UNSET:
             fields["result"] = encode_value(result, what="result", thread_id=thread_id, step=step)
         keys = self.keys
@@ -318,6 +373,7 @@ class RedisStore(Store):
             indexed=True,
         )
         self._raise_refusal(thread_id, token, code, value, step)
+        return bool(value)
 
     def _raise_refusal(
         self, thread_id: str, token: int, code: int, value: int, step: int | None
@@ -337,6 +393,13 @@ class RedisStore(Store):
                 "the store holds no such thread; create it with open_thread()",
                 thread_id=thread_id,
                 step=step,
+            )
+        if code == -6:
+            raise ThreadStateError(
+                f"the thread is {_text(value)}, which does not allow this; see its status "
+                "with meta()",
+                thread_id=thread_id,
+                status=_text(value),
             )
 
     def set_status(
@@ -432,7 +495,7 @@ class RedisStore(Store):
         validate_effect_key(key, thread_id)
         if not shared:
             return [self.keys.effect(thread_id, key), self.keys.meta(thread_id),
-                    self.keys.effects(thread_id)]
+                    self.keys.owned(thread_id)]
         if self.cluster:
             return [self.keys.global_effect(key)]
         return [self.keys.global_effect(key), self.keys.meta(thread_id)]

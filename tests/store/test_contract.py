@@ -8,6 +8,7 @@ import msgpack
 import pytest
 
 from agentq.errors import (
+    ArtifactNotFound,
     CheckpointNotFound,
     CheckpointTooLarge,
     CorruptCheckpoint,
@@ -18,6 +19,7 @@ from agentq.errors import (
     StepConflict,
     ThreadExists,
     ThreadNotFound,
+    ThreadStateError,
     UnserializableState,
     UnsupportedVersion,
 )
@@ -389,3 +391,65 @@ def test_future_format_version_is_refused(store: Store) -> None:
     overwrite_checkpoint(store, "t1", 0, msgpack.packb({"v": 99, "step": 0}))
     with pytest.raises(UnsupportedVersion, match="upgrade agentq"):
         store.latest("t1")
+
+
+# -- control from outside the driver -----------------------------------------------------
+
+
+def test_reopen_queues_a_waiting_thread_with_its_resume_value(store: Store) -> None:
+    token = started(store)
+    store.set_status("t1", token, Status.WAITING, interrupt={"ask": "refund?"}, release_owner="w1")
+    meta = store.reopen("t1", from_statuses={Status.WAITING}, resume_value={"ok": True},
+                        start_grace=0)
+    assert (meta.status, meta.resume_value, meta.interrupt) == (Status.QUEUED, {"ok": True}, None)
+    assert [t for t, _ in store.due()] == ["t1"]
+    new = store.acquire("t1", "w2", TTL)
+    store.commit("t1", new, cp(0, new))
+    assert store.meta("t1").resume_value is None  # type: ignore[union-attr]
+
+
+def test_reopen_refuses_other_statuses_and_unknown_threads(store: Store) -> None:
+    started(store)
+    before = snapshot(store)
+    with pytest.raises(ThreadStateError) as info:
+        store.reopen("t1", from_statuses={Status.WAITING, Status.FAILED})
+    assert info.value.status == "running"
+    assert snapshot(store) == before
+    with pytest.raises(ThreadNotFound):
+        store.reopen("nobody", from_statuses={Status.WAITING})
+
+
+def test_reopen_clears_a_failure(store: Store) -> None:
+    token = started(store)
+    store.set_status("t1", token, Status.FAILED, error="boom", attempts=3, release_owner="w1")
+    meta = store.reopen("t1", from_statuses={Status.FAILED})
+    assert (meta.status, meta.error, meta.attempts) == (Status.QUEUED, None, 0)
+
+
+def test_cancel_flags_a_running_thread_for_its_driver(store: Store) -> None:
+    token = started(store)
+    assert not store.commit("t1", token, cp(0, token))
+    assert store.request_cancel("t1") == Status.RUNNING
+    assert store.meta("t1").cancel_requested  # type: ignore[union-attr]
+    assert store.commit("t1", token, cp(1, token))
+
+
+def test_cancel_stops_an_idle_thread_at_once(store: Store) -> None:
+    store.open_thread("t1", task="agent", start_grace=0)
+    assert store.request_cancel("t1") == Status.CANCELLED
+    assert store.due() == []
+    assert store.request_cancel("t1") == Status.CANCELLED
+    with pytest.raises(ThreadNotFound):
+        store.request_cancel("nobody")
+
+
+def test_artifacts_are_content_addressed_and_deleted_with_the_thread(store: Store) -> None:
+    started(store)
+    digest = store.put_artifact("t1", b"%PDF-1.7 ...")
+    assert store.put_artifact("t1", b"%PDF-1.7 ...") == digest
+    assert store.get_artifact("t1", digest) == b"%PDF-1.7 ..."
+    with pytest.raises(ArtifactNotFound):
+        store.get_artifact("t1", "0" * 64)
+    store.delete_thread("t1")
+    with pytest.raises(ArtifactNotFound):
+        store.get_artifact("t1", digest)

@@ -1,6 +1,6 @@
 -- Claims an idempotency record.
 -- KEYS[1]: effect record, [2]: meta (omitted for a shared record on Redis Cluster),
--- [3]: the thread's effects set (thread-scoped records only).
+-- [3]: the thread's set of owned keys (thread-scoped records only).
 -- ARGV[1]: token, [2]: '1' to take over a pending record.
 -- Returns {1, token, nil} claimed; {2, token, result} done; {3, token, nil} unknown
 -- outcome; {-1, fence, nil} stale token; {-3, 0, nil} unknown thread.

@@ -3,8 +3,9 @@
 -- ARGV[1]: status prefix or '', [2] thread id, [3] token, [4] n, [5] snapshot bytes,
 -- [6] status, [7] due in seconds ('' for none), [8] '<token>:<owner>' to release or '',
 -- [9] checkpoint key prefix, [10] keep_last, [11..] meta (field, value) pairs.
--- Returns {1, n, ops}; {-1, current fence, 0} for a stale token; {-2, latest, 0} for a
--- step conflict; {-3, 0, 0} for an unknown thread. A refusal writes nothing.
+-- Returns {1, cancel requested 0|1, ops}; {-1, current fence, 0} for a stale token;
+-- {-2, latest, 0} for a step conflict; {-3, 0, 0} for an unknown thread. A refusal
+-- writes nothing.
 local meta = KEYS[1]
 local refused = refuse_stale(meta, ARGV[3])
 if refused then
@@ -26,4 +27,8 @@ if keep_from > first then
   redis.call('HSET', meta, 'first', keep_from)
 end
 local ops = update_thread(meta, KEYS[4], ARGV[2], ARGV[6], ARGV[7], ARGV[8], 11)
-return {1, step, ops}
+local cancel = 0
+if redis.call('HGET', meta, 'cancel') == '1' then
+  cancel = 1
+end
+return {1, cancel, ops}

@@ -1,5 +1,5 @@
 -- Deletes a thread and every key it owns.
--- KEYS[1]: meta, [2]: latest, [3]: lock, [4]: effects set, [due index].
+-- KEYS[1]: meta, [2]: latest, [3]: lock, [4]: set of owned keys, [due index].
 -- ARGV[1]: status prefix or '', [2] thread id, [3] checkpoint key prefix, [4] '' or a
 -- Unix time: then only delete if the thread is finished and was last updated before it.
 -- Returns {1, ops} if deleted, {0, 0} if absent or (with ARGV[4]) not finished.

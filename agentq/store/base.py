@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Collection, Mapping
-from typing import Any, Final
+from typing import Any, Final, Self
 
 from agentq.codec import DEFAULT_MAX_CHECKPOINT_BYTES, decode_value
 from agentq.records import Checkpoint, Claim, Effect, Finding, Status, ThreadMeta
@@ -91,7 +91,8 @@ class Store(ABC):
     @abstractmethod
     def fork(self, thread_id: str, step: int, new_thread_id: str) -> ThreadMeta:
         """Create ``new_thread_id`` holding a copy of checkpoint ``step`` of ``thread_id`` as
-        its latest, in status ``waiting`` with no lease and no effect records.
+        its latest, with the source's task and input, in status ``waiting``, with no lease
+        and no effect records.
 
         Raises :class:`~agentq.errors.CheckpointNotFound` if the step is not stored and
         :class:`~agentq.errors.ThreadExists` if the new id is taken. Creating the new thread
@@ -273,7 +274,7 @@ class Store(ABC):
     def close(self) -> None:
         """Release connections."""
 
-    def __enter__(self) -> Store:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc_info: object) -> None:

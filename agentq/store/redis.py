@@ -216,7 +216,10 @@ class RedisStore(Store):
     def fork(self, thread_id: str, step: int, new_thread_id: str) -> ThreadMeta:
         validate_thread_id(thread_id)
         validate_thread_id(new_thread_id)
-        data = self.client.get(self.keys.checkpoint(thread_id, step))
+        pipe = self.client.pipeline(transaction=False)
+        pipe.get(self.keys.checkpoint(thread_id, step))
+        pipe.hmget(self.keys.meta(thread_id), ["task", "input"])
+        data, (task, input_blob) = pipe.execute()
         if data is None:
             raise CheckpointNotFound(
                 "cannot fork: the checkpoint is not stored (never written, or pruned by "
@@ -229,7 +232,8 @@ class RedisStore(Store):
             "create_fork",
             [self.keys.meta(new_thread_id), self.keys.latest(new_thread_id),
              self.keys.checkpoint(new_thread_id, step)],
-            [new_thread_id, data, step, source.node or "", source.task],
+            [new_thread_id, data, step, source.node or "", _text(task or source.task),
+             input_blob or ""],
             indexed=True,
         )
         if not created:

@@ -149,7 +149,7 @@ def test_commit_and_load_round_trip_rich_state(store: Store) -> None:
     token = started(store)
     state = {
         "messages": [{"role": "user", "content": "hi"}],
-        "when": dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.timezone.utc),
+        "when": dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC),
         "day": dt.date(2026, 1, 2),
         "blob": b"\x00\x01",
         "pair": (1, "a"),

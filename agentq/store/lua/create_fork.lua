@@ -1,7 +1,7 @@
 -- Creates a thread from a copied snapshot, in status 'waiting'.
 -- KEYS[1]: meta, [2]: latest, [3]: checkpoint n, [due index].
 -- ARGV[1]: status prefix or '', [2] new thread id, [3] snapshot bytes, [4] n, [5] node
--- ('' for none), [6] task name.
+-- ('' for none), [6] task name, [7] input (msgpack) or ''.
 -- Returns {1, meta as a flat HGETALL list, ops}, or {0, 0, 0} if the id is taken.
 local meta = KEYS[1]
 if redis.call('EXISTS', meta) == 1 then
@@ -13,6 +13,9 @@ redis.call('HSET', meta, 'status', 'waiting', 'step', ARGV[4], 'task', ARGV[6], 
   'updated_at', tostring(now))
 if ARGV[5] ~= '' then
   redis.call('HSET', meta, 'node', ARGV[5])
+end
+if ARGV[7] ~= '' then
+  redis.call('HSET', meta, 'input', ARGV[7])
 end
 redis.call('SET', KEYS[2], ARGV[4])
 redis.call('SET', KEYS[3], ARGV[3])

@@ -1,0 +1,265 @@
+"""What only the SQLite backend has to prove: durability across SIGKILL, cross-process
+serialisation of commits, forking after open, and how it is configured."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import IO
+
+import pytest
+
+from agentq.errors import StoreConfigError
+from agentq.records import Checkpoint
+from agentq.store.base import META_FIELDS
+from agentq.store.sqlite import SQLiteStore
+
+PAD = "x" * 2000  # big enough that a torn write would show in the data
+
+COMMITTER = """
+import sys
+from agentq.records import Checkpoint
+from agentq.store.sqlite import SQLiteStore
+
+store = SQLiteStore(sys.argv[1], keep_last=100_000)
+token = int(sys.argv[2])
+latest = store.latest("t1")
+step = 0 if latest is None else latest.step + 1
+while True:
+    state = {"n": step, "pad": sys.argv[3]}
+    store.commit("t1", token, Checkpoint(step=step, node="n", state=state, token=token))
+    print(step, flush=True)  # acknowledged only once commit() has returned
+    step += 1
+"""
+
+RACER = """
+import sys
+from agentq.errors import StepConflict
+from agentq.records import Checkpoint
+from agentq.store.sqlite import SQLiteStore
+
+path, token, name = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+store = SQLiteStore(path)
+print("ready", flush=True)
+for line in sys.stdin:
+    step = int(line)
+    try:
+        store.commit("t1", token, Checkpoint(step=step, node=name, token=token))
+        print("won", step, flush=True)
+    except StepConflict as exc:
+        print("lost", step, exc.latest, flush=True)
+"""
+
+FORKER = """
+import os, sys
+from agentq.records import Checkpoint
+from agentq.store.sqlite import SQLiteStore
+
+store = SQLiteStore(sys.argv[1])
+store.open_thread("t1", task="agent")
+token = store.acquire("t1", "w1", 60)
+store.commit("t1", token, Checkpoint(step=0, node="parent", token=token))
+pid = os.fork()
+if pid == 0:
+    store.commit("t1", token, Checkpoint(step=1, node="child", token=token))
+    os._exit(0)
+_, status = os.waitpid(pid, 0)
+assert os.waitstatus_to_exitcode(status) == 0, status
+store.commit("t1", token, Checkpoint(step=2, node="parent-again", token=token))
+print(store.latest("t1").step, store.checkpoint("t1", 1).node, flush=True)
+"""
+
+
+def _python(script: str, *args: object) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-c", script, *map(str, args)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _line(stream: IO[str] | None) -> str:
+    assert stream is not None
+    line = stream.readline()
+    assert line, "the child process exited early"
+    return line.strip()
+
+
+def test_acknowledged_checkpoints_survive_sigkill(tmp_path: Path) -> None:
+    path = tmp_path / "agentq.db"
+    with SQLiteStore(path) as store:
+        store.open_thread("t1", task="agent")
+    acked: list[int] = []
+    for _ in range(3):  # each round resumes where the killed one left off
+        with SQLiteStore(path) as store:
+            token = store.acquire("t1", "w1", 3600)
+        child = _python(COMMITTER, path, token, PAD)
+        start = len(acked)
+        while len(acked) < start + 40:
+            acked.append(int(_line(child.stdout)))
+        child.send_signal(signal.SIGKILL)
+        rest, _ = child.communicate()
+        acked += [int(line) for line in rest.split()]
+        assert child.returncode == -signal.SIGKILL
+
+        with SQLiteStore(path, keep_last=100_000) as store:
+            latest = store.latest("t1")
+            meta = store.meta("t1")
+            assert latest is not None and meta is not None
+            # One more step may have committed with the kill landing before its print.
+            assert latest.step in (acked[-1], acked[-1] + 1)
+            assert meta.step == latest.step and meta.fence == token
+            assert acked == list(range(len(acked)))
+            for step in acked:
+                assert store.checkpoint("t1", step).state == {"n": step, "pad": PAD}
+            if latest.step > acked[-1]:
+                acked.append(latest.step)
+    with sqlite3.connect(path) as db:
+        assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+
+
+def test_processes_racing_for_one_step_get_one_winner(tmp_path: Path) -> None:
+    path = tmp_path / "agentq.db"
+    with SQLiteStore(path) as store:
+        store.open_thread("t1", task="agent")
+        token = store.acquire("t1", "w1", 3600)
+    racers = {name: _python(RACER, path, token, name) for name in ("a", "b")}
+    try:
+        for racer in racers.values():
+            assert _line(racer.stdout) == "ready"
+        rounds = 30
+        for step in range(rounds):
+            for racer in racers.values():
+                assert racer.stdin is not None
+                racer.stdin.write(f"{step}\n")
+                racer.stdin.flush()
+            answers = {name: _line(racer.stdout) for name, racer in racers.items()}
+            winners = [name for name, answer in answers.items() if answer == f"won {step}"]
+            assert len(winners) == 1, answers
+            loser = "b" if winners == ["a"] else "a"
+            assert answers[loser] == f"lost {step} {step}"
+            with SQLiteStore(path) as store:
+                assert store.checkpoint("t1", step).node == winners[0]
+    finally:
+        for racer in racers.values():
+            racer.communicate("")  # closing stdin ends the racer's loop
+    with SQLiteStore(path) as store:
+        assert store.meta("t1").step == rounds - 1  # type: ignore[union-attr]
+
+
+def test_fork_after_open_uses_a_fresh_connection(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", FORKER, str(tmp_path / "agentq.db")],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert out.stdout.split() == ["2", "child"]
+
+
+def test_heartbeat_thread_shares_the_store(tmp_path: Path) -> None:
+    with SQLiteStore(tmp_path / "agentq.db") as store:
+        store.open_thread("t1", task="agent")
+        token = store.acquire("t1", "w1", 60)
+        errors: list[BaseException] = []
+        stop = threading.Event()
+
+        def heartbeat() -> None:
+            try:
+                while not stop.is_set():
+                    store.renew("t1", "w1", token, 60)
+            except BaseException as exc:
+                errors.append(exc)
+
+        beat = threading.Thread(target=heartbeat)
+        beat.start()
+        try:
+            for step in range(100):
+                store.commit("t1", token, Checkpoint(step=step, node="n", token=token))
+        finally:
+            stop.set()
+            beat.join()
+        assert errors == []
+        assert store.latest("t1").step == 99  # type: ignore[union-attr]
+
+
+def test_store_runs_in_wal_with_full_sync(tmp_path: Path) -> None:
+    with SQLiteStore(tmp_path / "agentq.db") as store:
+        assert store.check() == []
+    with sqlite3.connect(tmp_path / "agentq.db") as db:
+        assert db.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+
+
+def test_thread_columns_are_the_shared_meta_fields(tmp_path: Path) -> None:
+    SQLiteStore(tmp_path / "agentq.db").close()
+    with sqlite3.connect(tmp_path / "agentq.db") as db:
+        columns = [row[1] for row in db.execute("PRAGMA table_info(threads)")]
+    lease = ["lock_owner", "lock_token", "lock_expires", "due_at"]
+    assert columns == ["thread_id", *META_FIELDS, *lease]
+
+
+def test_from_url_relative_and_absolute(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    store = SQLiteStore.from_url("sqlite:///relative.db", keep_last=3)
+    store.close()
+    assert store.path == str(tmp_path / "relative.db") and store.keep_last == 3
+    assert (tmp_path / "relative.db").is_file()
+    absolute = tmp_path / "sub" / "absolute.db"
+    absolute.parent.mkdir()
+    store = SQLiteStore.from_url(f"sqlite:///{absolute}")  # four slashes
+    store.close()
+    assert store.path == str(absolute)
+    assert absolute.is_file()
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["sqlite:///:memory:", "sqlite://", "sqlite:///", "sqlite://host/x.db",
+     "redis://localhost/0", "sqlite:///x.db?mode=ro"],
+)  # fmt: skip
+def test_from_url_refuses_what_it_cannot_share(url: str, tmp_path: Path) -> None:
+    with pytest.raises(StoreConfigError):
+        SQLiteStore.from_url(url)
+
+
+def test_missing_directory_is_named_and_not_created(tmp_path: Path) -> None:
+    path = tmp_path / "missing" / "agentq.db"
+    with pytest.raises(StoreConfigError, match="does not exist") as info:
+        SQLiteStore(path)
+    assert str(path) in str(info.value)
+    with pytest.raises(StoreConfigError, match="missing"):
+        SQLiteStore.from_url(f"sqlite:///{path}")
+    assert not path.parent.exists()
+
+
+def test_a_file_that_is_not_a_database_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "notes.txt"
+    path.write_bytes(b"not a database, " * 100)
+    with pytest.raises(StoreConfigError, match=r"notes\.txt"):
+        SQLiteStore(path)
+    assert path.read_bytes() == b"not a database, " * 100
+
+
+def test_newer_schema_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "agentq.db"
+    SQLiteStore(path).close()
+    with sqlite3.connect(path) as db:
+        db.execute("PRAGMA user_version = 99")
+    with pytest.raises(StoreConfigError, match="upgrade agentq"):
+        SQLiteStore(path)
+
+
+def test_close_then_use_reconnects(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "agentq.db")
+    store.close()
+    store.close()
+    store.open_thread("t1", task="agent")
+    assert store.meta("t1") is not None
+    store.close()
+    assert os.path.exists(tmp_path / "agentq.db")

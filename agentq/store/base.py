@@ -171,6 +171,7 @@ class Store(ABC):
         status: Status = Status.RUNNING,
         due_in: float | None = None,
         result: Any = UNSET,
+        interrupt: Any = UNSET,
         release_owner: str | None = None,
     ) -> bool:
         """Write checkpoint ``checkpoint.step`` as the thread's latest; return whether a
@@ -181,11 +182,11 @@ class Store(ABC):
         :class:`~agentq.errors.StaleToken`) and the latest step is ``checkpoint.step - 1``
         (else :class:`~agentq.errors.StepConflict`). In one atomic operation it writes the
         snapshot, the latest pointer, the meta (status, step, node; attempts and crashes
-        reset to 0; a consumed resume value and interrupt payload removed; ``result`` if
-        given), the status and due indexes (due in ``due_in`` seconds, or
-        out of the due index when ``None``) and prunes checkpoints beyond ``keep_last``;
-        with ``release_owner`` it also releases that owner's lease. On any refusal no key
-        changes. Encoding errors are raised before anything is written.
+        reset to 0; a consumed resume value removed; ``result`` and the ``interrupt``
+        payload stored if given, else no interrupt), the status and due indexes (due in
+        ``due_in`` seconds, or out of the due index when ``None``) and prunes checkpoints
+        beyond ``keep_last``; with ``release_owner`` it also releases that owner's lease.
+        On any refusal no key changes. Encoding errors are raised before anything is written.
         """
 
     @abstractmethod

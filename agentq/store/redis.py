@@ -355,6 +355,7 @@ class RedisStore(Store):
         status: Status = Status.RUNNING,
         due_in: float | None = None,
         result: Any = UNSET,
+        interrupt: Any = UNSET,
         release_owner: str | None = None,
     ) -> bool:
         validate_thread_id(thread_id)
@@ -364,8 +365,9 @@ class RedisStore(Store):
             "step": step, "node": checkpoint.node or "", "attempts": 0, "crashes": 0,
             "resume": "", "interrupt": "",
         }  # fmt: skip
-        if result is not UNSET:
-            fields["result"] = encode_value(result, what="result", thread_id=thread_id, step=step)
+        for name, value in (("result", result), ("interrupt", interrupt)):
+            if value is not UNSET:
+                fields[name] = encode_value(value, what=name, thread_id=thread_id, step=step)
         keys = self.keys
         code, value, _ = self._run(
             "commit",

@@ -439,12 +439,14 @@ class SQLiteStore(Store):
         status: Status = Status.RUNNING,
         due_in: float | None = None,
         result: Any = UNSET,
+        interrupt: Any = UNSET,
         release_owner: str | None = None,
     ) -> bool:
         validate_thread_id(thread_id)
         step = checkpoint.step
         data = encode_checkpoint(thread_id, checkpoint, limit=self.max_checkpoint_bytes)
         extra = {} if result is UNSET else {"result": _value(result, "result", thread_id, step)}
+        pause = None if interrupt is UNSET else _value(interrupt, "interrupt", thread_id, step)
         with self._write() as db:
             row = self._fenced(db, thread_id, token)
             if row["step"] != step - 1:
@@ -469,7 +471,7 @@ class SQLiteStore(Store):
             # The driver has acted on the resume value and interrupt it read: they are spent.
             _update(db, thread_id, now, status=Status(status).value, step=step,
                     node=checkpoint.node, attempts=0, crashes=0, first=first, resume=None,
-                    interrupt=None, due_at=None if due_in is None else now + due_in,
+                    interrupt=pause, due_at=None if due_in is None else now + due_in,
                     **extra)  # fmt: skip
             if release_owner is not None:
                 _release(db, thread_id, release_owner, token)

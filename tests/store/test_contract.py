@@ -453,3 +453,14 @@ def test_artifacts_are_content_addressed_and_deleted_with_the_thread(store: Stor
     store.delete_thread("t1")
     with pytest.raises(ArtifactNotFound):
         store.get_artifact("t1", digest)
+
+
+def test_commit_can_pause_for_a_human(store: Store) -> None:
+    token = started(store)
+    store.commit("t1", token, cp(0, token), status=Status.WAITING,
+                 interrupt={"ask": "approve refund?"}, release_owner="w1")
+    meta = store.meta("t1")
+    assert meta is not None
+    assert (meta.status, meta.step) == (Status.WAITING, 0)
+    assert meta.interrupt == {"ask": "approve refund?"}
+    assert store.due() == []

@@ -1,5 +1,30 @@
-"""agentq: durable LLM agents on Celery."""
+"""agentq: durable LLM agents on Celery.
 
+Each step of an agent is committed as a checkpoint; a worker that dies loses at most the
+step in flight, and tool calls run at most once per idempotency key.
+"""
+
+from agentq.app import init_app
+from agentq.effects import DID_NOT_RUN, tool
+from agentq.outcomes import Done, Interrupt
 from agentq.records import Checkpoint, Claim, Effect, Status, ThreadMeta
+from agentq.run import NO_VALUE, Run
+from agentq.store import open_store
+from agentq.task import AgentTask
 
-__all__ = ["Checkpoint", "Claim", "Effect", "Status", "ThreadMeta"]
+__all__ = [
+    "DID_NOT_RUN",
+    "NO_VALUE",
+    "AgentTask",
+    "Checkpoint",
+    "Claim",
+    "Done",
+    "Effect",
+    "Interrupt",
+    "Run",
+    "Status",
+    "ThreadMeta",
+    "init_app",
+    "open_store",
+    "tool",
+]

@@ -112,3 +112,38 @@ class StepConflict(FencingError):
 
 class EffectError(AgentqError):
     """Raised when an idempotency record cannot be claimed or completed as asked."""
+
+
+class ArtifactTooLarge(AgentqError):
+    """Raised before storing an artifact larger than ``max_artifact_bytes``."""
+
+
+class NeedsAttention(AgentqError):
+    """Raised when a tool call's outcome is unknown and its policy cannot settle it.
+
+    The thread stops in status ``needs_attention``; ``key`` and ``tool`` name the call.
+    """
+
+    def __init__(self, message: str, *, thread_id: str, step: int, key: str, tool: str):
+        self.key = key
+        self.tool = tool
+        super().__init__(message, thread_id=thread_id, step=step)
+
+
+class UnknownNode(AgentqError):
+    """Raised when a node names a next node the agent does not define, or returns
+    something that is not a node name, ``Done`` or ``Interrupt``."""
+
+
+class ThreadStopped(AgentqError):
+    """Raised by ``wait()`` when a thread ends without a result: failed, cancelled,
+    waiting for a human or needing attention. ``status`` and ``error`` say which."""
+
+    def __init__(self, message: str, *, thread_id: str, status: str, error: str | None):
+        self.status = status
+        self.error = error
+        super().__init__(message, thread_id=thread_id)
+
+
+class WaitTimeout(AgentqError, TimeoutError):
+    """Raised by ``wait()`` when the thread has not finished within the timeout."""

@@ -54,7 +54,8 @@ class ThreadMeta:
 
     ``step`` is the latest committed step (-1 before the first commit). ``fence`` is the
     highest fencing token handed out for the thread. ``input``, ``result``, ``interrupt``
-    and ``resume_value`` are decoded values; ``None`` when absent.
+    and ``resume_value`` are decoded values; ``None`` when absent (``resumed`` tells a
+    resume with ``None`` from no resume).
     """
 
     thread_id: str
@@ -72,6 +73,7 @@ class ThreadMeta:
     result: Any = None
     interrupt: Any = None
     resume_value: Any = None
+    resumed: bool = False
     cancel_requested: bool = False
 
 

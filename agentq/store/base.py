@@ -326,5 +326,6 @@ def meta_from_fields(thread_id: str, fields: Mapping[str, Any]) -> ThreadMeta:
         result=blob("result"),
         interrupt=blob("interrupt"),
         resume_value=blob("resume"),
+        resumed=fields.get("resume") not in (None, b""),
         cancel_requested=text("cancel") == "1",
     )

@@ -11,15 +11,9 @@ from redis.cluster import RedisCluster
 
 from agentq.store.base import Store
 from agentq.store.redis import RedisStore
-from tests.support.redis_server import RedisServer, running_cluster, running_redis
+from tests.support.redis_server import RedisServer, running_cluster
 
 _prefixes = itertools.count()
-
-
-@pytest.fixture(scope="session")
-def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    with running_redis(tmp_path_factory.mktemp("redis")) as server:
-        yield server
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,52 @@
+"""Wiring agentq into a Celery app: settings, the store, the worker's bootstep."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agentq.settings import Settings
+from agentq.store import open_store
+from agentq.store.base import Store
+
+
+class Runtime:
+    """agentq's state for one Celery app: its settings and its store, opened on first use
+    (so a prefork child opens its own connections)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._store = settings.store if isinstance(settings.store, Store) else None
+
+    @property
+    def store(self) -> Store:
+        if self._store is None:
+            s = self.settings
+            assert isinstance(s.store, str)
+            self._store = open_store(
+                s.store, prefix=s.prefix, keep_last=s.keep_last,
+                max_checkpoint_bytes=s.max_checkpoint_bytes,
+            )  # fmt: skip
+        return self._store
+
+
+def init_app(app: Any, store: str | Store | None = None, **settings: Any) -> Runtime:
+    """Configure agentq for ``app``: ``store`` is a URL or a store object, ``settings``
+    any field of :class:`~agentq.settings.Settings`; ``app.conf.agentq_<name>`` values are
+    read first and the arguments override them. Adds the recovery sweeper and the deploy
+    handoff to the app's workers."""
+    from agentq.worker import AgentqWorkerStep
+
+    overrides = dict(settings)
+    if store is not None:
+        overrides["store"] = store
+    runtime = Runtime(Settings.from_conf(app.conf, overrides))
+    app._agentq_runtime = runtime
+    if AgentqWorkerStep not in app.steps["worker"]:
+        app.steps["worker"].add(AgentqWorkerStep)
+    return runtime
+
+
+def runtime_of(app: Any) -> Runtime:
+    """The app's runtime; configured from ``app.conf`` alone if ``init_app`` was not called."""
+    runtime = getattr(app, "_agentq_runtime", None)
+    return runtime if isinstance(runtime, Runtime) else init_app(app)

@@ -1,0 +1,250 @@
+"""Drives one thread for one task execution: lease, resume, node loop, commit per step."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import os
+import socket
+import time
+import traceback
+import uuid
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from agentq.aio import run_coroutine
+from agentq.backoff import retry_delay
+from agentq.errors import (
+    AgentqError,
+    CodecError,
+    FencingError,
+    LeaseHeld,
+    NeedsAttention,
+    UnknownNode,
+)
+from agentq.heartbeat import Heartbeat
+from agentq.outcomes import Done, Interrupt, Interrupted
+from agentq.records import Checkpoint, Status, ThreadMeta
+from agentq.run import NO_VALUE, Run
+from agentq.settings import Settings
+from agentq.store.base import Store
+
+if TYPE_CHECKING:
+    from agentq.task import AgentTask
+
+logger = logging.getLogger("agentq")
+
+_IDLE = frozenset({Status.WAITING, Status.FAILED, Status.CANCELLED, Status.NEEDS_ATTENTION})
+
+
+def _owner() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+def _error_text(exc: BaseException, limit: int = 2000) -> str:
+    trace = "".join(traceback.format_exception(exc, limit=-3))
+    return f"{type(exc).__name__}: {exc}\n{trace}"[:limit]
+
+
+class Driver:
+    """Runs a thread's nodes until it finishes, pauses, fails, retries, is cancelled,
+    is handed over (``should_stop``) or loses its lease.
+
+    Every state change goes through the store under the lease's fencing token, so the
+    driver holds nothing that a crash could lose beyond the node in flight.
+    """
+
+    def __init__(
+        self,
+        task: AgentTask,
+        thread_id: str,
+        store: Store,
+        settings: Settings,
+        should_stop: Callable[[], bool],
+    ) -> None:
+        self.task = task
+        self.thread_id = thread_id
+        self.store = store
+        self.settings = settings
+        self.should_stop = should_stop
+        self.owner = _owner()
+
+    def drive(self) -> Any:
+        thread_id, store = self.thread_id, self.store
+        meta = store.meta(thread_id)
+        if meta is None:  # sent by name (send_task) rather than through apply_async
+            meta, _ = store.open_thread(thread_id, task=self.task.name)
+        if meta.status == Status.DONE:
+            return meta.result
+        if meta.status in _IDLE:
+            logger.info("thread %s is %s: nothing to run", thread_id, meta.status.value)
+            return None
+        crashed = meta.status == Status.RUNNING
+        try:
+            token = store.acquire(thread_id, self.owner, self.settings.lease_ttl)
+        except LeaseHeld:
+            logger.info("thread %s is driven by another worker; leaving it", thread_id)
+            return None
+        try:
+            with Heartbeat(store, thread_id, self.owner, token, self.settings.lease_ttl) as beat:
+                return self._resume(token, crashed, beat)
+        except FencingError as exc:
+            logger.warning("thread %s: stopped, another worker drives it now (%s)", thread_id,
+                           exc)
+            return None
+
+    def _resume(self, token: int, crashed: bool, beat: Heartbeat) -> Any:
+        thread_id, store, settings = self.thread_id, self.store, self.settings
+        meta = store.meta(thread_id)
+        assert meta is not None
+        if meta.status != Status.RUNNING or meta.cancel_requested:
+            return self._stop_early(token, meta)
+        if crashed:
+            crashes = meta.crashes + 1
+            if crashes > settings.max_crashes:
+                store.set_status(
+                    thread_id, token, Status.FAILED,
+                    error=f"worker lost {meta.crashes} times at step {meta.step + 1}; the "
+                    "step may crash its worker (out of memory?): fix it, then retry the thread",
+                    release_owner=self.owner,
+                )  # fmt: skip
+                logger.error("thread %s: failed after %d lost workers", thread_id, meta.crashes)
+                return None
+            store.set_status(thread_id, token, Status.RUNNING, crashes=crashes,
+                             due_in=settings.lease_ttl)
+        latest = store.latest(thread_id)
+        if latest is None:
+            step, node = 0, self.task.entry_node
+            state: dict[str, Any] = {}
+            pending: list[Any] = []
+            cursors: dict[str, Any] = {}
+        elif latest.node is None:
+            return meta.result
+        else:
+            step, node = latest.step + 1, latest.node
+            state, pending, cursors = latest.state, latest.pending, latest.cursors
+        resume_value = meta.resume_value if meta.resumed else NO_VALUE
+        attempts = meta.attempts
+        while True:
+            if beat.lost.is_set():
+                logger.warning("thread %s: lease lost before step %d; stopping", thread_id, step)
+                return None
+            if self.should_stop():
+                store.set_status(thread_id, token, Status.QUEUED, due_in=0,
+                                 release_owner=self.owner)
+                self.task.enqueue(thread_id)
+                logger.info("thread %s: handed over before step %d (worker stopping)",
+                            thread_id, step)
+                return None
+            run = Run(
+                store=store, thread_id=thread_id, step=step, node=node, token=token,
+                state=state, pending=pending, cursors=cursors, resume_value=resume_value,
+                max_artifact_bytes=settings.max_artifact_bytes,
+            )  # fmt: skip
+            try:
+                outcome = self._call(node, run, meta.input if step == 0 else None)
+            except Interrupted as pause:
+                store.set_status(thread_id, token, Status.WAITING, interrupt=pause.payload,
+                                 release_owner=self.owner)
+                logger.info("thread %s: waiting for a human at step %d", thread_id, step)
+                return None
+            except NeedsAttention as exc:
+                store.set_status(thread_id, token, Status.NEEDS_ATTENTION, error=str(exc),
+                                 release_owner=self.owner)
+                logger.error("%s", exc)
+                return None
+            except FencingError:
+                raise
+            except Exception as exc:
+                return self._fail_or_retry(token, step, attempts, exc)
+            try:
+                checkpoint, status, extra = self._next(step, node, run, outcome, token)
+                cancel = store.commit(
+                    thread_id, token, checkpoint, status=status,
+                    due_in=settings.lease_ttl if status == Status.RUNNING else None,
+                    release_owner=None if status == Status.RUNNING else self.owner, **extra,
+                )  # fmt: skip
+            except (CodecError, UnknownNode) as exc:  # the node's output cannot be kept
+                return self._fail_or_retry(token, step, attempts, exc)
+            self.task.on_step(thread_id, step, node, checkpoint.node)
+            if status != Status.RUNNING:
+                return extra.get("result")
+            if cancel:
+                store.set_status(thread_id, token, Status.CANCELLED, release_owner=self.owner)
+                logger.info("thread %s: cancelled after step %d", thread_id, step)
+                return None
+            assert checkpoint.node is not None
+            step, node, attempts, resume_value = step + 1, checkpoint.node, 0, NO_VALUE
+            state, pending, cursors = run.state, run.pending, run.cursors
+
+    def _stop_early(self, token: int, meta: ThreadMeta) -> Any:
+        """The thread changed between our first look and the lease: honour what it is."""
+        if meta.cancel_requested and meta.status == Status.RUNNING:
+            self.store.set_status(self.thread_id, token, Status.CANCELLED,
+                                  release_owner=self.owner)
+        else:
+            self.store.release(self.thread_id, self.owner, token)
+        return meta.result if meta.status == Status.DONE else None
+
+    def _call(self, node: str, run: Run, input: Any) -> Any:
+        fn = getattr(self.task, node, None)
+        if not callable(fn) or node.startswith("_"):
+            raise UnknownNode(
+                f"node {node!r} is not a method of {type(self.task).__name__}; define it or "
+                "return the name of an existing node",
+                thread_id=self.thread_id,
+                step=run.step,
+            )
+        kwargs = input if isinstance(input, dict) else {}
+        result = fn(run, **kwargs)
+        if inspect.isawaitable(result):
+            return run_coroutine(_awaited(result))
+        return result
+
+    def _next(
+        self, step: int, node: str, run: Run, outcome: Any, token: int
+    ) -> tuple[Checkpoint, Status, dict[str, Any]]:
+        extra: dict[str, Any] = {}
+        if isinstance(outcome, Done):
+            next_node, status, extra["result"] = None, Status.DONE, outcome.result
+        elif isinstance(outcome, Interrupt):
+            next_node, status, extra["interrupt"] = outcome.resume_at, Status.WAITING, \
+                outcome.payload
+        elif isinstance(outcome, str):
+            next_node, status = outcome, Status.RUNNING
+        else:
+            raise UnknownNode(
+                f"node {node!r} returned {type(outcome).__name__}; return the next node's "
+                "name, Done(result) or Interrupt(payload, resume_at=...)",
+                thread_id=self.thread_id,
+                step=step,
+            )
+        checkpoint = Checkpoint(
+            step=step, node=next_node, state=run.state, pending=run.pending,
+            cursors=run.cursors, task=self.task.name, token=token, created_at=time.time(),
+        )  # fmt: skip
+        return checkpoint, status, extra
+
+    def _fail_or_retry(self, token: int, step: int, attempts: int, exc: Exception) -> None:
+        thread_id, settings = self.thread_id, self.settings
+        attempt = attempts + 1
+        retryable = self.task.should_retry(exc) and not isinstance(exc, AgentqError)
+        if retryable and attempt < settings.max_attempts:
+            delay = retry_delay(exc, attempt, base=settings.backoff_base,
+                                cap=settings.backoff_max)
+            self.store.set_status(
+                thread_id, token, Status.RETRYING, due_in=delay, attempts=attempt,
+                error=_error_text(exc), release_owner=self.owner,
+            )  # fmt: skip
+            logger.warning("thread %s: step %d attempt %d failed (%s); retrying in %.1f s",
+                           thread_id, step, attempt, type(exc).__name__, delay)
+            return None
+        gave_up = f"gave up after {attempt} attempts: " if retryable else ""
+        self.store.set_status(thread_id, token, Status.FAILED, attempts=attempt,
+                              error=gave_up + _error_text(exc), release_owner=self.owner)
+        logger.error("thread %s: step %d failed: %s", thread_id, step, exc)
+        raise exc
+
+
+async def _awaited(awaitable: Any) -> Any:
+    return await awaitable

@@ -1,0 +1,61 @@
+"""Policies for side-effecting tools: what to do when a call's outcome is unknown."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Final, TypeVar
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class _DidNotRun:
+    def __repr__(self) -> str:
+        return "DID_NOT_RUN"
+
+
+DID_NOT_RUN: Final = _DidNotRun()
+"""What a ``reconcile`` callback returns when the effect did not happen, so it runs."""
+
+
+@dataclass(frozen=True)
+class ToolPolicy:
+    """How ``run.tool`` treats a claim left ``pending`` by a driver that died mid-call.
+
+    ``idempotent``: run the tool again with the same key (it receives it as
+    ``idempotency_key`` if it takes that parameter, to forward downstream).
+    ``reconcile``: ``reconcile(key, *args, **kwargs)`` asks the outside world; it returns
+    the effect's result if it happened, or :data:`DID_NOT_RUN`.
+    Neither: the thread stops as ``needs_attention``.
+    ``shared``: the key is global across threads (e.g. an invoice number).
+    """
+
+    idempotent: bool = False
+    reconcile: Callable[..., Any] | None = None
+    shared: bool = False
+
+
+def tool(
+    fn: F | None = None,
+    *,
+    idempotent: bool = False,
+    reconcile: Callable[..., Any] | None = None,
+    shared: bool = False,
+) -> Any:
+    """Declare a tool's policy once, where it is defined; ``run.tool`` reads it::
+
+        @tool(idempotent=True)
+        def charge(amount, *, idempotency_key): ...
+    """
+    policy = ToolPolicy(idempotent=idempotent, reconcile=reconcile, shared=shared)
+
+    def mark(function: F) -> F:
+        function.__agentq_policy__ = policy  # type: ignore[attr-defined]
+        return function
+
+    return mark(fn) if fn is not None else mark
+
+
+def policy_of(fn: Callable[..., Any]) -> ToolPolicy:
+    policy = getattr(fn, "__agentq_policy__", None)
+    return policy if isinstance(policy, ToolPolicy) else ToolPolicy()

@@ -1,0 +1,141 @@
+"""What a node sees: the thread's state, its pending tool calls, and effects under claims."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any, Final
+
+from agentq.effects import DID_NOT_RUN, ToolPolicy, policy_of
+from agentq.errors import ArtifactTooLarge, NeedsAttention
+from agentq.outcomes import Interrupted
+from agentq.store.base import Store
+
+
+class _NoValue:
+    def __repr__(self) -> str:
+        return "NO_VALUE"
+
+
+NO_VALUE: Final = _NoValue()
+"""``run.resume_value`` when the thread was not resumed with a value."""
+
+
+class Artifacts:
+    """Large data kept out of checkpoints; the state holds the small reference ``put``
+    returns (``{"artifact": sha256, "size": n, "content_type": ...}``)."""
+
+    def __init__(self, store: Store, thread_id: str, max_bytes: int) -> None:
+        self._store = store
+        self._thread_id = thread_id
+        self._max_bytes = max_bytes
+
+    def put(self, data: bytes, content_type: str = "application/octet-stream") -> dict[str, Any]:
+        if len(data) > self._max_bytes:
+            raise ArtifactTooLarge(
+                f"artifact of {len(data)} bytes is over max_artifact_bytes "
+                f"({self._max_bytes}); store it in object storage and keep its URL, or "
+                "raise the setting",
+                thread_id=self._thread_id,
+            )
+        digest = self._store.put_artifact(self._thread_id, data)
+        return {"artifact": digest, "size": len(data), "content_type": content_type}
+
+    def get(self, ref: dict[str, Any]) -> bytes:
+        return self._store.get_artifact(self._thread_id, ref["artifact"])
+
+
+class Run:
+    """One node execution. ``state``, ``pending`` and ``cursors`` are committed with the
+    step when the node returns; ``step`` is the number that commit will carry."""
+
+    def __init__(
+        self,
+        *,
+        store: Store,
+        thread_id: str,
+        step: int,
+        node: str,
+        token: int,
+        state: dict[str, Any],
+        pending: list[Any],
+        cursors: dict[str, Any],
+        resume_value: Any,
+        max_artifact_bytes: int,
+    ) -> None:
+        self.thread_id = thread_id
+        self.step = step
+        self.node = node
+        self.state = state
+        self.pending = pending
+        self.cursors = cursors
+        self.resume_value = resume_value
+        self.artifacts = Artifacts(store, thread_id, max_artifact_bytes)
+        self._store = store
+        self._token = token
+        self._calls = 0
+
+    def interrupt(self, payload: Any) -> Any:
+        """Pause for a human: the thread becomes ``waiting`` with ``payload`` stored, and
+        this node runs again from its start on ``resume(thread_id, value)``, when this
+        call returns ``value``. Changes made by this node before the call are not kept."""
+        if self.resume_value is NO_VALUE:
+            raise Interrupted(payload)
+        value, self.resume_value = self.resume_value, NO_VALUE
+        return value
+
+    def tool(
+        self,
+        fn: Callable[..., Any],
+        *args: Any,
+        key: str | None = None,
+        idempotent: bool | None = None,
+        reconcile: Callable[..., Any] | None = None,
+        shared: bool | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        """Call ``fn(*args, **kwargs)`` at most once per ``key``; a replay returns the
+        recorded result.
+
+        ``key`` defaults to the step and the call's position in the node (deterministic:
+        a re-run node makes the same calls in the same order); pass the model's tool-call
+        id when there is one. ``idempotent``/``reconcile``/``shared`` override the policy
+        declared with :func:`agentq.tool` (see :class:`~agentq.effects.ToolPolicy`).
+        """
+        declared = policy_of(fn)
+        policy = ToolPolicy(
+            idempotent=declared.idempotent if idempotent is None else idempotent,
+            reconcile=declared.reconcile if reconcile is None else reconcile,
+            shared=declared.shared if shared is None else shared,
+        )
+        self._calls += 1
+        key = key if key is not None else f"step{self.step}.call{self._calls}"
+        store, thread_id = self._store, self.thread_id
+        claim = store.claim_effect(thread_id, key, self._token, shared=policy.shared)
+        if claim.outcome == "done":
+            return claim.effect.result
+        if claim.outcome == "unknown":
+            if not (policy.idempotent or policy.reconcile):
+                name = getattr(fn, "__qualname__", repr(fn))
+                raise NeedsAttention(
+                    f"tool {name} with key {key!r} was started by an earlier worker that "
+                    "died before recording its outcome, and it declares neither "
+                    "idempotent=True nor reconcile=; check whether it happened, then "
+                    "record it or retry the thread",
+                    thread_id=thread_id,
+                    step=self.step,
+                    key=key,
+                    tool=name,
+                )
+            store.claim_effect(thread_id, key, self._token, shared=policy.shared, takeover=True)
+            if policy.reconcile is not None:
+                found = policy.reconcile(key, *args, **kwargs)
+                if found is not DID_NOT_RUN:
+                    store.complete_effect(thread_id, key, self._token, found,
+                                          shared=policy.shared)
+                    return found
+        if "idempotency_key" in inspect.signature(fn).parameters:
+            kwargs["idempotency_key"] = key
+        result = fn(*args, **kwargs)
+        store.complete_effect(thread_id, key, self._token, result, shared=policy.shared)
+        return result

@@ -1,0 +1,70 @@
+"""agentq's settings: given to ``init_app`` or set as ``app.conf.agentq_<name>``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+from agentq.codec import DEFAULT_MAX_CHECKPOINT_BYTES
+from agentq.errors import StoreConfigError
+from agentq.store.base import DEFAULT_KEEP_LAST, Store
+
+CONF_PREFIX = "agentq_"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Every duration is in seconds.
+
+    ``store`` is a URL (``redis://…``, ``rediss://…``, ``unix://…``, ``sqlite:///…``) or a
+    :class:`~agentq.store.base.Store`. A worker that dies is noticed when its lease runs
+    out, so ``lease_ttl`` bounds recovery time; it is renewed every ``lease_ttl / 3`` while
+    a step runs, however long that step blocks.
+    """
+
+    store: str | Store = "sqlite:///agentq.db"
+    prefix: str = "agentq:"
+    lease_ttl: float = 30.0
+    start_grace: float = 30.0
+    sweep_interval: float = 1.0
+    max_attempts: int = 5
+    backoff_base: float = 1.0
+    backoff_max: float = 300.0
+    max_crashes: int = 3
+    keep_last: int = DEFAULT_KEEP_LAST
+    max_checkpoint_bytes: int = DEFAULT_MAX_CHECKPOINT_BYTES
+    max_artifact_bytes: int = 64 * 1024 * 1024
+    finished_ttl: float = 7 * 24 * 3600.0
+
+    def __post_init__(self) -> None:
+        for name in ("lease_ttl", "start_grace", "sweep_interval", "backoff_max"):
+            if getattr(self, name) <= 0:
+                raise StoreConfigError(f"agentq setting {name} must be positive")
+        if self.max_attempts < 1 or self.max_crashes < 1:
+            raise StoreConfigError("agentq settings max_attempts and max_crashes must be >= 1")
+        if self.backoff_base > self.backoff_max:
+            raise StoreConfigError(
+                f"agentq setting backoff_base ({self.backoff_base}) exceeds backoff_max "
+                f"({self.backoff_max})"
+            )
+
+    @classmethod
+    def names(cls) -> list[str]:
+        return [f.name for f in fields(cls)]
+
+    @classmethod
+    def from_conf(cls, conf: Any, overrides: dict[str, Any]) -> Settings:
+        """Read ``agentq_*`` keys from a Celery config, then apply ``overrides``."""
+        unknown = set(overrides) - set(cls.names())
+        if unknown:
+            raise StoreConfigError(
+                f"unknown agentq setting(s): {', '.join(sorted(unknown))}; known: "
+                f"{', '.join(cls.names())}"
+            )
+        values = {
+            name: conf.get(CONF_PREFIX + name)
+            for name in cls.names()
+            if conf.get(CONF_PREFIX + name) is not None
+        }
+        values.update(overrides)
+        return cls(**values)

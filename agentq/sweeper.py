@@ -1,0 +1,76 @@
+"""Recovery: re-sends every thread the store says is due, whatever the broker did."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+from agentq.app import runtime_of
+from agentq.records import Status
+
+logger = logging.getLogger("agentq.sweeper")
+
+_RUNNABLE = frozenset({Status.QUEUED, Status.RUNNING, Status.RETRYING})
+GC_INTERVAL = 60.0
+
+
+class Sweeper:
+    """Reads the due-time index and sends a message for each due thread.
+
+    A thread is due when its lease expired (its worker died or froze), its retry timer
+    ran out, or it was queued and never started (the message was lost). ``claim_due``
+    pushes each entry ahead atomically before the message is sent, so sweepers in several
+    workers never send the same entry twice; a duplicate that slips through anyway (a
+    broker redelivery) is absorbed by the thread's lease.
+    """
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._gc_at = 0.0
+
+    def sweep_once(self) -> list[str]:
+        """Send every due thread once; return their ids."""
+        from agentq.task import AgentTask
+
+        runtime = runtime_of(self.app)
+        store, settings = runtime.store, runtime.settings
+        sent = []
+        for thread_id in store.claim_due(hold=settings.start_grace, limit=500):
+            meta = store.meta(thread_id)
+            if meta is None or meta.status not in _RUNNABLE:
+                continue
+            task = self.app.tasks.get(meta.task)
+            if isinstance(task, AgentTask):
+                task.enqueue(thread_id)
+            else:  # a task this process does not import: route it by name
+                self.app.send_task(meta.task, args=(thread_id,))
+            logger.info("thread %s (%s, step %d) re-sent", thread_id, meta.status.value,
+                        meta.step)
+            sent.append(thread_id)
+        if time.monotonic() >= self._gc_at:
+            self._gc_at = time.monotonic() + GC_INTERVAL
+            removed = store.gc(settings.finished_ttl)
+            if removed:
+                logger.info("removed %d finished threads past their TTL", removed)
+        return sent
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="agentq-sweeper", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def _loop(self) -> None:
+        interval = runtime_of(self.app).settings.sweep_interval
+        while not self._stop.wait(interval):
+            try:
+                self.sweep_once()
+            except Exception:
+                logger.exception("sweep failed; trying again in %.1f s", interval)

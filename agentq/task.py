@@ -1,0 +1,149 @@
+"""``AgentTask``: a Celery task whose body is a durable graph of named nodes."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, ClassVar
+
+from celery import Task
+from celery.backends.base import DisabledBackend
+
+from agentq.app import Runtime, runtime_of
+from agentq.driver import Driver
+from agentq.errors import InvalidThreadId, ThreadNotFound, ThreadStopped, WaitTimeout
+from agentq.keys import validate_thread_id
+from agentq.records import Status, ThreadMeta
+from agentq.worker import draining
+
+logger = logging.getLogger("agentq")
+
+
+class AgentTask(Task):  # type: ignore[misc]
+    """Subclass it, give it a ``name`` and nodes, register it with ``app.register_task``.
+
+    A node is a method ``node(self, run)`` returning the next node's name, ``Done(result)``
+    or ``Interrupt(payload, resume_at=...)``. The first node, ``start`` unless
+    ``entry_node`` says otherwise, also receives the keyword arguments given to ``delay``.
+    After every node the thread's state is committed as one checkpoint; a worker that dies
+    loses at most the node in flight, and the thread resumes from its latest checkpoint.
+
+    ``agent.delay(thread_id, **input)`` starts (or re-sends) a thread: the thread id is its
+    identity, so sending it twice never runs it twice.
+    """
+
+    entry_node: ClassVar[str] = "start"
+    retry_on: ClassVar[tuple[type[BaseException], ...]] = ()
+    """Exceptions (rate limits, overloaded providers) that retry the step after a delay."""
+
+    acks_late = True
+    reject_on_worker_lost = True
+
+    @property
+    def agentq(self) -> Runtime:
+        return runtime_of(self.app)
+
+    # -- the Celery side ---------------------------------------------------------------------
+
+    def run(self, thread_id: str) -> Any:
+        validate_thread_id(thread_id)
+        runtime = self.agentq
+        return Driver(self, thread_id, runtime.store, runtime.settings, draining.is_set).drive()
+
+    def apply_async(
+        self, args: Any = None, kwargs: Any = None, **options: Any
+    ) -> Any:
+        """Start thread ``args[0]`` with ``kwargs`` as the entry node's input (kept in the
+        store, not the message) and send it with the usual Celery ``options``. An existing
+        thread keeps its first input and is only re-sent."""
+        if not args or len(args) != 1:
+            raise InvalidThreadId(
+                f"{self.name} takes exactly one positional argument, the thread id (got "
+                f"{len(args or ())}); pass the agent's input as keyword arguments"
+            )
+        thread_id = validate_thread_id(args[0])
+        delay = float(options.get("countdown") or 0)
+        self.agentq.store.open_thread(
+            thread_id, task=self.name, input=dict(kwargs) if kwargs else None,
+            start_grace=delay + self.agentq.settings.start_grace,
+        )  # fmt: skip
+        return super().apply_async((thread_id,), None, **options)
+
+    def enqueue(self, thread_id: str, **options: Any) -> Any:
+        """Send a message for a thread the store already holds."""
+        return super().apply_async((thread_id,), None, **options)
+
+    # -- hooks -------------------------------------------------------------------------------
+
+    def should_retry(self, exc: BaseException) -> bool:
+        """Whether ``exc`` retries the step; by default, when it is one of ``retry_on``."""
+        return isinstance(exc, self.retry_on)
+
+    def on_step(self, thread_id: str, step: int, node: str, next_node: str | None) -> None:
+        """Called after each committed step: reports progress to Celery and Flower."""
+        logger.info("thread %s: step %d (%s) committed, next %s", thread_id, step, node,
+                    next_node or "-")
+        fields = {"thread_id": thread_id, "step": step, "node": node, "next": next_node}
+        if self.request.id and not isinstance(self.backend, DisabledBackend):
+            self.update_state(state="PROGRESS", meta=fields)
+        if self.app.conf.worker_send_task_events and self.request.hostname:
+            self.send_event("task-progress", **fields)
+
+    # -- controlling a thread from outside -----------------------------------------------------
+
+    def thread(self, thread_id: str) -> ThreadMeta:
+        """The thread's meta: status, step, node, result, error, interrupt payload."""
+        meta = self.agentq.store.meta(validate_thread_id(thread_id))
+        if meta is None:
+            raise ThreadNotFound("no such thread; start it with .delay()", thread_id=thread_id)
+        return meta
+
+    def resume(self, thread_id: str, value: Any = None, **options: Any) -> Any:
+        """Continue a ``waiting`` thread: ``value`` becomes ``run.resume_value`` (and what
+        ``run.interrupt()`` returns)."""
+        self.agentq.store.reopen(
+            validate_thread_id(thread_id), from_statuses={Status.WAITING}, resume_value=value,
+            start_grace=self.agentq.settings.start_grace,
+        )  # fmt: skip
+        return self.enqueue(thread_id, **options)
+
+    def retry_thread(self, thread_id: str, **options: Any) -> Any:
+        """Run a ``failed`` or ``needs_attention`` thread again from its latest checkpoint
+        (after fixing what stopped it). Named so because ``Task.retry`` is Celery's."""
+        self.agentq.store.reopen(
+            validate_thread_id(thread_id),
+            from_statuses={Status.FAILED, Status.NEEDS_ATTENTION},
+            start_grace=self.agentq.settings.start_grace,
+        )
+        return self.enqueue(thread_id, **options)
+
+    def cancel(self, thread_id: str) -> Status:
+        """Cancel the thread: at once if idle, at the next step boundary if running."""
+        return self.agentq.store.request_cancel(validate_thread_id(thread_id))
+
+    def wait(self, thread_id: str, timeout: float | None = None, interval: float = 0.1) -> Any:
+        """Block until the thread is done and return its result, whichever workers ran it.
+
+        Raises :class:`~agentq.errors.ThreadStopped` if it ends otherwise (failed,
+        cancelled, waiting for a human, needing attention) and
+        :class:`~agentq.errors.WaitTimeout` after ``timeout`` seconds.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            meta = self.thread(thread_id)
+            if meta.status == Status.DONE:
+                return meta.result
+            if meta.status in (Status.FAILED, Status.CANCELLED, Status.WAITING,
+                               Status.NEEDS_ATTENTION):
+                raise ThreadStopped(
+                    f"thread is {meta.status.value}"
+                    + (f": {meta.error.splitlines()[0]}" if meta.error else ""),
+                    thread_id=thread_id, status=meta.status.value, error=meta.error,
+                )  # fmt: skip
+            if deadline is not None and time.monotonic() >= deadline:
+                raise WaitTimeout(
+                    f"not finished after {timeout} s (status {meta.status.value}, step "
+                    f"{meta.step}); wait longer or check the workers",
+                    thread_id=thread_id,
+                )
+            time.sleep(interval)

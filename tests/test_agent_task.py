@@ -1,0 +1,199 @@
+"""AgentTask logic on an in-process Celery worker (Redis broker, private Redis store)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from celery import Celery
+from celery.contrib.testing.worker import start_worker
+
+from agentq import Status
+from agentq.errors import InvalidThreadId, ThreadStopped
+from agentq.store.base import Store
+from tests.support.agents import Ledger, make_app
+from tests.support.redis_server import RedisServer, wait_until
+
+BROKER = "redis://127.0.0.1:6379/0"
+
+
+class Env:
+    def __init__(self, app: Celery, ledger: Ledger) -> None:
+        self.app = app
+        self.ledger = ledger
+        self.store: Store = app._agentq_runtime.store
+
+    def agent(self, name: str) -> Any:
+        return self.app.tasks[f"tests.{name}"]
+
+
+@pytest.fixture
+def env(redis_server: RedisServer) -> Iterator[Env]:
+    prefix = f"at{uuid.uuid4().hex[:8]}:"
+    app = make_app(broker=BROKER, store=redis_server.url, prefix=prefix,
+                   queue=f"agentq-test-{prefix}", ledger_url=redis_server.url,
+                   lease_ttl=3, sweep_interval=0.2, start_grace=5, backoff_base=0.1)
+    with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False,
+                      shutdown_timeout=30):
+        yield Env(app, Ledger(redis_server.url, prefix.rstrip(":")))
+
+
+def test_a_thread_runs_to_done_with_one_checkpoint_per_node(env: Env) -> None:
+    agent = env.agent("support_agent")
+    agent.delay("t1", question="refund my order", refunds=2)
+    assert agent.wait("t1", timeout=30) == "Refunded 20 EUR."
+    meta = agent.thread("t1")
+    # start, model, tools, model, tools, model
+    assert (meta.status, meta.step) == (Status.DONE, 5)
+    assert [c.node for c in env.store.history("t1")] == [
+        None, "model", "tools", "model", "tools", "model"]
+    assert env.ledger.model_calls("t1") == 3
+    assert env.ledger.tool_calls("t1") == {"call-refund-1": 1, "call-refund-2": 1}
+
+
+def test_sending_a_thread_again_never_runs_it_twice(env: Env) -> None:
+    agent = env.agent("counting_agent")
+    agent.delay("t1", n=3, slow=0.3)
+    wait_until(lambda: env.ledger.client.get(env.ledger.key("steps", "t1")), timeout=10,
+               what="first step")
+    agent.delay("t1", n=99)  # while running: left to its driver, first input kept
+    assert agent.wait("t1", timeout=30) == 3
+    agent.delay("t1", n=99)  # after done: returns the result, runs nothing
+    agent.delay("t1")
+    assert agent.wait("t1", timeout=5) == 3
+    assert int(env.ledger.client.get(env.ledger.key("steps", "t1"))) == 3
+
+
+def test_rate_limit_waits_for_retry_after_then_finishes(env: Env) -> None:
+    agent = env.agent("support_agent")
+    agent.delay("t1", question="hi", refunds=0, rate_limits=1, retry_after=2)
+    wait_until(lambda: agent.thread("t1").status == Status.RETRYING, timeout=10,
+               what="retrying status")
+    assert agent.thread("t1").attempts == 1
+    assert agent.wait("t1", timeout=30) == "Refunded 0 EUR."
+    times = [float(t) for t in env.ledger.client.lrange(env.ledger.key("model-times", "t1"),
+                                                        0, -1)]
+    assert len(times) == 2 and times[1] - times[0] >= 2.0
+
+
+def test_rate_limit_past_max_attempts_fails_the_thread(env: Env) -> None:
+    agent = env.agent("support_agent")
+    agent.delay("t1", question="hi", refunds=0, rate_limits=99, retry_after=0)
+    with pytest.raises(ThreadStopped) as info:
+        agent.wait("t1", timeout=30)
+    meta = agent.thread("t1")
+    assert meta.status == Status.FAILED and meta.attempts == 5
+    assert "gave up after 5 attempts" in (meta.error or "") and "429" in (meta.error or "")
+    assert env.ledger.model_calls("t1") == 5
+    assert info.value.status == "failed"
+
+
+def test_interrupt_waits_for_a_human_and_resumes_with_the_value(env: Env) -> None:
+    agent = env.agent("approval_agent")
+    agent.delay("t1", amount=30)
+    wait_until(lambda: agent.thread("t1").status == Status.WAITING, timeout=10,
+               what="waiting")
+    assert agent.thread("t1").interrupt == {"question": "refund 30?"}
+    with pytest.raises(ThreadStopped):
+        agent.wait("t1", timeout=1)
+    agent.resume("t1", {"approved": True})
+    wait_until(lambda: agent.thread("t1").interrupt == {"question": "anything else?"},
+               timeout=10, what="second interrupt")
+    agent.resume("t1", "no, thanks")
+    assert agent.wait("t1", timeout=10) == {"approved": True, "note": "no, thanks"}
+
+
+def test_cancel_stops_a_running_thread_at_the_next_step(env: Env) -> None:
+    agent = env.agent("counting_agent")
+    agent.delay("t1", n=50, slow=0.2)
+    wait_until(lambda: agent.thread("t1").step >= 1, timeout=10, what="a committed step")
+    assert agent.cancel("t1") == Status.RUNNING
+    wait_until(lambda: agent.thread("t1").status == Status.CANCELLED, timeout=10,
+               what="cancelled")
+    steps = agent.thread("t1").step
+    assert steps < 50 and env.store.latest("t1").step == steps  # type: ignore[union-attr]
+
+
+def test_a_failing_step_fails_the_thread_and_retry_thread_resumes_it(env: Env) -> None:
+    agent = env.agent("broken_agent")
+    agent.delay("t1", mode="bug")
+    with pytest.raises(ThreadStopped) as info:
+        agent.wait("t1", timeout=10)
+    assert info.value.status == "failed"
+    assert "KeyError" in (info.value.error or "") and "Traceback" in (info.value.error or "")
+    assert agent.thread("t1").step == 0  # the checkpoint before the failing node is kept
+    env.ledger.client.set(env.ledger.key("fixed", "t1"), 1)
+    agent.retry_thread("t1")
+    assert agent.wait("t1", timeout=10) == "fixed"
+
+
+def test_unstorable_state_fails_the_thread_naming_the_path(env: Env) -> None:
+    agent = env.agent("broken_agent")
+    agent.delay("t1", mode="unstorable")
+    with pytest.raises(ThreadStopped) as info:
+        agent.wait("t1", timeout=10)
+    assert "state.handle" in (info.value.error or "")
+    assert env.store.latest("t1").step == 0  # type: ignore[union-attr]
+
+
+def test_a_node_returning_nonsense_fails_clearly(env: Env) -> None:
+    agent = env.agent("broken_agent")
+    agent.delay("t1", mode="bad_return")
+    with pytest.raises(ThreadStopped) as info:
+        agent.wait("t1", timeout=10)
+    assert "returned int" in (info.value.error or "")
+
+
+def test_async_nodes_run(env: Env) -> None:
+    agent = env.agent("counting_agent")
+    agent.delay("t1", n=2)
+    assert agent.wait("t1", timeout=10) == 2
+
+
+@pytest.mark.parametrize("bad", ["", "a{b}", "x" * 300])
+def test_bad_thread_ids_are_refused_before_sending(env: Env, bad: str) -> None:
+    with pytest.raises(InvalidThreadId):
+        env.agent("counting_agent").delay(bad, n=1)
+
+
+def test_inputs_must_be_keywords(env: Env) -> None:
+    with pytest.raises(InvalidThreadId, match="keyword arguments"):
+        env.agent("counting_agent").delay("t1", 3)
+
+
+def _claim_as_dead_worker(store: Store, thread_id: str, key: str) -> None:
+    """A driver that claimed an effect and died before recording it."""
+    token = store.acquire(thread_id, "dead-worker", 30)
+    store.claim_effect(thread_id, key, token)
+    store.set_status(thread_id, token, Status.QUEUED, due_in=0, release_owner="dead-worker")
+
+
+@pytest.mark.parametrize("policy,expected_calls", [("reconcile", 0), ("idempotent", 1)])
+def test_unknown_outcome_is_settled_by_the_tool_policy(
+    env: Env, policy: str, expected_calls: int
+) -> None:
+    agent = env.agent("support_agent")
+    env.store.open_thread("t1", task=agent.name, start_grace=3600,
+                          input={"question": "hi", "policy": policy})
+    _claim_as_dead_worker(env.store, "t1", "call-refund-1")
+    # The dead worker's refund did reach the payment service:
+    env.ledger.client.hset(env.ledger.key("effects", "t1"), "call-refund-1", 10)
+    agent.enqueue("t1")
+    assert agent.wait("t1", timeout=20) == "Refunded 10 EUR."
+    assert env.ledger.tool_calls("t1").get("call-refund-1", 0) == expected_calls
+    assert env.ledger.effects("t1") == {"call-refund-1": "10"}
+
+
+def test_unknown_outcome_without_policy_needs_attention(env: Env) -> None:
+    agent = env.agent("support_agent")
+    env.store.open_thread("t1", task=agent.name, start_grace=3600,
+                          input={"question": "hi", "policy": "none"})
+    _claim_as_dead_worker(env.store, "t1", "call-refund-1")
+    agent.enqueue("t1")
+    with pytest.raises(ThreadStopped) as info:
+        agent.wait("t1", timeout=20)
+    assert info.value.status == "needs_attention"
+    assert "call-refund-1" in (info.value.error or "") and "refund" in (info.value.error or "")
+    assert env.ledger.tool_calls("t1") == {}

@@ -101,14 +101,14 @@ class Driver:
             return self._stop_early(token, meta)
         if crashed:
             crashes = meta.crashes + 1
-            if crashes > settings.max_crashes:
+            if crashes >= settings.max_crashes:
                 store.set_status(
-                    thread_id, token, Status.FAILED,
-                    error=f"worker lost {meta.crashes} times at step {meta.step + 1}; the "
-                    "step may crash its worker (out of memory?): fix it, then retry the thread",
+                    thread_id, token, Status.FAILED, crashes=crashes,
+                    error=f"worker lost {crashes} times at step {meta.step + 1}; the step "
+                    "may crash its worker (out of memory?): fix it, then retry the thread",
                     release_owner=self.owner,
                 )  # fmt: skip
-                logger.error("thread %s: failed after %d lost workers", thread_id, meta.crashes)
+                logger.error("thread %s: failed after %d lost workers", thread_id, crashes)
                 return None
             store.set_status(thread_id, token, Status.RUNNING, crashes=crashes,
                              due_in=settings.lease_ttl)

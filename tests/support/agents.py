@@ -58,13 +58,17 @@ class Ledger:
         return bool(self.client.exists(self.key("reached", thread_id, point)))
 
     def crash_point(self, thread_id: str, point: str) -> None:
-        if self.client.get(self.key("crash", thread_id)) != point:
-            return
-        if not self.client.set(self.key("fired", thread_id, point), 1, nx=True):
-            return
+        """Block here if a test armed this point: once (``arm_crash``), or every time
+        (``crash-always``, for a thread that keeps killing its worker)."""
+        if self.client.get(self.key("crash-always", thread_id)) != point:
+            if self.client.get(self.key("crash", thread_id)) != point:
+                return
+            if not self.client.set(self.key("fired", thread_id, point), 1, nx=True):
+                return
         self.client.set(self.key("reached", thread_id, point), time.time())
         # Blocks until the test kills this process; a real wait, not a sleep.
-        self.client.blpop([self.key("never", thread_id)], timeout=0)
+        while True:
+            self.client.blpop([self.key("never", thread_id)], timeout=1)
 
 
 def ledger_of(task: AgentTask) -> Ledger:

@@ -1,0 +1,603 @@
+"""What only the Redis backend promises, on private ``redis-server`` processes.
+
+Durability across a SIGKILLed server, atomicity under racing processes, ``check()`` on
+real server settings, connection URLs and authentication, and the cost of a commit in
+round trips. Every server here is started by the test (AOF, ``appendfsync always``, a
+free port); none of them is the shared Redis on 6379.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import itertools
+import multiprocessing as mp
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from multiprocessing.synchronize import Barrier
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+import redis
+
+from agentq.errors import LeaseHeld, StepConflict, StoreConfigError
+from agentq.records import Checkpoint, Effect, Status
+from agentq.store.redis import RedisStore
+from tests.store.raw import snapshot
+from tests.support.redis_server import RedisServer, wait_until
+
+if TYPE_CHECKING:
+    from multiprocessing.queues import Queue
+
+TTL = 30.0
+PROCESS_DEADLINE = 60.0
+"""Seconds a spawned process may take to start, race and report (imports included)."""
+
+StartRedis = Callable[..., RedisServer]
+
+
+# -- helpers -----------------------------------------------------------------------------
+
+
+def checkpoint(step: int, token: int, **extra: Any) -> Checkpoint:
+    """A deterministic, step-dependent checkpoint using every type the codec carries."""
+    state: dict[Any, Any] = {
+        "n": step,
+        "messages": [{"role": "user", "content": f"m{step}.{i}"} for i in range(step % 4)],
+        "when": dt.datetime(2026, 1, 2, tzinfo=dt.UTC) + dt.timedelta(seconds=step),
+        "day": dt.date(2026, 1, 1) + dt.timedelta(days=step),
+        "blob": bytes([step % 256]) * 3,
+        "pair": (step, str(step)),
+        "tags": {f"t{step % 3}", "x"},
+        7: "int key",
+        **extra,
+    }
+    return Checkpoint(
+        step=step, node=f"node{step}", state=state, pending=[{"id": f"call-{step}"}],
+        cursors={"page": step}, task="agent", token=token, created_at=1000.0 + step,
+    )  # fmt: skip
+
+
+@pytest.fixture
+def start_redis(tmp_path: Path) -> Iterator[StartRedis]:
+    """Start private servers (``RedisServer`` arguments); every one is killed at teardown."""
+    started: list[RedisServer] = []
+
+    def start(*extra: str, directory: Path | None = None, port: int | None = None) -> RedisServer:
+        server = RedisServer(directory or tmp_path / f"redis{len(started)}", *extra, port=port)
+        started.append(server)
+        return server.start()
+
+    yield start
+    for server in started:
+        server.stop()
+
+
+def restart(start_redis: StartRedis, server: RedisServer) -> RedisServer:
+    """A new ``redis-server`` on a stopped one's directory, port and arguments."""
+    assert server.process is not None and server.process.poll() is not None, "still running"
+    return start_redis(*server.extra, directory=server.directory, port=server.port)
+
+
+@contextlib.contextmanager
+def redis_store(url: str, **options: Any) -> Iterator[RedisStore]:
+    store = RedisStore.from_url(url, **options)
+    try:
+        yield store
+    finally:
+        store.close()
+
+
+@contextlib.contextmanager
+def admin_client(server: RedisServer, **options: Any) -> Iterator[redis.Redis]:
+    client = redis.Redis(port=server.port, **options)
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+def config(server: RedisServer, *names: str) -> dict[str, str]:
+    """The server's own view of ``names`` (``CONFIG GET``), as text."""
+    with admin_client(server, decode_responses=True) as client:
+        return {name: str(client.config_get(name)[name]) for name in names}
+
+
+def read_acknowledged(path: Path) -> list[int]:
+    """The steps a writer reported, complete lines only (a killed writer may leave half)."""
+    if not path.exists():
+        return []
+    text = path.read_text()
+    return [int(line) for line in text[: text.rfind("\n") + 1].splitlines()]
+
+
+def store_commands(admin: redis.Redis, client_name: str) -> list[list[bytes]]:
+    """The top-level commands one named client sent since ``SLOWLOG RESET``, oldest first.
+
+    With ``slowlog-log-slower-than 0`` the server logs every command; commands a script
+    runs are logged under the script's own fake client, so they are not counted here.
+    """
+    entries = admin.slowlog_get(100_000)
+    return [
+        bytes(entry["command"]).split()
+        for entry in reversed(entries)
+        if entry["client_name"] == client_name.encode()
+    ]
+
+
+def command_calls(admin: redis.Redis) -> dict[str, int]:
+    stats: dict[str, dict[str, int]] = admin.info("commandstats")
+    return {name.removeprefix("cmdstat_"): row["calls"] for name, row in stats.items()}
+
+
+@pytest.fixture
+def short_dir() -> Iterator[Path]:
+    """A directory with a short path: Unix socket paths are limited to about 100 bytes."""
+    path = Path(tempfile.mkdtemp(prefix="aq-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+# -- processes ---------------------------------------------------------------------------
+# Top-level functions, so the spawn start method can import them in the child.
+
+Report = tuple[str, int, str, int]
+"""(process name, step or thread index, outcome, value); outcome "error" aborts the run."""
+
+
+def _commit_forever(url: str, thread_id: str, token: int, keep_last: int, acked: str) -> None:
+    """Commit steps 0, 1, 2, ... and append each step to ``acked`` once commit() returned."""
+    with redis_store(url, keep_last=keep_last) as store, open(acked, "a") as out:
+        for step in itertools.count():
+            store.commit(thread_id, token, checkpoint(step, token))
+            out.write(f"{step}\n")
+            out.flush()
+
+
+def _race_commits(
+    name: str,
+    url: str,
+    thread_id: str,
+    token: int,
+    steps: int,
+    barrier: Barrier,
+    reports: Queue[Report],
+) -> None:
+    """For each step: meet the other racer at the barrier, then commit that step."""
+    try:
+        with redis_store(url, keep_last=steps) as store:
+            for step in range(steps):
+                barrier.wait(PROCESS_DEADLINE)
+                try:
+                    store.commit(thread_id, token, checkpoint(step, token, writer=name))
+                except StepConflict as conflict:
+                    reports.put((name, step, "conflict", conflict.latest))
+                else:
+                    reports.put((name, step, "won", step))
+    except BaseException as exc:
+        barrier.abort()
+        reports.put((name, -1, "error", 0))
+        raise RuntimeError(f"racer {name} failed") from exc
+
+
+def _race_acquires(
+    name: str, url: str, thread_ids: list[str], barrier: Barrier, reports: Queue[Report]
+) -> None:
+    """For each thread: meet the other racer at the barrier, then acquire its lease."""
+    try:
+        with redis_store(url) as store:
+            for index, thread_id in enumerate(thread_ids):
+                barrier.wait(PROCESS_DEADLINE)
+                try:
+                    token = store.acquire(thread_id, name, TTL)
+                except LeaseHeld as held:
+                    reports.put((name, index, "held", held.ttl_ms))
+                else:
+                    reports.put((name, index, "token", token))
+    except BaseException as exc:
+        barrier.abort()
+        reports.put((name, -1, "error", 0))
+        raise RuntimeError(f"racer {name} failed") from exc
+
+
+def run_racers(
+    target: Callable[..., None], args: dict[str, tuple[Any, ...]], rounds: int
+) -> dict[int, dict[str, tuple[str, int]]]:
+    """Run ``target(name, *args[name], barrier, reports)`` in one spawned process per name
+    and gather ``{round: {name: (outcome, value)}}``."""
+    ctx = mp.get_context("spawn")
+    barrier = ctx.Barrier(len(args))
+    reports: Queue[Report] = ctx.Queue()
+    processes = [
+        ctx.Process(target=target, args=(name, *extra, barrier, reports), name=name)
+        for name, extra in args.items()
+    ]
+    for process in processes:
+        process.start()
+    gathered: dict[int, dict[str, tuple[str, int]]] = {}
+    try:
+        for _ in range(rounds * len(args)):
+            name, index, outcome, value = reports.get(timeout=PROCESS_DEADLINE)
+            assert outcome != "error", f"racer {name} failed; see its traceback above"
+            gathered.setdefault(index, {})[name] = (outcome, value)
+    finally:
+        for process in processes:
+            process.join(PROCESS_DEADLINE)
+            if process.is_alive():
+                process.kill()
+                process.join()
+        reports.close()
+        reports.join_thread()
+    assert [p.exitcode for p in processes] == [0] * len(processes)
+    return gathered
+
+
+# -- durability --------------------------------------------------------------------------
+
+
+def test_acknowledged_checkpoints_and_effects_survive_sigkill_of_redis(
+    start_redis: StartRedis,
+) -> None:
+    server = start_redis()
+    with redis_store(server.url) as store:
+        store.open_thread("durable", task="agent", input={"q": "hi"})
+        token = store.acquire("durable", "w1", TTL)
+        for step in range(49):
+            store.commit("durable", token, checkpoint(step, token))
+        assert store.claim_effect("durable", "charge", token).outcome == "claimed"
+        store.complete_effect("durable", "charge", token, {"id": "ch_1", "cents": 1250})
+        store.commit(
+            "durable",
+            token,
+            checkpoint(49, token),
+            status=Status.DONE,
+            result={"answer": 42},
+            release_owner="w1",
+        )
+        keep_last = store.keep_last
+        before = snapshot(store)
+    assert (server.directory / "appendonlydir").is_dir()
+
+    server.kill()
+    server = restart(start_redis, server)
+
+    with redis_store(server.url) as store:
+        assert snapshot(store) == before
+        kept = range(49, 49 - keep_last, -1)
+        assert store.history("durable", limit=100) == [checkpoint(s, token) for s in kept]
+        assert store.latest("durable") == checkpoint(49, token)
+        meta = store.meta("durable")
+        assert meta is not None
+        assert (meta.step, meta.status, meta.fence, meta.node) == (49, Status.DONE, token, "node49")
+        assert (meta.input, meta.result) == ({"q": "hi"}, {"answer": 42})
+        assert store.effect("durable", "charge") == Effect(
+            "charge", "done", token, {"id": "ch_1", "cents": 1250}
+        )
+        # The fence survived too: the next token is still greater than every earlier one.
+        assert store.acquire("durable", "w2", TTL) == token + 1
+
+
+@pytest.mark.parametrize("keep_last", [5, 1_000_000], ids=["pruning", "keeping-all"])
+def test_every_step_a_killed_writer_saw_acknowledged_survives_sigkill_of_redis(
+    start_redis: StartRedis, tmp_path: Path, keep_last: int
+) -> None:
+    server = start_redis()
+    with redis_store(server.url) as store:
+        store.open_thread("t1", task="agent")
+        token = store.acquire("t1", "w1", 3600)
+    acked_path = tmp_path / "acked.txt"
+    writer = mp.get_context("spawn").Process(
+        target=_commit_forever, args=(server.url, "t1", token, keep_last, str(acked_path))
+    )
+
+    def enough_acknowledged() -> bool:
+        assert writer.is_alive(), f"the writer exited early with {writer.exitcode}"
+        return len(read_acknowledged(acked_path)) >= 20
+
+    writer.start()
+    try:
+        wait_until(enough_acknowledged, timeout=PROCESS_DEADLINE, what="20 acknowledged steps")
+        server.kill()
+    finally:
+        writer.kill()
+        writer.join()
+    acknowledged = read_acknowledged(acked_path)
+    assert acknowledged == list(range(len(acknowledged)))
+
+    server = restart(start_redis, server)
+
+    with redis_store(server.url, keep_last=keep_last) as store:
+        latest = store.latest("t1")
+        assert latest is not None and latest.step >= acknowledged[-1]
+        assert latest == checkpoint(latest.step, token)
+        window = range(latest.step, max(-1, latest.step - keep_last), -1)
+        assert store.history("t1", limit=len(window) + 1) == [checkpoint(s, token) for s in window]
+        for step in acknowledged:
+            if step in window:
+                assert store.checkpoint("t1", step) == checkpoint(step, token)
+        meta = store.meta("t1")
+        assert meta is not None and (meta.step, meta.fence) == (latest.step, token)
+        # The meta, the latest pointer and the retention bookkeeping agree: the chain goes on.
+        store.commit("t1", token, checkpoint(latest.step + 1, token))
+        assert [c.step for c in store.history("t1", limit=2)] == [latest.step + 1, latest.step]
+
+
+# -- concurrency -------------------------------------------------------------------------
+
+
+def test_racing_commits_of_one_step_with_the_same_token_have_exactly_one_winner(
+    start_redis: StartRedis,
+) -> None:
+    server = start_redis()
+    steps = 50
+    with redis_store(server.url, keep_last=steps) as store:
+        store.open_thread("t1", task="agent")
+        token = store.acquire("t1", "w1", 3600)
+        args = {name: (server.url, "t1", token, steps) for name in ("a", "b")}
+
+        rounds = run_racers(_race_commits, args, steps)
+
+        winners: dict[int, str] = {}
+        for step in range(steps):
+            outcomes = rounds[step]
+            assert sorted(outcome for outcome, _ in outcomes.values()) == ["conflict", "won"]
+            # The loser was told the step is already written, by the winner.
+            assert all(latest == step for _, latest in outcomes.values())
+            (winners[step],) = [name for name, (o, _) in outcomes.items() if o == "won"]
+        history = store.history("t1", limit=steps + 1)
+        assert [c.step for c in history] == list(range(steps - 1, -1, -1))
+        assert [c.state["writer"] for c in reversed(history)] == [winners[s] for s in range(steps)]
+        meta = store.meta("t1")
+        assert meta is not None and (meta.step, meta.fence) == (steps - 1, token)
+
+
+def test_racing_acquires_of_a_free_thread_hand_out_exactly_one_token(
+    start_redis: StartRedis,
+) -> None:
+    server = start_redis()
+    threads = [f"t{i}" for i in range(20)]
+    with redis_store(server.url) as store:
+        for thread_id in threads:
+            store.open_thread(thread_id, task="agent")
+        args = {name: (server.url, threads) for name in ("a", "b")}
+
+        rounds = run_racers(_race_acquires, args, len(threads))
+
+        for index, thread_id in enumerate(threads):
+            outcomes = rounds[index]
+            assert sorted(outcome for outcome, _ in outcomes.values()) == ["held", "token"]
+            (winner,) = [name for name, (o, _) in outcomes.items() if o == "token"]
+            assert outcomes[winner] == ("token", 1)
+            meta = store.meta(thread_id)
+            assert meta is not None and (meta.fence, meta.status) == (1, Status.RUNNING)
+            assert store.client.get(store.keys.lock(thread_id)) == f"1:{winner}".encode()
+
+
+# -- check() -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "settings", "expected"),
+    [
+        pytest.param(
+            (), {"appendonly": "yes", "appendfsync": "always", "maxmemory-policy": "noeviction"},
+            [], id="durable-defaults",
+        ),
+        pytest.param(
+            ("--maxmemory-policy", "allkeys-lru"), {"maxmemory-policy": "allkeys-lru"},
+            [("maxmemory-policy", "allkeys-lru", "evict", "noeviction")], id="evicting",
+        ),
+        pytest.param(
+            ("--appendonly", "no", "--save", ""), {"appendonly": "no", "save": ""},
+            [("appendonly", "no", "no persistence", "--appendonly yes")], id="no-persistence",
+        ),
+        pytest.param(
+            ("--appendonly", "no", "--save", "3600 1"), {"appendonly": "no", "save": "3600 1"},
+            [("appendonly", "no", "only RDB snapshots", "--appendonly yes")], id="rdb-only",
+        ),
+        pytest.param(
+            ("--appendonly", "yes", "--appendfsync", "no"), {"appendfsync": "no"},
+            [("appendfsync", "no", "power loss", "appendfsync always")], id="appendfsync-no",
+        ),
+    ],
+)  # fmt: skip
+def test_check_reports_what_the_server_is_configured_with(
+    start_redis: StartRedis,
+    args: tuple[str, ...],
+    settings: dict[str, str],
+    expected: list[tuple[str, str, str, str]],
+) -> None:
+    server = start_redis(*args)
+    assert config(server, *settings) == settings  # later arguments win in redis-server
+    with redis_store(server.url) as store:
+        findings = store.check()
+    assert [(f.setting, f.value) for f in findings] == [(s, v) for s, v, _, _ in expected]
+    for finding, (_, _, problem, fix) in zip(findings, expected, strict=True):
+        assert problem in finding.problem and fix in finding.fix
+
+
+# -- connecting --------------------------------------------------------------------------
+
+ACL_USER, ACL_PASSWORD = "agent-worker", "w0rker-pass"
+
+
+@pytest.fixture
+def acl_server(start_redis: StartRedis) -> RedisServer:
+    """A server with a user that may run everything but @dangerous, on ``agentq:*`` only."""
+    server = start_redis()
+    with admin_client(server) as admin:
+        admin.acl_setuser(
+            ACL_USER,
+            enabled=True,
+            reset=True,
+            passwords=[f"+{ACL_PASSWORD}"],
+            keys=["agentq:*"],
+            categories=["+@all", "-@dangerous"],
+        )
+    return server
+
+
+@pytest.fixture
+def unix_server(short_dir: Path, start_redis: StartRedis) -> tuple[RedisServer, Path]:
+    """A server that also listens on a Unix socket, with ``requirepass s3cret``."""
+    socket = short_dir / "r.sock"
+    server = start_redis("--unixsocket", str(socket), "--unixsocketperm", "700")
+    # Set after start: RedisServer's readiness probe does not authenticate.
+    with admin_client(server) as admin:
+        admin.config_set("requirepass", "s3cret")
+    return server, socket
+
+
+def test_from_url_connects_over_a_unix_socket_with_a_password(
+    unix_server: tuple[RedisServer, Path],
+) -> None:
+    _, socket = unix_server
+    with redis_store(f"unix://:s3cret@{socket}?db=0") as store:
+        assert "U" in str(store.client.client_info()["flags"])  # a Unix-socket connection
+        store.open_thread("t1", task="agent")
+        token = store.acquire("t1", "w1", TTL)
+        store.commit("t1", token, checkpoint(0, token))
+        assert store.latest("t1") == checkpoint(0, token)
+
+
+def test_acl_user_confined_to_the_prefix_can_drive_a_whole_thread(
+    acl_server: RedisServer,
+) -> None:
+    url = f"redis://{ACL_USER}:{ACL_PASSWORD}@127.0.0.1:{acl_server.port}/0"
+    with redis_store(url, keep_last=2) as store:
+        assert store.client.acl_whoami() == ACL_USER
+        store.open_thread("t1", task="agent", input=1, start_grace=0)
+        assert store.claim_due(hold=60) == ["t1"]
+        token = store.acquire("t1", "w1", TTL)
+        store.renew("t1", "w1", token, TTL)
+        for step in range(4):  # pruning deletes keys the script builds from ARGV
+            store.commit("t1", token, checkpoint(step, token))
+        assert store.claim_effect("t1", "mail", token).outcome == "claimed"
+        store.complete_effect("t1", "mail", token, "sent")
+        assert store.claim_effect("t1", "inv", token, shared=True).outcome == "claimed"
+        store.complete_effect("t1", "inv", token, 9, shared=True)
+        store.set_status("t1", token, Status.WAITING, interrupt={"ask": "ok?"})
+        assert [c.step for c in store.history("t1")] == [3, 2]
+        assert store.fork("t1", 3, "t1-fork").step == 3
+        assert {m.thread_id for m in store.threads()} == {"t1", "t1-fork"}
+        assert store.due() == []
+        store.commit("t1", token, checkpoint(4, token), status=Status.DONE, release_owner="w1")
+        assert store.gc(finished_ttl=0) == 1
+        assert store.delete_thread("t1-fork")
+        assert store.threads() == []
+    with admin_client(acl_server) as admin:
+        assert admin.acl_log() == []  # nothing was refused, not even silently
+        assert admin.keys("*") == [b"agentq:effect:{inv}"]  # the shared record stays
+
+
+def test_check_without_config_permission_reports_that_it_cannot_tell(
+    acl_server: RedisServer,
+) -> None:
+    url = f"redis://{ACL_USER}:{ACL_PASSWORD}@127.0.0.1:{acl_server.port}/0"
+    with redis_store(url) as store:
+        findings = store.check()
+    (finding,) = findings
+    assert (finding.setting, finding.value) == ("CONFIG", "unavailable")
+    assert "no permissions" in finding.problem and "provider" in finding.fix
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "unix://:wrong@{socket}?db=0",
+        "unix://{socket}?db=0",
+        "redis://127.0.0.1:{port}/0",
+        "redis://nobody:s3cret@127.0.0.1:{port}/0",
+    ],
+    ids=["wrong-password", "no-password-unix", "no-password-tcp", "unknown-user"],
+)
+def test_wrong_credentials_raise_authentication_error(
+    unix_server: tuple[RedisServer, Path], url: str
+) -> None:
+    server, socket = unix_server
+    with (
+        redis_store(url.format(socket=socket, port=server.port)) as store,
+        pytest.raises(redis.AuthenticationError),
+    ):
+        store.meta("t1")
+    with redis_store(f"unix://:s3cret@{socket}?db=0") as store:
+        assert store.meta("t1") is None  # the server itself answers the right password
+
+
+@pytest.mark.parametrize(
+    "url", ["http://127.0.0.1:6379/0", "https://127.0.0.1/0", "127.0.0.1:6379", "valkey://x"]
+)
+def test_from_url_refuses_other_schemes(url: str) -> None:
+    with pytest.raises(StoreConfigError, match="unsupported Redis URL"):
+        RedisStore.from_url(url)
+
+
+def test_a_client_that_decodes_responses_is_refused(start_redis: StartRedis) -> None:
+    server = start_redis()
+    with (
+        admin_client(server, decode_responses=True) as client,
+        pytest.raises(StoreConfigError, match="decode_responses=False"),
+    ):
+        RedisStore(client)
+    with pytest.raises(StoreConfigError, match="decode_responses=False"):
+        RedisStore.from_url(f"{server.url}?decode_responses=True")
+
+
+# -- round trips -------------------------------------------------------------------------
+
+
+@pytest.fixture
+def logging_server(start_redis: StartRedis) -> RedisServer:
+    """A server whose slow log records every top-level command."""
+    return start_redis("--slowlog-log-slower-than", "0", "--slowlog-max-len", "100000")
+
+
+COMMIT_VARIANTS: list[dict[str, Any]] = [
+    {},
+    {"status": Status.WAITING, "due_in": 60},
+    {"status": Status.DONE, "result": {"answer": 42}, "release_owner": "w1"},
+]
+
+
+def test_one_commit_is_one_evalsha_round_trip(logging_server: RedisServer) -> None:
+    name = "store-under-test"
+    with (
+        redis_store(f"{logging_server.url}?client_name={name}") as store,
+        admin_client(logging_server) as admin,
+    ):
+        store.open_thread("t1", task="agent")
+        token = store.acquire("t1", "w1", TTL)
+        store.commit("t1", token, checkpoint(0, token))  # loads the script on first use
+        sha = store._scripts["commit"].sha.encode()
+
+        for step, options in enumerate(COMMIT_VARIANTS, start=1):
+            admin.slowlog_reset()
+            before = command_calls(admin)
+            store.commit("t1", token, checkpoint(step, token), **options)
+            after = command_calls(admin)
+
+            assert [command[:2] for command in store_commands(admin, name)] == [[b"EVALSHA", sha]]
+            delta = {c: after.get(c, 0) - before.get(c, 0) for c in ("evalsha", "script|load")}
+            assert delta == {"evalsha": 1, "script|load": 0}
+        assert store.latest("t1") == checkpoint(len(COMMIT_VARIANTS), token)
+
+
+def test_latest_is_one_evalsha_round_trip(logging_server: RedisServer) -> None:
+    name = "store-under-test"
+    with (
+        redis_store(f"{logging_server.url}?client_name={name}") as store,
+        admin_client(logging_server) as admin,
+    ):
+        store.open_thread("t1", task="agent")
+        token = store.acquire("t1", "w1", TTL)
+        store.commit("t1", token, checkpoint(0, token))
+        assert store.latest("t1") == checkpoint(0, token)  # loads the script on first use
+        admin.slowlog_reset()
+
+        assert store.latest("t1") == checkpoint(0, token)
+        assert store.latest("nobody") is None
+
+        sha = store._scripts["latest"].sha.encode()
+        assert [command[:2] for command in store_commands(admin, name)] == [[b"EVALSHA", sha]] * 2

@@ -21,6 +21,10 @@ class AgentqError(Exception):
         super().__init__(f"{', '.join(where)}: {message}" if where else message)
 
 
+class InvalidArgument(AgentqError, ValueError):
+    """Raised when an argument is out of range (a non-positive lease TTL, a negative limit)."""
+
+
 class InvalidThreadId(AgentqError, ValueError):
     """Raised when a thread id is empty, too long, or holds braces or control characters."""
 

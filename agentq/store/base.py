@@ -21,6 +21,7 @@ from collections.abc import Collection, Mapping
 from typing import Any, Final, Self
 
 from agentq.codec import DEFAULT_MAX_CHECKPOINT_BYTES, decode_value
+from agentq.errors import InvalidArgument
 from agentq.records import Checkpoint, Claim, Effect, Finding, Status, ThreadMeta
 
 DEFAULT_KEEP_LAST: Final = 20
@@ -280,6 +281,18 @@ class Store(ABC):
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+def check_ttl(thread_id: str, ttl: float) -> int:
+    """Return a lease TTL in whole milliseconds, refusing what would expire at once."""
+    millis = int(ttl * 1000)
+    if millis < 1:
+        raise InvalidArgument(
+            f"lease ttl must be at least 0.001 s, got {ttl!r}; use the lease_ttl setting "
+            "(default 30 s)",
+            thread_id=thread_id,
+        )
+    return millis
 
 
 META_FIELDS: Final = (

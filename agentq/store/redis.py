@@ -40,7 +40,14 @@ from agentq.errors import (
 )
 from agentq.keys import Keys, validate_effect_key, validate_thread_id
 from agentq.records import FINISHED, Checkpoint, Claim, Effect, Finding, Status, ThreadMeta
-from agentq.store.base import DEFAULT_KEEP_LAST, UNSET, Store, _Unset, meta_from_fields
+from agentq.store.base import (
+    DEFAULT_KEEP_LAST,
+    UNSET,
+    Store,
+    _Unset,
+    check_ttl,
+    meta_from_fields,
+)
 
 RedisClient = redis.Redis | RedisCluster
 
@@ -69,8 +76,8 @@ def _text(value: object) -> str:
 
 
 def _blob(value: object) -> bytes:
-    # The client is built with decode_responses=False, so stored values arrive as bytes.
-    assert isinstance(value, bytes), type(value)
+    if not isinstance(value, bytes):  # __init__ refuses decoding clients; this is a bug
+        raise StoreConfigError(f"expected bytes from Redis, got {type(value).__name__}")
     return value
 
 
@@ -308,7 +315,7 @@ class RedisStore(Store):
         code, value, _ = self._run(
             "acquire",
             [self.keys.lock(thread_id), self.keys.meta(thread_id)],
-            [thread_id, owner, int(ttl * 1000)],
+            [thread_id, owner, check_ttl(thread_id, ttl)],
             indexed=True,
         )
         if code == -2:
@@ -326,10 +333,11 @@ class RedisStore(Store):
         return int(value)
 
     def renew(self, thread_id: str, owner: str, token: int, ttl: float) -> None:
+        validate_thread_id(thread_id)
         ok, _ = self._run(
             "renew",
             [self.keys.lock(thread_id), self.keys.meta(thread_id)],
-            [thread_id, f"{token}:{owner}", int(ttl * 1000)],
+            [thread_id, f"{token}:{owner}", check_ttl(thread_id, ttl)],
             indexed=True,
         )
         if not ok:
@@ -340,6 +348,7 @@ class RedisStore(Store):
             )
 
     def release(self, thread_id: str, owner: str, token: int) -> bool:
+        validate_thread_id(thread_id)
         return bool(
             self._scripts["release"](keys=[self.keys.lock(thread_id)], args=[f"{token}:{owner}"])
         )

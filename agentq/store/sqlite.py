@@ -51,6 +51,7 @@ from agentq.store.base import (
     UNSET,
     Store,
     _Unset,
+    check_ttl,
     meta_from_fields,
 )
 
@@ -376,6 +377,7 @@ class SQLiteStore(Store):
 
     def acquire(self, thread_id: str, owner: str, ttl: float) -> int:
         validate_thread_id(thread_id)
+        check_ttl(thread_id, ttl)
         with self._write() as db:
             now = time.time()
             row = db.execute(
@@ -408,6 +410,7 @@ class SQLiteStore(Store):
 
     def renew(self, thread_id: str, owner: str, token: int, ttl: float) -> None:
         validate_thread_id(thread_id)
+        check_ttl(thread_id, ttl)
         with self._write() as db:
             now = time.time()
             changed = db.execute(
@@ -449,6 +452,8 @@ class SQLiteStore(Store):
         pause = None if interrupt is UNSET else _value(interrupt, "interrupt", thread_id, step)
         with self._write() as db:
             row = self._fenced(db, thread_id, token)
+            if row["step"] == step and _stored_checkpoint(db, thread_id, step) == data:
+                return bool(row["cancel"])  # the same commit again: nothing to change
             if row["step"] != step - 1:
                 raise StepConflict(
                     f"cannot commit step {step}: the latest stored step is {row['step']}, not "
@@ -574,6 +579,10 @@ class SQLiteStore(Store):
                     "before running the effect",
                     thread_id=thread_id,
                 )
+            if found.state == "done" and found.token == token and _stored_result(
+                db, scope, key
+            ) == data:
+                return  # the same completion again: nothing to change
             if found.state != "pending" or found.token != token:
                 raise StaleToken(
                     f"effect {key!r} is {found.state} under token {found.token}, not claimed by "
@@ -728,3 +737,17 @@ def _checkpoint_not_found(thread_id: str, step: int, keep_last: int) -> Checkpoi
         thread_id=thread_id,
         step=step,
     )
+
+
+def _stored_checkpoint(db: sqlite3.Connection, thread_id: str, step: int) -> bytes | None:
+    row = db.execute(
+        "SELECT data FROM checkpoints WHERE thread_id = ? AND step = ?", (thread_id, step)
+    ).fetchone()
+    return None if row is None else bytes(row[0])
+
+
+def _stored_result(db: sqlite3.Connection, scope: str, key: str) -> bytes | None:
+    row = db.execute(
+        'SELECT result FROM effects WHERE scope = ? AND "key" = ?', (scope, key)
+    ).fetchone()
+    return None if row is None or row[0] is None else bytes(row[0])

@@ -12,6 +12,7 @@ from agentq.errors import (
     CheckpointNotFound,
     CheckpointTooLarge,
     CorruptCheckpoint,
+    InvalidArgument,
     InvalidThreadId,
     LeaseHeld,
     LeaseLost,
@@ -174,7 +175,7 @@ def test_commit_requires_the_previous_step(store: Store) -> None:
     before = snapshot(store)
     for step in (0, 2):
         with pytest.raises(StepConflict) as info:
-            store.commit("t1", token, cp(step, token))
+            store.commit("t1", token, cp(step, token, other="state"))
         assert info.value.latest == 0 and info.value.step == step
     assert snapshot(store) == before
 
@@ -464,3 +465,29 @@ def test_commit_can_pause_for_a_human(store: Store) -> None:
     assert (meta.status, meta.step) == (Status.WAITING, 0)
     assert meta.interrupt == {"ask": "approve refund?"}
     assert store.due() == []
+
+
+@pytest.mark.parametrize("ttl", [0, -1, 0.0001])
+def test_a_lease_ttl_that_expires_at_once_is_refused(store: Store, ttl: float) -> None:
+    token = started(store)
+    before = snapshot(store)
+    with pytest.raises(InvalidArgument):
+        store.acquire("t1", "w1", ttl)
+    with pytest.raises(InvalidArgument):
+        store.renew("t1", "w1", token, ttl)
+    assert snapshot(store) == before
+
+
+def test_a_resent_commit_or_completion_is_recognised_as_done(store: Store) -> None:
+    """What a client does when a reply is lost after the write was applied."""
+    token = started(store)
+    checkpoint = cp(0, token, n=1)
+    store.commit("t1", token, checkpoint)
+    store.commit("t1", token, checkpoint)
+    with pytest.raises(StepConflict):
+        store.commit("t1", token, cp(0, token, n="different"))
+    store.claim_effect("t1", "k", token)
+    store.complete_effect("t1", "k", token, "ok")
+    store.complete_effect("t1", "k", token, "ok")
+    with pytest.raises(StaleToken):
+        store.complete_effect("t1", "k", token, "other")

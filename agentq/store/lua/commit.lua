@@ -13,6 +13,10 @@ if refused then
 end
 local step = tonumber(ARGV[4])
 local latest = tonumber(redis.call('GET', KEYS[2]) or '-1')
+-- A client that resends after a lost reply finds its own write: report it as done.
+if latest == step and redis.call('GET', KEYS[3]) == ARGV[5] then
+  return {1, redis.call('HGET', meta, 'cancel') == '1' and 1 or 0, 0}
+end
 if latest ~= step - 1 then
   return {-2, latest, 0}
 end

@@ -14,6 +14,10 @@ if not state then
   return {-4, 0, 0}
 end
 local holder = redis.call('HGET', KEYS[1], 'token')
+-- A client that resends after a lost reply finds its own write: report it as done.
+if state == 'done' and holder == ARGV[1] and redis.call('HGET', KEYS[1], 'result') == ARGV[2] then
+  return {1, tonumber(ARGV[1]), 0}
+end
 if state ~= 'pending' or holder ~= ARGV[1] then
   return {-5, tonumber(holder), 0}
 end

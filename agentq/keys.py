@@ -22,10 +22,11 @@ key                                        type    contents
 ``P effect:{<key>}``                       hash    a global (cross-thread) effect record
 ``P index:{index}:due``                    zset    thread id -> Unix time it is due to run
 ``P index:{index}:status:<status>``        zset    thread id -> Unix time of its last update
+``P index:{index}:sweeper``                string  the owner of the sweeper lease (PX TTL)
 =========================================  ======  ===========================================
 
 ``P`` is the configured prefix (``agentq:`` by default). No key has a Redis TTL: leases
-expire through ``PX`` on the lock key only, and finished threads are removed by ``gc()``,
+expire through ``PX`` on the lock keys only, and finished threads are removed by ``gc()``,
 which also keeps the indexes consistent.
 """
 
@@ -130,3 +131,6 @@ class Keys:
 
     def status_index(self, status: str) -> str:
         return f"{self.status_index_prefix()}{status}"
+
+    def sweeper(self) -> str:
+        return f"{self.prefix}index:{{index}}:sweeper"

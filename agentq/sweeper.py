@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import threading
 import time
+import uuid
 from typing import Any
 
 from agentq.app import runtime_of
@@ -28,6 +31,7 @@ class Sweeper:
 
     def __init__(self, app: Any) -> None:
         self.app = app
+        self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._gc_at = 0.0
@@ -67,10 +71,19 @@ class Sweeper:
         if self._thread is not None:
             self._thread.join()
 
+    def sweep_if_leader(self) -> list[str]:
+        """Sweep if this sweeper holds (or takes) the sweeper lease; many workers run a
+        sweeper, one sweeps at a time, and another takes over within a few intervals if
+        it dies."""
+        interval = runtime_of(self.app).settings.sweep_interval
+        if not runtime_of(self.app).store.lease_sweeper(self.owner, max(3 * interval, 1.0)):
+            return []
+        return self.sweep_once()
+
     def _loop(self) -> None:
         interval = runtime_of(self.app).settings.sweep_interval
         while not self._stop.wait(interval):
             try:
-                self.sweep_once()
+                self.sweep_if_leader()
             except Exception:
                 logger.exception("sweep failed; trying again in %.1f s", interval)

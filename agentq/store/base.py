@@ -266,6 +266,11 @@ class Store(ABC):
         so a concurrent sweeper does not send it again before the thread has had time to
         start. Atomic."""
 
+    @abstractmethod
+    def lease_sweeper(self, owner: str, ttl: float) -> bool:
+        """Take or extend the sweeper's lease for ``ttl`` seconds; ``False`` while another
+        owner holds it. Lets one of many workers sweep at a time. Atomic."""
+
     # -- operations ----------------------------------------------------------------------
 
     @abstractmethod

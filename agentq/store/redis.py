@@ -54,7 +54,7 @@ RedisClient = redis.Redis | RedisCluster
 _SCRIPTS = (
     "index", "open_thread", "acquire", "renew", "release", "commit", "set_status",
     "latest", "delete_thread", "create_fork", "claim_effect", "complete_effect", "claim_due",
-    "reopen", "request_cancel", "put_artifact",
+    "reopen", "request_cancel", "put_artifact", "lease_sweeper",
 )  # fmt: skip
 
 
@@ -586,6 +586,11 @@ class RedisStore(Store):
     def claim_due(self, *, hold: float, limit: int = 100) -> list[str]:
         ids = self._scripts["claim_due"](keys=[self.keys.due()], args=[hold, limit])
         return [member.decode() for member in ids]
+
+    def lease_sweeper(self, owner: str, ttl: float) -> bool:
+        return bool(self._scripts["lease_sweeper"](
+            keys=[self.keys.sweeper()], args=[owner, check_ttl("sweeper", ttl)]
+        ))
 
     # -- operations ----------------------------------------------------------------------
 

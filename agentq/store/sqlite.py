@@ -85,6 +85,8 @@ _SCHEMA: Final = (
     'state TEXT NOT NULL, token INTEGER NOT NULL, result BLOB, PRIMARY KEY (scope, "key"))',
     "CREATE TABLE IF NOT EXISTS artifacts (thread_id TEXT NOT NULL, digest TEXT NOT NULL, "
     "data BLOB NOT NULL, PRIMARY KEY (thread_id, digest))",
+    "CREATE TABLE IF NOT EXISTS leases (name TEXT PRIMARY KEY, owner TEXT NOT NULL, "
+    "expires REAL NOT NULL)",
 )
 
 _NOT_FOUND = "the store does not hold this thread; create it with open_thread() first"
@@ -615,6 +617,19 @@ class SQLiteStore(Store):
                 (now + hold, *ids),
             )
         return ids
+
+    def lease_sweeper(self, owner: str, ttl: float) -> bool:
+        check_ttl("sweeper", ttl)
+        with self._write() as db:
+            now = time.time()
+            row = db.execute("SELECT owner, expires FROM leases WHERE name = 'sweeper'").fetchone()
+            if row is not None and row["owner"] != owner and row["expires"] > now:
+                return False
+            db.execute(
+                "INSERT OR REPLACE INTO leases (name, owner, expires) VALUES ('sweeper', ?, ?)",
+                (owner, now + ttl),
+            )
+            return True
 
     # -- operations ----------------------------------------------------------------------
 

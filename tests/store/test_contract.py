@@ -491,3 +491,12 @@ def test_a_resent_commit_or_completion_is_recognised_as_done(store: Store) -> No
     store.complete_effect("t1", "k", token, "ok")
     with pytest.raises(StaleToken):
         store.complete_effect("t1", "k", token, "other")
+
+
+def test_one_sweeper_at_a_time(store: Store) -> None:
+    assert store.lease_sweeper("w1", 30)
+    assert store.lease_sweeper("w1", 30)
+    assert not store.lease_sweeper("w2", 30)
+    assert store.lease_sweeper("w1", 0.05)
+    wait_until(lambda: store.lease_sweeper("w2", 30), timeout=5, what="sweeper lease expiry")
+    assert not store.lease_sweeper("w1", 30)

@@ -2,7 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: test lint bench install
+.PHONY: demo test lint bench install
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -11,6 +11,9 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 install: $(VENV)/.installed
+
+demo: install
+	$(VENV)/bin/agentq demo
 
 lint: install
 	$(VENV)/bin/ruff check agentq tests bench

@@ -16,7 +16,7 @@ demo: install
 	$(VENV)/bin/agentq demo
 
 lint: install
-	$(VENV)/bin/ruff check agentq tests bench
+	$(VENV)/bin/ruff check agentq tests $(wildcard bench)
 	$(VENV)/bin/mypy
 
 test: lint

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import msgpack
@@ -20,7 +21,10 @@ from agentq.errors import (
 )
 from agentq.records import Checkpoint
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+"""The newest envelope version this agentq reads. Version 2 adds append-only logs; a
+checkpoint without them is still written as version 1, readable by older agentq."""
+LOG_FORMAT_VERSION = 2
 DEFAULT_MAX_CHECKPOINT_BYTES = 1024 * 1024
 
 _EXT_TUPLE = 1
@@ -136,48 +140,85 @@ def decode_value(data: bytes, *, what: str, thread_id: str | None, step: int | N
         ) from exc
 
 
+@dataclass(frozen=True)
+class EncodedCheckpoint:
+    """A checkpoint ready to store: the snapshot, and for each append-only field the items
+    appended since the previous step (the snapshot records only the field's length)."""
+
+    snapshot: bytes
+    appended: dict[str, list[bytes]]
+
+
 def encode_checkpoint(
-    thread_id: str, checkpoint: Checkpoint, *, limit: int = DEFAULT_MAX_CHECKPOINT_BYTES
-) -> bytes:
+    thread_id: str,
+    checkpoint: Checkpoint,
+    *,
+    limit: int = DEFAULT_MAX_CHECKPOINT_BYTES,
+    logs: Mapping[str, int] | None = None,
+) -> EncodedCheckpoint:
     """Encode ``checkpoint`` in the versioned envelope.
 
-    Raises :class:`UnserializableState` for a value that cannot be stored and
-    :class:`CheckpointTooLarge` when the result exceeds ``limit`` bytes; both before any
-    write, so nothing stored is touched.
+    ``logs`` maps each append-only state field to how many of its items are already
+    stored; only the rest are encoded. Raises :class:`UnserializableState` for a value
+    that cannot be stored and :class:`CheckpointTooLarge` when the encoded size exceeds
+    ``limit`` bytes; both before any write, so nothing stored is touched.
     """
+    logs = logs or {}
+    state = checkpoint.state
+    for field in logs:
+        if not isinstance(state.get(field), list):
+            raise UnserializableState(
+                f"append-only field state.{field} is {type(state.get(field)).__name__}, not "
+                "a list; keep it a list, or stop declaring it append-only",
+                path=f"state.{field}", thread_id=thread_id, step=checkpoint.step,
+            )  # fmt: skip
     envelope = {
-        "v": FORMAT_VERSION,
+        "v": LOG_FORMAT_VERSION if logs else 1,
         "step": checkpoint.step,
         "node": checkpoint.node,
-        "state": checkpoint.state,
+        "state": {k: v for k, v in state.items() if k not in logs} if logs else state,
         "pending": checkpoint.pending,
         "cursors": checkpoint.cursors,
         "task": checkpoint.task,
         "token": checkpoint.token,
         "at": checkpoint.created_at,
     }
+    if logs:
+        envelope["logs"] = {field: len(state[field]) for field in logs}
     try:
         data = _pack(envelope)
     except (TypeError, ValueError, OverflowError):
         for field in ("state", "pending", "cursors"):
             encode_value(envelope[field], what=field, thread_id=thread_id, step=checkpoint.step)
         raise
-    if len(data) > limit:
+    appended = {
+        field: [
+            encode_value(item, what=f"state.{field}[{index}]", thread_id=thread_id,
+                         step=checkpoint.step)
+            for index, item in enumerate(state[field][start:], start)
+        ]
+        for field, start in logs.items()
+    }  # fmt: skip
+    size = len(data) + sum(len(item) for items in appended.values() for item in items)
+    if size > limit:
         raise CheckpointTooLarge(
-            f"checkpoint is {len(data)} bytes, over the limit of {limit}; keep large data "
+            f"checkpoint is {size} bytes, over the limit of {limit}; keep large data "
             "(documents, files, images) out of the state: store it with "
             "run.artifacts.put(data) and keep the returned reference, or raise "
             "max_checkpoint_bytes",
-            size=len(data),
+            size=size,
             limit=limit,
             thread_id=thread_id,
             step=checkpoint.step,
         )
-    return data
+    return EncodedCheckpoint(data, appended)
 
 
-def decode_checkpoint(thread_id: str, data: bytes, *, step: int | None = None) -> Checkpoint:
-    """Decode an envelope written by :func:`encode_checkpoint`.
+def decode_envelope(
+    thread_id: str, data: bytes, *, step: int | None = None
+) -> tuple[dict[str, Any], dict[str, int]]:
+    """Decode and check an envelope; return it with the lengths of its append-only fields
+    (whose items the caller reads from their logs and passes to :func:`build_checkpoint`).
 
     Raises :class:`CorruptCheckpoint` for bytes that are not an envelope and
     :class:`UnsupportedVersion` for one written by a newer format version.
@@ -197,21 +238,58 @@ def decode_checkpoint(thread_id: str, data: bytes, *, step: int | None = None) -
             thread_id=thread_id,
             step=step,
         )
+    logs = envelope.get("logs") or {}
+    if not isinstance(logs, dict):
+        raise CorruptCheckpoint("checkpoint envelope has malformed logs; restore the key",
+                                thread_id=thread_id, step=step)
+    return envelope, logs
+
+
+def build_checkpoint(
+    thread_id: str,
+    envelope: dict[str, Any],
+    log_items: Mapping[str, list[bytes]],
+    *,
+    step: int | None = None,
+) -> Checkpoint:
+    """The checkpoint an envelope describes, with each append-only field rebuilt from the
+    first ``length`` items of its log."""
     try:
+        state = envelope["state"]
+        for field, length in (envelope.get("logs") or {}).items():
+            items = log_items.get(field, [])
+            if len(items) < length:
+                raise CorruptCheckpoint(
+                    f"the log of state.{field} holds {len(items)} items, but the checkpoint "
+                    f"needs {length}; restore the store from a backup",
+                    thread_id=thread_id, step=step,
+                )  # fmt: skip
+            state[field] = [
+                decode_value(item, what=f"state.{field}[{i}]", thread_id=thread_id, step=step)
+                for i, item in enumerate(items[:length])
+            ]
         return Checkpoint(
             step=int(envelope["step"]),
             node=envelope["node"],
-            state=envelope["state"],
+            state=state,
             pending=envelope["pending"],
             cursors=envelope["cursors"],
             task=envelope["task"],
             token=int(envelope["token"]),
             created_at=float(envelope["at"]),
         )
-    except (KeyError, TypeError, ValueError) as exc:
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise CorruptCheckpoint(
             f"checkpoint envelope is missing or mistypes a field ({exc}); restore the key "
             "from a backup or fork the thread from an earlier step",
             thread_id=thread_id,
             step=step,
         ) from exc
+
+
+def decode_checkpoint(thread_id: str, data: bytes, *, step: int | None = None) -> Checkpoint:
+    """Decode a checkpoint that has no append-only fields (or whose logs are not needed:
+    those fields are then absent from its state)."""
+    envelope, _ = decode_envelope(thread_id, data, step=step)
+    envelope.pop("logs", None)
+    return build_checkpoint(thread_id, envelope, {}, step=step)

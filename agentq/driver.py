@@ -16,6 +16,7 @@ from agentq.aio import run_coroutine
 from agentq.backoff import retry_delay
 from agentq.errors import (
     AgentqError,
+    AppendOnlyViolation,
     CodecError,
     FencingError,
     LeaseHeld,
@@ -23,6 +24,7 @@ from agentq.errors import (
     UnknownNode,
 )
 from agentq.heartbeat import Heartbeat
+from agentq.logs import AppendOnlyFields
 from agentq.outcomes import Done, Interrupt, Interrupted
 from agentq.records import Checkpoint, Status, ThreadMeta
 from agentq.run import NO_VALUE, Run
@@ -125,6 +127,7 @@ class Driver:
             state, pending, cursors = latest.state, latest.pending, latest.cursors
         resume_value = meta.resume_value if meta.resumed else NO_VALUE
         attempts = meta.attempts
+        logs = AppendOnlyFields(thread_id, self.task.append_only, state)
         while True:
             if beat.lost.is_set():
                 logger.warning("thread %s: lease lost before step %d; stopping", thread_id, step)
@@ -162,10 +165,12 @@ class Driver:
                 cancel = store.commit(
                     thread_id, token, checkpoint, status=status,
                     due_in=settings.lease_ttl if status == Status.RUNNING else None,
-                    release_owner=None if status == Status.RUNNING else self.owner, **extra,
+                    release_owner=None if status == Status.RUNNING else self.owner,
+                    logs=logs.lengths(step, run.state), **extra,
                 )  # fmt: skip
-            except (CodecError, UnknownNode) as exc:  # the node's output cannot be kept
-                return self._fail_or_retry(token, step, attempts, exc)
+            except (CodecError, UnknownNode, AppendOnlyViolation) as exc:
+                return self._fail_or_retry(token, step, attempts, exc)  # output can't be kept
+            logs.committed(run.state)
             self.task.on_step(thread_id, step, node, checkpoint.node)
             if status != Status.RUNNING:
                 return extra.get("result")

@@ -114,6 +114,19 @@ class StepConflict(FencingError):
         super().__init__(message, thread_id=thread_id, step=step)
 
 
+class LogConflict(FencingError):
+    """Raised when an append-only log does not end where a commit continues it."""
+
+
+class AppendOnlyViolation(AgentqError):
+    """Raised when an item of an append-only state field changed after it was committed."""
+
+    def __init__(self, message: str, *, thread_id: str, step: int, field: str, index: int):
+        self.field = field
+        self.index = index
+        super().__init__(message, thread_id=thread_id, step=step)
+
+
 class EffectError(AgentqError):
     """Raised when an idempotency record cannot be claimed or completed as asked."""
 

@@ -17,6 +17,10 @@ key                                        type    contents
 ``P thread:{T}:lock``                      string  ``<token>:<owner>``, expires with the lease
 ``P thread:{T}:effect:<key>``              hash    state (pending/done), token, result
 ``P thread:{T}:artifact:<sha256>``         string  an artifact's bytes, content-addressed
+``P thread:{T}:log:<field>``               list    the items of an append-only state field,
+                                                   each msgpack; snapshots record a length
+``P thread:{T}:logs``                      hash    field -> its log's length at the latest
+                                                   checkpoint
 ``P thread:{T}:owned``                     set     every effect and artifact key of the
                                                    thread, so that deleting it finds them
 ``P effect:{<key>}``                       hash    a global (cross-thread) effect record
@@ -116,6 +120,9 @@ class Keys:
 
     def artifact(self, thread_id: str, digest: str) -> str:
         return f"{self.thread(thread_id)}artifact:{digest}"
+
+    def log(self, thread_id: str, field: str) -> str:
+        return f"{self.thread(thread_id)}log:{field}"
 
     def owned(self, thread_id: str) -> str:
         return f"{self.thread(thread_id)}owned"

@@ -35,6 +35,10 @@ class AgentTask(Task):  # type: ignore[misc]
     entry_node: ClassVar[str] = "start"
     retry_on: ClassVar[tuple[type[BaseException], ...]] = ()
     """Exceptions (rate limits, overloaded providers) that retry the step after a delay."""
+    append_only: ClassVar[tuple[str, ...]] = ()
+    """State fields (lists) that only ever grow, like the message history: each step
+    stores just the items it appended, so a step costs the same at message 10 and 1000.
+    Changing an item once it is committed fails the thread with AppendOnlyViolation."""
 
     acks_late = True
     reject_on_worker_lost = True

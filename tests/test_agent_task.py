@@ -11,8 +11,10 @@ from celery import Celery
 from celery.contrib.testing.worker import start_worker
 
 from agentq import Status
+from agentq.codec import decode_envelope
 from agentq.errors import InvalidThreadId, ThreadStopped
 from agentq.store.base import Store
+from agentq.store.redis import RedisStore
 from tests.support.agents import Ledger, make_app
 from tests.support.redis_server import RedisServer, wait_until
 
@@ -197,3 +199,27 @@ def test_unknown_outcome_without_policy_needs_attention(env: Env) -> None:
     assert info.value.status == "needs_attention"
     assert "call-refund-1" in (info.value.error or "") and "refund" in (info.value.error or "")
     assert env.ledger.tool_calls("t1") == {}
+
+
+def test_append_only_messages_are_written_once_each(env: Env) -> None:
+    agent = env.agent("support_agent")
+    agent.delay("t1", question="refund my order", refunds=3)
+    assert agent.wait("t1", timeout=30) == "Refunded 30 EUR."
+    store = env.store
+    assert isinstance(store, RedisStore)
+    log = store.client.lrange(store.keys.log("t1", "messages"), 0, -1)
+    final = store.latest("t1")
+    assert final is not None and len(log) == len(final.state["messages"]) == 8
+    assert "messages" not in decode_envelope("t1", store.client.get(
+        store.keys.checkpoint("t1", final.step)))[0]["state"]
+    assert [len(c.state["messages"]) for c in store.history("t1")][:3] == [8, 7, 6]
+
+
+def test_editing_a_committed_append_only_item_fails_the_thread(env: Env) -> None:
+    agent = env.agent("broken_agent")
+    agent.delay("t1", mode="rewrite_history")
+    with pytest.raises(ThreadStopped) as info:
+        agent.wait("t1", timeout=10)
+    assert "AppendOnlyViolation" in (info.value.error or "")
+    assert "state.log[0]" in (info.value.error or "")
+    assert env.store.latest("t1").state["log"] == ["started"]  # type: ignore[union-attr]

@@ -174,6 +174,7 @@ class Store(ABC):
         result: Any = UNSET,
         interrupt: Any = UNSET,
         release_owner: str | None = None,
+        logs: Mapping[str, int] | None = None,
     ) -> bool:
         """Write checkpoint ``checkpoint.step`` as the thread's latest; return whether a
         cancellation was requested meanwhile (see :meth:`request_cancel`), so the driver
@@ -188,6 +189,13 @@ class Store(ABC):
         ``due_in`` seconds, or out of the due index when ``None``) and prunes checkpoints
         beyond ``keep_last``; with ``release_owner`` it also releases that owner's lease.
         On any refusal no key changes. Encoding errors are raised before anything is written.
+
+        ``logs`` declares append-only state fields: it maps each to the number of its items
+        already stored (the length at the previous checkpoint). Only the items after those
+        are written, to the field's log, in the same atomic operation; the snapshot records
+        the field's length, and loading any checkpoint rebuilds the field from its log. A
+        log that does not hold exactly that many items refuses the commit with
+        :class:`~agentq.errors.LogConflict`. Fork and delete cover the logs.
         """
 
     @abstractmethod

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import heapq
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from importlib.resources import files
 from typing import Any
 
@@ -20,7 +20,9 @@ from redis.commands.core import Script
 
 from agentq.codec import (
     DEFAULT_MAX_CHECKPOINT_BYTES,
+    build_checkpoint,
     decode_checkpoint,
+    decode_envelope,
     decode_value,
     encode_checkpoint,
     encode_value,
@@ -31,6 +33,7 @@ from agentq.errors import (
     EffectError,
     LeaseHeld,
     LeaseLost,
+    LogConflict,
     StaleToken,
     StepConflict,
     StoreConfigError,
@@ -215,7 +218,8 @@ class RedisStore(Store):
             "delete_thread",
             [keys.meta(thread_id), keys.latest(thread_id), keys.lock(thread_id),
              keys.owned(thread_id)],
-            [thread_id, keys.checkpoint_prefix(thread_id), finished_before],
+            [thread_id, keys.checkpoint_prefix(thread_id), finished_before,
+             keys.thread(thread_id)],
             indexed=True,
         )
         return bool(deleted)
@@ -235,12 +239,17 @@ class RedisStore(Store):
                 step=step,
             )
         source = decode_checkpoint(thread_id, _blob(data), step=step)
+        _, lengths = decode_envelope(thread_id, _blob(data), step=step)
+        log_args: list[Any] = [len(lengths)]
+        for field, length in lengths.items():
+            items = self.client.lrange(self.keys.log(thread_id, field), 0, length - 1)
+            log_args += [field, len(items), *items]
         created, flat, _ = self._run(
             "create_fork",
             [self.keys.meta(new_thread_id), self.keys.latest(new_thread_id),
              self.keys.checkpoint(new_thread_id, step)],
             [new_thread_id, data, step, source.node or "", _text(task or source.task),
-             input_blob or ""],
+             input_blob or "", self.keys.thread(new_thread_id), *log_args],
             indexed=True,
         )
         if not created:
@@ -366,10 +375,16 @@ class RedisStore(Store):
         result: Any = UNSET,
         interrupt: Any = UNSET,
         release_owner: str | None = None,
+        logs: Mapping[str, int] | None = None,
     ) -> bool:
         validate_thread_id(thread_id)
         step = checkpoint.step
-        data = encode_checkpoint(thread_id, checkpoint, limit=self.max_checkpoint_bytes)
+        encoded = encode_checkpoint(
+            thread_id, checkpoint, limit=self.max_checkpoint_bytes, logs=logs
+        )
+        log_args: list[Any] = [len(encoded.appended)]
+        for field, items in encoded.appended.items():
+            log_args += [field, (logs or {})[field], len(items), *items]
         fields: dict[str, Any] = {
             "step": step, "node": checkpoint.node or "", "attempts": 0, "crashes": 0,
             "resume": "", "interrupt": "",
@@ -382,9 +397,11 @@ class RedisStore(Store):
             "commit",
             [keys.meta(thread_id), keys.latest(thread_id), keys.checkpoint(thread_id, step),
              keys.lock(thread_id)],
-            [thread_id, token, step, data, status.value, "" if due_in is None else due_in,
+            [thread_id, token, step, encoded.snapshot, status.value,
+             "" if due_in is None else due_in,
              f"{token}:{release_owner}" if release_owner else "",
-             keys.checkpoint_prefix(thread_id), self.keep_last, *_pairs(fields)],
+             keys.checkpoint_prefix(thread_id), self.keep_last, keys.thread(thread_id),
+             *log_args, *_pairs(fields)],
             indexed=True,
         )
         self._raise_refusal(thread_id, token, code, value, step)
@@ -406,6 +423,13 @@ class RedisStore(Store):
         if code == -3:
             raise ThreadNotFound(
                 "the store holds no such thread; create it with open_thread()",
+                thread_id=thread_id,
+                step=step,
+            )
+        if code == -7:
+            raise LogConflict(
+                f"the stored log of state.{_text(value)} does not end where this checkpoint "
+                "continues it; reload the thread with latest() and continue from there",
                 thread_id=thread_id,
                 step=step,
             )
@@ -456,7 +480,8 @@ class RedisStore(Store):
     def latest(self, thread_id: str) -> Checkpoint | None:
         validate_thread_id(thread_id)
         reply = self._scripts["latest"](
-            keys=[self.keys.latest(thread_id)], args=[self.keys.checkpoint_prefix(thread_id)]
+            keys=[self.keys.latest(thread_id)],
+            args=[self.keys.checkpoint_prefix(thread_id), self.keys.thread(thread_id)],
         )
         if reply is None:
             return None
@@ -468,7 +493,22 @@ class RedisStore(Store):
                 thread_id=thread_id,
                 step=step,
             )
-        return decode_checkpoint(thread_id, data, step=step)
+        envelope, _ = decode_envelope(thread_id, data, step=step)
+        log_items = {_text(reply[i]): reply[i + 1] for i in range(2, len(reply), 2)}
+        return build_checkpoint(thread_id, envelope, log_items, step=step)
+
+    def _with_logs(self, thread_id: str, blobs: list[tuple[int, bytes]]) -> list[Checkpoint]:
+        """Checkpoints from their snapshots, reading their logs in one more round trip."""
+        decoded = [(step, *decode_envelope(thread_id, data, step=step)) for step, data in blobs]
+        pipe = self.client.pipeline(transaction=False)
+        for _, _, lengths in decoded:
+            for field, length in lengths.items():
+                pipe.lrange(self.keys.log(thread_id, field), 0, length - 1)
+        fetched = iter(pipe.execute() if any(lengths for *_, lengths in decoded) else [])
+        return [
+            build_checkpoint(thread_id, envelope, {f: next(fetched) for f in lengths}, step=step)
+            for step, envelope, lengths in decoded
+        ]
 
     def checkpoint(self, thread_id: str, step: int) -> Checkpoint:
         validate_thread_id(thread_id)
@@ -480,7 +520,7 @@ class RedisStore(Store):
                 thread_id=thread_id,
                 step=step,
             )
-        return decode_checkpoint(thread_id, _blob(data), step=step)
+        return self._with_logs(thread_id, [(step, _blob(data))])[0]
 
     def history(
         self, thread_id: str, *, before: int | None = None, limit: int = 20
@@ -497,11 +537,9 @@ class RedisStore(Store):
         if not steps:
             return []
         blobs = self.client.mget([self.keys.checkpoint(thread_id, s) for s in steps])
-        return [
-            decode_checkpoint(thread_id, _blob(data), step=s)
-            for s, data in zip(steps, blobs, strict=True)
-            if data is not None
-        ]
+        return self._with_logs(thread_id, [
+            (s, _blob(data)) for s, data in zip(steps, blobs, strict=True) if data is not None
+        ])
 
     # -- effects -------------------------------------------------------------------------
 

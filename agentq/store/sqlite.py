@@ -19,13 +19,15 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, Final
 
 from agentq.codec import (
     DEFAULT_MAX_CHECKPOINT_BYTES,
+    build_checkpoint,
     decode_checkpoint,
+    decode_envelope,
     decode_value,
     encode_checkpoint,
     encode_value,
@@ -36,6 +38,7 @@ from agentq.errors import (
     EffectError,
     LeaseHeld,
     LeaseLost,
+    LogConflict,
     StaleToken,
     StepConflict,
     StoreConfigError,
@@ -87,6 +90,9 @@ _SCHEMA: Final = (
     "data BLOB NOT NULL, PRIMARY KEY (thread_id, digest))",
     "CREATE TABLE IF NOT EXISTS leases (name TEXT PRIMARY KEY, owner TEXT NOT NULL, "
     "expires REAL NOT NULL)",
+    # The items of append-only state fields; a snapshot records how many belong to it.
+    "CREATE TABLE IF NOT EXISTS logs (thread_id TEXT NOT NULL, field TEXT NOT NULL, "
+    "idx INTEGER NOT NULL, item BLOB NOT NULL, PRIMARY KEY (thread_id, field, idx))",
 )
 
 _NOT_FOUND = "the store does not hold this thread; create it with open_thread() first"
@@ -286,6 +292,13 @@ class SQLiteStore(Store):
                 "INSERT OR REPLACE INTO checkpoints (thread_id, step, data) VALUES (?, ?, ?)",
                 (new_thread_id, step, source["data"]),
             )
+            _, lengths = decode_envelope(thread_id, source["data"], step=step)
+            for field, length in lengths.items():
+                db.execute(
+                    "INSERT INTO logs (thread_id, field, idx, item) SELECT ?, field, idx, item "
+                    "FROM logs WHERE thread_id = ? AND field = ? AND idx < ?",
+                    (new_thread_id, thread_id, field, length),
+                )
             meta = _read_meta(db, new_thread_id)
         assert meta is not None
         return meta
@@ -446,10 +459,14 @@ class SQLiteStore(Store):
         result: Any = UNSET,
         interrupt: Any = UNSET,
         release_owner: str | None = None,
+        logs: Mapping[str, int] | None = None,
     ) -> bool:
         validate_thread_id(thread_id)
         step = checkpoint.step
-        data = encode_checkpoint(thread_id, checkpoint, limit=self.max_checkpoint_bytes)
+        encoded = encode_checkpoint(
+            thread_id, checkpoint, limit=self.max_checkpoint_bytes, logs=logs
+        )
+        data = encoded.snapshot
         extra = {} if result is UNSET else {"result": _value(result, "result", thread_id, step)}
         pause = None if interrupt is UNSET else _value(interrupt, "interrupt", thread_id, step)
         with self._write() as db:
@@ -465,6 +482,8 @@ class SQLiteStore(Store):
                     step=step,
                     latest=row["step"],
                 )
+            for field, items in encoded.appended.items():
+                _append_log(db, thread_id, step, field, (logs or {})[field], items)
             now = time.time()
             db.execute(
                 "INSERT OR REPLACE INTO checkpoints (thread_id, step, data) VALUES (?, ?, ?)",
@@ -521,7 +540,7 @@ class SQLiteStore(Store):
                 "ON c.thread_id = t.thread_id AND c.step = t.step WHERE t.thread_id = ?",
                 (thread_id,),
             ).fetchone()
-        return None if row is None else decode_checkpoint(thread_id, row[1], step=row[0])
+            return None if row is None else _load(db, thread_id, row[0], row[1])
 
     def checkpoint(self, thread_id: str, step: int) -> Checkpoint:
         validate_thread_id(thread_id)
@@ -529,9 +548,9 @@ class SQLiteStore(Store):
             row = db.execute(
                 "SELECT data FROM checkpoints WHERE thread_id = ? AND step = ?", (thread_id, step)
             ).fetchone()
-        if row is None:
-            raise _checkpoint_not_found(thread_id, step, self.keep_last)
-        return decode_checkpoint(thread_id, row[0], step=step)
+            if row is None:
+                raise _checkpoint_not_found(thread_id, step, self.keep_last)
+            return _load(db, thread_id, step, row[0])
 
     def history(
         self, thread_id: str, *, before: int | None = None, limit: int = 20
@@ -543,7 +562,7 @@ class SQLiteStore(Store):
                 "ORDER BY step DESC LIMIT ?",
                 (thread_id, math.inf if before is None else before, limit),
             ).fetchall()
-        return [decode_checkpoint(thread_id, data, step=step) for step, data in rows]
+            return [_load(db, thread_id, step, data) for step, data in rows]
 
     # -- effects -------------------------------------------------------------------------
 
@@ -733,6 +752,7 @@ def _delete(db: sqlite3.Connection, thread_ids: list[str]) -> int:
     db.execute(f"DELETE FROM checkpoints WHERE thread_id IN ({marks})", thread_ids)
     db.execute(f"DELETE FROM effects WHERE scope IN ({marks})", thread_ids)
     db.execute(f"DELETE FROM artifacts WHERE thread_id IN ({marks})", thread_ids)
+    db.execute(f"DELETE FROM logs WHERE thread_id IN ({marks})", thread_ids)
     return db.execute(f"DELETE FROM threads WHERE thread_id IN ({marks})", thread_ids).rowcount
 
 
@@ -766,3 +786,36 @@ def _stored_result(db: sqlite3.Connection, scope: str, key: str) -> bytes | None
         'SELECT result FROM effects WHERE scope = ? AND "key" = ?', (scope, key)
     ).fetchone()
     return None if row is None or row[0] is None else bytes(row[0])
+
+
+def _append_log(
+    db: sqlite3.Connection, thread_id: str, step: int, field: str, before: int, items: list[bytes]
+) -> None:
+    (length,) = db.execute(
+        "SELECT COUNT(*) FROM logs WHERE thread_id = ? AND field = ?", (thread_id, field)
+    ).fetchone()
+    if length != before:
+        raise LogConflict(
+            f"the stored log of state.{field} holds {length} items, not the {before} this "
+            "checkpoint continues; reload the thread with latest() and continue from there",
+            thread_id=thread_id,
+            step=step,
+        )
+    db.executemany(
+        "INSERT INTO logs (thread_id, field, idx, item) VALUES (?, ?, ?, ?)",
+        [(thread_id, field, before + i, item) for i, item in enumerate(items)],
+    )
+
+
+def _load(db: sqlite3.Connection, thread_id: str, step: int, data: bytes) -> Checkpoint:
+    envelope, lengths = decode_envelope(thread_id, data, step=step)
+    items = {
+        field: [
+            bytes(row[0]) for row in db.execute(
+                "SELECT item FROM logs WHERE thread_id = ? AND field = ? AND idx < ? "
+                "ORDER BY idx", (thread_id, field, length),
+            )
+        ]
+        for field, length in lengths.items()
+    }  # fmt: skip
+    return build_checkpoint(thread_id, envelope, items, step=step)

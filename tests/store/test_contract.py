@@ -16,6 +16,7 @@ from agentq.errors import (
     InvalidThreadId,
     LeaseHeld,
     LeaseLost,
+    LogConflict,
     StaleToken,
     StepConflict,
     ThreadExists,
@@ -500,3 +501,67 @@ def test_one_sweeper_at_a_time(store: Store) -> None:
     assert store.lease_sweeper("w1", 0.05)
     wait_until(lambda: store.lease_sweeper("w2", 30), timeout=5, what="sweeper lease expiry")
     assert not store.lease_sweeper("w1", 30)
+
+
+# -- append-only logs --------------------------------------------------------------------
+
+
+def commit_messages(store: Store, token: int, step: int, messages: list[object],
+                    before: int) -> None:
+    store.commit("t1", token, cp(step, token, messages=messages, turn=step),
+                 logs={"messages": before})
+
+
+def test_append_only_field_is_rebuilt_for_every_checkpoint(store: Store) -> None:
+    token = started(store)
+    messages: list[object] = []
+    for step in range(4):
+        before = len(messages)
+        messages = [*messages, {"role": "user", "n": step}, ("tuple", step)]
+        commit_messages(store, token, step, messages, before)
+    assert store.latest("t1").state == {"messages": messages, "turn": 3}  # type: ignore[union-attr]
+    assert store.checkpoint("t1", 1).state["messages"] == messages[:4]
+    assert [len(c.state["messages"]) for c in store.history("t1")] == [8, 6, 4, 2]
+
+
+def test_snapshots_do_not_grow_with_an_append_only_field(store: Store) -> None:
+    token = started(store)
+    messages: list[object] = []
+    for step in range(3):
+        before = len(messages)
+        messages = messages + [{"content": "x" * 500}] * 10
+        commit_messages(store, token, step, messages, before)
+    # the envelope holds the field's length, not its items
+    from agentq.codec import encode_checkpoint
+
+    latest = store.latest("t1")
+    assert latest is not None
+    rest = encode_checkpoint("t1", latest, logs={"messages": len(messages)})
+    assert len(rest.snapshot) < 300 and rest.appended == {"messages": []}
+
+
+def test_a_log_that_does_not_end_where_the_commit_continues_is_refused(store: Store) -> None:
+    token = started(store)
+    commit_messages(store, token, 0, ["a", "b"], 0)
+    before = snapshot(store)
+    with pytest.raises(LogConflict):
+        commit_messages(store, token, 1, ["a", "b", "c"], 1)
+    assert snapshot(store) == before
+    commit_messages(store, token, 1, ["a", "b", "c"], 2)
+    assert store.latest("t1").state["messages"] == ["a", "b", "c"]  # type: ignore[union-attr]
+
+
+def test_fork_and_delete_cover_the_logs(store: Store) -> None:
+    empty = snapshot(store)
+    token = started(store)
+    commit_messages(store, token, 0, ["a"], 0)
+    commit_messages(store, token, 1, ["a", "b"], 1)
+    store.fork("t1", 0, "t2")
+    assert store.latest("t2").state["messages"] == ["a"]  # type: ignore[union-attr]
+    new = store.acquire("t2", "w2", TTL)
+    store.commit("t2", new, cp(1, new, messages=["a", "z"]), logs={"messages": 1})
+    assert store.latest("t1").state["messages"] == ["a", "b"]  # type: ignore[union-attr]
+    assert store.latest("t2").state["messages"] == ["a", "z"]  # type: ignore[union-attr]
+    store.delete_thread("t2")
+    store.delete_thread("t1")
+    assert snapshot(store) == empty

@@ -9,8 +9,12 @@ model calls were made. A crash point lets a test stop a worker at a chosen momen
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
+import os
 import time
-from typing import Any
+import uuid
+from typing import Any, ClassVar
 
 import redis
 from celery import Celery
@@ -108,6 +112,7 @@ class SupportAgent(AgentTask):
 
     name = "tests.support_agent"
     retry_on = (RateLimitError,)
+    append_only = ("messages",)
 
     def start(self, run: Run, question: str, refunds: int = 1, rate_limits: int = 0,
               retry_after: int = 2, policy: str = "idempotent") -> str:
@@ -187,15 +192,20 @@ class CountingAgent(AgentTask):
 
 
 class BrokenAgent(AgentTask):
-    """Fails with a bug until the ledger says it is fixed; or stores what cannot be stored."""
+    """Fails with a bug until the ledger says it is fixed; or stores what cannot be stored,
+    returns nonsense, or edits its append-only log."""
 
     name = "tests.broken_agent"
+    append_only = ("log",)
 
     def start(self, run: Run, mode: str) -> str:
-        run.state["mode"] = mode
+        run.state.update(mode=mode, log=["started"])
         return "work"
 
     def work(self, run: Run) -> Any:
+        if run.state["mode"] == "rewrite_history":
+            run.state["log"][0] = "rewritten"
+            return Done("should not finish")
         if run.state["mode"] == "unstorable":
             run.state["handle"] = object()
             return "work"
@@ -205,6 +215,138 @@ class BrokenAgent(AgentTask):
         if not ledger.client.exists(ledger.key("fixed", run.thread_id)):
             raise KeyError("customer_id")
         return Done("fixed")
+
+
+class ChaosLedger(Ledger):
+    """The outside world of :class:`ChaosAgent`, written so that a command redis-py resends
+    after a lost reply (the server was killed after executing it) changes nothing twice:
+    every tool invocation carries a fresh attempt id, and what it records is a set member.
+
+    ``calls:<thread>`` is a set of ``<tool>:<key>|<attempt>``: one member per time a tool
+    function really ran. ``effects:<thread>`` maps ``<tool>:<key>`` to the applied value,
+    set once. ``starts:<thread>`` lists ``{"step", "node", "pid", "t"}`` per node start.
+    """
+
+    def record_start(self, thread_id: str, step: int, node: str) -> None:
+        entry = {"step": step, "node": node, "pid": os.getpid(), "t": time.time()}
+        self.client.rpush(self.key("starts", thread_id), json.dumps(entry))
+
+    def starts(self, thread_id: str) -> list[dict[str, Any]]:
+        return [json.loads(e) for e in self.client.lrange(self.key("starts", thread_id), 0, -1)]
+
+    def apply(self, thread_id: str, tool: str, key: str, value: Any) -> None:
+        """One invocation of ``tool`` reaching the downstream service, atomically."""
+        pipe = self.client.pipeline(transaction=True)
+        pipe.sadd(self.key("calls", thread_id), f"{tool}:{key}|{uuid.uuid4().hex}")
+        pipe.hsetnx(self.key("effects", thread_id), f"{tool}:{key}", json.dumps(value))
+        pipe.execute()
+
+    def invocations(self, thread_id: str) -> dict[str, int]:
+        """How many times each ``<tool>:<key>`` really ran."""
+        counts: dict[str, int] = {}
+        for member in self.client.smembers(self.key("calls", thread_id)):
+            name = member.rsplit("|", 1)[0]
+            counts[name] = counts.get(name, 0) + 1
+        return counts
+
+    def applied(self, thread_id: str, tool: str, key: str) -> Any:
+        value = self.client.hget(self.key("effects", thread_id), f"{tool}:{key}")
+        return None if value is None else json.loads(value)
+
+
+def _latency(seconds: float) -> None:
+    """A model provider or a downstream API taking ``seconds`` to answer: simulated network
+    time inside the fake services, not synchronisation."""
+    if seconds > 0:
+        time.sleep(seconds)
+
+
+def chaos_tools(ledger: ChaosLedger, thread_id: str, latency: float) -> tuple[Any, Any]:
+    """``refund``: the payment API deduplicates by idempotency key, so the tool declares
+    itself idempotent. ``notify``: an email, not deduplicated downstream, so it declares a
+    ``reconcile`` that asks the mail log whether it went out. Both apply their effect, then
+    take ``latency`` to answer: a worker killed then leaves the claim pending."""
+
+    @agentq.tool(idempotent=True)
+    def refund(amount: int, *, idempotency_key: str) -> dict[str, Any]:
+        ledger.apply(thread_id, "refund", idempotency_key, amount)
+        _latency(latency)
+        return {"refund_id": f"re_{idempotency_key}", "amount": amount}
+
+    def sent(key: str, to: str) -> Any:
+        if ledger.applied(thread_id, "notify", key) is None:
+            return DID_NOT_RUN
+        return {"message_id": f"msg_{key}", "to": to}
+
+    @agentq.tool(reconcile=sent)
+    def notify(to: str, *, idempotency_key: str) -> dict[str, Any]:
+        ledger.apply(thread_id, "notify", idempotency_key, to)
+        _latency(latency)
+        return {"message_id": f"msg_{idempotency_key}", "to": to}
+
+    return refund, notify
+
+
+class ChaosAgent(AgentTask):
+    """A support agent of ``2 * rounds + 2`` steps for chaos runs: ``start``, then per
+    round a model step deciding a refund and an email and a tools step making both calls
+    under idempotency claims, then a final model step. Model steps take ``latency``
+    seconds, tool calls half of it each. Deterministic: the result (with a digest of the
+    whole conversation) is the same however often the run was interrupted."""
+
+    name = "tests.chaos_agent"
+
+    def start(self, run: Run, rounds: int, latency: float = 0.0) -> str:
+        self._ledger().record_start(run.thread_id, run.step, run.node)
+        run.state["messages"] = [{"role": "user", "content": f"{rounds} refunds, please"}]
+        run.state["plan"] = {"rounds": rounds, "latency": latency}
+        return "model"
+
+    def model(self, run: Run) -> Any:
+        ledger = self._ledger()
+        ledger.record_start(run.thread_id, run.step, run.node)
+        ledger.client.incr(ledger.key("model", run.thread_id))
+        plan = run.state["plan"]
+        _latency(plan["latency"])
+        done = sum(1 for m in run.state["messages"] if m["role"] == "tool") // 2
+        if done < plan["rounds"]:
+            n = done + 1
+            reply = {"role": "assistant", "content": "", "tool_calls": [
+                {"id": f"call-refund-{n}", "name": "refund", "args": {"amount": 10 * n}},
+                {"id": f"call-notify-{n}", "name": "notify", "args": {"to": f"c{n}@ex.com"}},
+            ]}  # fmt: skip
+            run.state["messages"].append(reply)
+            run.pending = reply["tool_calls"]
+            return "tools"
+        run.state["messages"].append({"role": "assistant", "content": "All done."})
+        digest = hashlib.sha256(
+            json.dumps(run.state["messages"], sort_keys=True).encode()
+        ).hexdigest()
+        return Done({"refunded": sum(10 * (i + 1) for i in range(done)), "rounds": done,
+                     "steps": run.step + 1, "digest": digest})
+
+    def tools(self, run: Run) -> str:
+        ledger = self._ledger()
+        ledger.record_start(run.thread_id, run.step, run.node)
+        tools = dict(zip(("refund", "notify"),
+                         chaos_tools(ledger, run.thread_id, run.state["plan"]["latency"] / 2),
+                         strict=True))
+        for call in run.pending:
+            result = run.tool(tools[call["name"]], key=call["id"], **call["args"])
+            run.state["messages"].append({"role": "tool", "content": result})
+        run.pending = []
+        return "model"
+
+    _ledgers: ClassVar[dict[int, ChaosLedger]] = {}
+
+    def _ledger(self) -> ChaosLedger:
+        """One ledger (one connection pool) per process."""
+        ledger = self._ledgers.get(os.getpid())
+        if ledger is None:
+            conf = self.app.conf
+            ledger = self._ledgers[os.getpid()] = ChaosLedger(conf.test_ledger_url,
+                                                              conf.test_ledger_ns)
+        return ledger
 
 
 AGENTS = (SupportAgent, ApprovalAgent, CountingAgent, BrokenAgent)

@@ -1,7 +1,8 @@
 -- Deletes a thread and every key it owns.
 -- KEYS[1]: meta, [2]: latest, [3]: lock, [4]: set of owned keys, [due index].
 -- ARGV[1]: status prefix or '', [2] thread id, [3] checkpoint key prefix, [4] '' or a
--- Unix time: then only delete if the thread is finished and was last updated before it.
+-- Unix time: then only delete if the thread is finished and was last updated before it;
+-- [5] the thread's key prefix.
 -- Returns {1, ops} if deleted, {0, 0} if absent or (with ARGV[4]) not finished.
 local meta = KEYS[1]
 local status = redis.call('HGET', meta, 'status')
@@ -22,5 +23,9 @@ end
 for _, key in ipairs(redis.call('SMEMBERS', KEYS[4])) do
   redis.call('DEL', key)
 end
+for _, field in ipairs(redis.call('HKEYS', ARGV[5] .. 'logs')) do
+  redis.call('DEL', ARGV[5] .. 'log:' .. field)
+end
+redis.call('DEL', ARGV[5] .. 'logs')
 redis.call('DEL', meta, KEYS[2], KEYS[3], KEYS[4])
 return {1, index(ARGV[2], status, '-', 'clear', now_seconds())}

@@ -1,0 +1,48 @@
+"""Append-only state fields: write each item once, however long the list grows."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable
+from typing import Any
+
+from agentq.errors import AppendOnlyViolation
+
+
+class AppendOnlyFields:
+    """Remembers the committed items of each append-only field of one thread.
+
+    A commit then carries only the items appended since (see ``Store.commit(logs=...)``),
+    after checking that the committed ones are unchanged: an item edited in place after
+    it was stored would otherwise be silently lost, since its log entry is never
+    rewritten. The copies are private, so an in-place edit cannot hide from the check.
+    """
+
+    def __init__(self, thread_id: str, fields: Iterable[str], state: dict[str, Any]) -> None:
+        self.thread_id = thread_id
+        self._committed = {field: copy.deepcopy(state.get(field, [])) for field in fields}
+
+    def lengths(self, step: int, state: dict[str, Any]) -> dict[str, int]:
+        """The committed length of each field, for ``commit(logs=...)``; raises
+        :class:`AppendOnlyViolation` if a committed item was changed or removed."""
+        for field, committed in self._committed.items():
+            items = state.get(field)
+            if not isinstance(items, list):
+                continue  # the encoder refuses it, naming the field
+            if items[: len(committed)] != committed:
+                index = next(
+                    (i for i, (a, b) in enumerate(zip(items, committed, strict=False)) if a != b),
+                    len(items),
+                )
+                raise AppendOnlyViolation(
+                    f"state.{field}[{index}] was changed or removed after it was committed, "
+                    f"but {field!r} is append-only; append a new item instead (e.g. a "
+                    f"correction), or remove {field!r} from append_only",
+                    thread_id=self.thread_id, step=step, field=field, index=index,
+                )  # fmt: skip
+        return {field: len(committed) for field, committed in self._committed.items()}
+
+    def committed(self, state: dict[str, Any]) -> None:
+        """Record that ``state``'s fields are now stored."""
+        for field, committed in self._committed.items():
+            committed.extend(copy.deepcopy(state[field][len(committed):]))

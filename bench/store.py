@@ -1,0 +1,402 @@
+"""What durability costs on Redis: a fenced checkpoint commit vs a raw ``SET``, a resume
+(``latest()``: load + decode) vs a raw ``GET``, for 1 KB, 10 KB and 100 KB payloads.
+
+Run from the repository root::
+
+    python -m bench.store [--samples N]
+
+One private ``redis-server`` (free port, temp dir, ``--appendonly yes --appendfsync always
+--save ""``) is started for the run and stopped by its PID at the end, also on an error or
+Ctrl-C. Both sides of every comparison use the same redis-py client (one connection).
+
+Each operation is timed on its own with ``time.perf_counter_ns``. After warm-up, the baseline
+and the agentq operation alternate in blocks (A B B A A B ...), so drift in the machine (disk,
+CPU frequency, neighbours) lands on both. Commits go to one thread per payload size with
+consecutive steps and the default ``keep_last``, so pruning old checkpoints is paid as in
+production. The last lines are machine-readable: ``ratio <name> <median ratio>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import platform
+import random
+import signal
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import redis
+
+from agentq.codec import encode_checkpoint
+from agentq.records import Checkpoint
+from agentq.store.redis import RedisStore
+from bench._redis import PrivateRedis
+
+SIZES: tuple[tuple[str, int], ...] = (("1k", 1024), ("10k", 10 * 1024), ("100k", 100 * 1024))
+TARGET_COMMIT = 1.25
+TARGET_RESUME = 1.20
+DEFAULT_SAMPLES = 3000
+BLOCK = 20
+SIZE_TOLERANCE = 0.10
+
+_WORDS = (
+    "the", "model", "calls", "a", "tool", "with", "arguments", "and", "reads", "result",
+    "before", "it", "answers", "user", "question", "about", "invoice", "order", "shipment",
+    "refund", "weather", "account", "balance", "search", "query", "document", "summary",
+    "paragraph", "citation", "source", "retry", "timeout", "context", "window", "budget",
+)  # fmt: skip
+
+
+# -- payloads ---------------------------------------------------------------------------------
+
+
+def _text(rng: random.Random, length: int) -> str:
+    words: list[str] = []
+    size = 0
+    while size < length:
+        word = rng.choice(_WORDS)
+        words.append(word)
+        size += len(word) + 1
+    return " ".join(words)[:length]
+
+
+def _checkpoint(state: dict[str, Any], step: int, token: int) -> Checkpoint:
+    return Checkpoint(step=step, node="model", state=state, token=token, task="bench")
+
+
+def encoded_size(thread_id: str, checkpoint: Checkpoint) -> int:
+    """Bytes ``encode_checkpoint`` produces: plain bytes, or a snapshot with log items."""
+    encoded: Any = encode_checkpoint(thread_id, checkpoint)
+    if isinstance(encoded, bytes | bytearray):
+        return len(encoded)
+    appended = getattr(encoded, "appended", {}) or {}
+    return len(encoded.snapshot) + sum(len(item) for items in appended.values() for item in items)
+
+
+def build_state(target: int, thread_id: str, token: int) -> dict[str, Any]:
+    """A chat-like state (``{"messages": [{"role", "content"}, ...]}``) whose encoded
+    checkpoint is as close to ``target`` bytes as the envelope allows."""
+    rng = random.Random(target)
+    messages: list[dict[str, str]] = []
+    state: dict[str, Any] = {"messages": messages}
+
+    def size() -> int:
+        return encoded_size(thread_id, _checkpoint(state, 1000, token))
+
+    roles = ("user", "assistant", "tool")
+    while size() < target:
+        messages.append({"role": roles[len(messages) % 3], "content": _text(rng, 400)})
+    for _ in range(8):  # trim the last message; msgpack str headers move by a byte or two
+        over = size() - target
+        if over == 0:
+            break
+        last = messages[-1]["content"]
+        messages[-1]["content"] = _text(rng, max(1, len(last) - over))
+    return state
+
+
+# -- measurement ------------------------------------------------------------------------------
+
+
+@dataclass
+class Series:
+    name: str
+    ns: list[int]
+
+    def quantile(self, q: float) -> float:
+        ordered = sorted(self.ns)
+        index = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
+        return ordered[index] / 1000
+
+    @property
+    def median(self) -> float:
+        return self.quantile(0.5)
+
+    @property
+    def p99(self) -> float:
+        return self.quantile(0.99)
+
+
+def interleaved(
+    base: Callable[[], object],
+    subject: Callable[[], object],
+    samples: int,
+    warmup: int,
+    block: int = BLOCK,
+) -> tuple[list[int], list[int]]:
+    """Time ``samples`` calls of each, alternating blocks A B B A A B ... after warm-up."""
+    for _ in range(warmup):
+        base()
+        subject()
+    timings: tuple[list[int], list[int]] = ([], [])
+    funcs = (base, subject)
+    clock = time.perf_counter_ns
+    turn = 0
+    while len(timings[1]) < samples:
+        order = (0, 1) if turn % 2 == 0 else (1, 0)
+        for which in order:
+            func, out = funcs[which], timings[which]
+            for _ in range(min(block, samples - len(out))):
+                start = clock()
+                func()
+                out.append(clock() - start)
+        turn += 1
+    return timings
+
+
+# -- machine description ----------------------------------------------------------------------
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def _filesystem(path: Path) -> str:
+    best, kind = "", "?"
+    try:
+        for line in Path("/proc/mounts").read_text().splitlines():
+            parts = line.split()
+            if len(parts) >= 3 and str(path).startswith(parts[1]) and len(parts[1]) > len(best):
+                best, kind = parts[1], parts[2]
+    except OSError:
+        pass
+    return kind
+
+
+def machine_line(client: redis.Redis, directory: Path) -> str:
+    info = client.info("server")
+    hiredis = importlib.util.find_spec("hiredis") is not None
+    if hiredis:
+        import hiredis as hiredis_module  # type: ignore[import-not-found]
+
+        hiredis_text = f"yes ({getattr(hiredis_module, '__version__', '?')})"
+    else:
+        hiredis_text = "no"
+    cores = os.cpu_count() or 0
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else cores
+    load = " ".join(f"{value:.2f}" for value in os.getloadavg())
+    return (
+        f"machine: cpu={_cpu_model()!r} cores={cores} (usable {usable}) "
+        f"python={platform.python_version()} redis-server={info['redis_version']} "
+        f"redis-py={redis.__version__} hiredis={hiredis_text} "
+        f"aof=always on {_filesystem(directory)} loadavg={load}"
+    )
+
+
+# -- the run ----------------------------------------------------------------------------------
+
+
+@dataclass
+class Row:
+    label: str
+    base: Series
+    subject: Series
+    ratio_name: str
+    target: float
+
+    @property
+    def ratio(self) -> float:
+        return self.subject.median / self.base.median
+
+
+def bench_size(
+    store: RedisStore,
+    client: redis.Redis,
+    label: str,
+    size: int,
+    samples: int,
+    warmup: int,
+    block: int,
+) -> tuple[Row, Row, int]:
+    thread_id = f"bench-{label}"
+    store.open_thread(thread_id, task="bench")
+    token = store.acquire(thread_id, "bench", ttl=3600)
+    state = build_state(size, thread_id, token)
+    encoded = encoded_size(thread_id, _checkpoint(state, 1000, token))
+    if abs(encoded - size) > SIZE_TOLERANCE * size:
+        raise RuntimeError(f"encoded checkpoint is {encoded} bytes, not ~{size}")
+
+    blob = random.Random(size).randbytes(size)
+    blob_key = f"bench:blob:{label}"
+    step = -1
+
+    def raw_set() -> None:
+        client.set(blob_key, blob)
+
+    def commit() -> None:
+        nonlocal step
+        step += 1
+        store.commit(thread_id, token, _checkpoint(state, step, token), due_in=30)
+
+    set_ns, commit_ns = interleaved(raw_set, commit, samples, warmup, block)
+
+    def raw_get() -> None:
+        client.get(blob_key)
+
+    def resume() -> None:
+        store.latest(thread_id)
+
+    got = client.get(blob_key)
+    loaded = store.latest(thread_id)
+    assert got == blob and loaded is not None and loaded.step == step and loaded.state == state
+    get_ns, latest_ns = interleaved(raw_get, resume, samples, warmup, block)
+
+    write = Row(
+        label,
+        Series("SET", set_ns),
+        Series("commit", commit_ns),
+        f"commit_{label}_over_set",
+        TARGET_COMMIT,
+    )
+    read = Row(
+        label,
+        Series("GET", get_ns),
+        Series("latest", latest_ns),
+        f"resume_{label}_over_get",
+        TARGET_RESUME,
+    )
+    return write, read, encoded
+
+
+def _store_class() -> type[RedisStore]:
+    """``RedisStore``, or while the contract grows faster than the backend (abstract methods
+    without a Redis implementation yet), a subclass whose missing methods raise. The
+    benchmark uses only ``open_thread``, ``acquire``, ``commit`` and ``latest``."""
+    missing = sorted(getattr(RedisStore, "__abstractmethods__", ()))
+    if not missing:
+        return RedisStore
+
+    def unimplemented(name: str) -> Callable[..., Any]:
+        def method(self: RedisStore, *args: Any, **kwargs: Any) -> Any:
+            raise NotImplementedError(f"RedisStore.{name} is not implemented yet")
+
+        return method
+
+    print(
+        f"note: RedisStore lacks {', '.join(missing)}; benchmarking it through a stub "
+        "subclass (those methods are not used here)",
+        file=sys.stderr,
+    )
+    return type("BenchRedisStore", (RedisStore,), {n: unimplemented(n) for n in missing})
+
+
+def print_table(rows: list[Row], encoded: dict[str, int]) -> None:
+    header = (
+        f"{'payload':<8} {'op':<8} {'bytes':>7} {'median µs':>10} {'p99 µs':>10} "
+        f"{'Δmed µs':>8} {'ratio(med)':>10} {'target':>7}  verdict"
+    )
+    print(header)
+    print("-" * len(header))
+    sizes = dict(SIZES)
+    for row in rows:
+        verdict = "meets" if row.ratio <= row.target else "MISSES"
+        for series, nbytes, tail in (
+            (row.base, sizes[row.label], ""),
+            (
+                row.subject,
+                encoded[row.label],
+                f" {row.subject.median - row.base.median:>+8.1f} {row.ratio:>10.2f} "
+                f"{'≤' + format(row.target, '.2f'):>7}  {verdict}",
+            ),
+        ):
+            print(
+                f"{row.label:<8} {series.name:<8} {nbytes:>7} {series.median:>10.1f} "
+                f"{series.p99:>10.1f}{tail}"
+            )
+
+
+@contextmanager
+def _terminate_as_interrupt() -> Iterator[None]:
+    """Let SIGTERM unwind like Ctrl-C, so the server is stopped in ``finally``."""
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.store",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--samples",
+        type=int,
+        default=DEFAULT_SAMPLES,
+        help=f"timed operations per op and size (default {DEFAULT_SAMPLES})",
+    )
+    parser.add_argument(
+        "--warmup",
+        type=int,
+        default=None,
+        help="untimed iterations of each op first (default samples/10, ≥20)",
+    )
+    parser.add_argument(
+        "--block",
+        type=int,
+        default=BLOCK,
+        help=f"operations per block before switching sides (default {BLOCK})",
+    )
+    args = parser.parse_args(argv)
+    if args.samples < 10:
+        parser.error("--samples must be at least 10")
+    if args.block < 1:
+        parser.error("--block must be at least 1")
+    warmup = args.warmup if args.warmup is not None else max(20, args.samples // 10)
+
+    started = time.monotonic()
+    with _terminate_as_interrupt(), PrivateRedis() as server:
+        assert server.directory is not None
+        client = server.client()
+        try:
+            print(machine_line(client, server.directory))
+            print(
+                f"samples={args.samples} per op and size, warm-up={warmup}, "
+                f"blocks of {args.block} alternating, one connection, keep_last=default"
+            )
+            store = _store_class()(client)
+            rows: list[Row] = []
+            encoded: dict[str, int] = {}
+            for label, size in SIZES:
+                write, read, encoded[label] = bench_size(
+                    store, client, label, size, args.samples, warmup, args.block
+                )
+                rows += [write, read]
+            rows.sort(key=lambda row: row.ratio_name.startswith("resume"))
+        finally:
+            client.close()
+    print()
+    print_table(rows, encoded)
+    print()
+    print(f"elapsed {time.monotonic() - started:.1f} s")
+    for row in rows:
+        print(f"ratio {row.ratio_name} {row.ratio:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        print("interrupted; redis-server stopped", file=sys.stderr)
+        sys.exit(130)

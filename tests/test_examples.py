@@ -1,0 +1,52 @@
+"""The shipped examples and docker-compose.yml work as their docs say."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+from celery.contrib.testing.worker import start_worker
+
+from tests.support.redis_server import RedisServer
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_support_agent_example_runs_end_to_end_on_the_fake_model(
+    redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    monkeypatch.setenv("AGENTQ_BROKER", "redis://127.0.0.1:6379/0")
+    monkeypatch.setenv("AGENTQ_STORE", redis_server.url)
+    module = importlib.import_module("examples.support_agent")
+    module = importlib.reload(module)  # read this test's environment
+    app = module.app
+    app.conf.task_default_queue = f"agentq-example-{uuid.uuid4().hex[:8]}"
+    app._agentq_runtime.settings = app._agentq_runtime.settings.__class__(
+        store=redis_server.url, prefix=f"ex{uuid.uuid4().hex[:8]}:")
+    thread_id = "example-1"
+    with start_worker(app, pool="solo", perform_ping_check=False):
+        module.support_agent.delay(thread_id, question="Where is my refund for order 42?")
+        answer = module.support_agent.wait(thread_id, timeout=30)
+    assert answer == "I refunded 30 EUR for order 42."
+    assert list(module.REFUNDS) == ["call-1"]
+    messages = app._agentq_runtime.store.latest(thread_id).state["messages"]
+    assert [m["role"] for m in messages] == ["system", "user", "assistant", "tool", "assistant"]
+
+
+def test_compose_file_runs_redis_with_durable_settings() -> None:
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    assert set(compose["services"]) == {"redis", "worker", "flower"}
+    args = compose["services"]["redis"]["command"].split()
+    settings = {args[i]: args[i + 1] for i in range(1, len(args) - 1, 2)}
+    assert settings == {
+        "--appendonly": "yes", "--appendfsync": "always", "--maxmemory-policy": "noeviction",
+    }
+    worker = compose["services"]["worker"]
+    assert "-E" in worker["command"].split()  # Flower needs task events
+    assert worker["environment"]["AGENTQ_STORE"].startswith("redis://redis:6379/")
+    assert os.path.exists(ROOT / "examples" / "support_agent.py")

@@ -73,12 +73,7 @@ def _checkpoint(state: dict[str, Any], step: int, token: int) -> Checkpoint:
 
 
 def encoded_size(thread_id: str, checkpoint: Checkpoint) -> int:
-    """Bytes ``encode_checkpoint`` produces: plain bytes, or a snapshot with log items."""
-    encoded: Any = encode_checkpoint(thread_id, checkpoint)
-    if isinstance(encoded, bytes | bytearray):
-        return len(encoded)
-    appended = getattr(encoded, "appended", {}) or {}
-    return len(encoded.snapshot) + sum(len(item) for items in appended.values() for item in items)
+    return len(encode_checkpoint(thread_id, checkpoint).snapshot)
 
 
 def build_state(target: int, thread_id: str, token: int) -> dict[str, Any]:
@@ -272,28 +267,6 @@ def bench_size(
     return write, read, encoded
 
 
-def _store_class() -> type[RedisStore]:
-    """``RedisStore``, or while the contract grows faster than the backend (abstract methods
-    without a Redis implementation yet), a subclass whose missing methods raise. The
-    benchmark uses only ``open_thread``, ``acquire``, ``commit`` and ``latest``."""
-    missing = sorted(getattr(RedisStore, "__abstractmethods__", ()))
-    if not missing:
-        return RedisStore
-
-    def unimplemented(name: str) -> Callable[..., Any]:
-        def method(self: RedisStore, *args: Any, **kwargs: Any) -> Any:
-            raise NotImplementedError(f"RedisStore.{name} is not implemented yet")
-
-        return method
-
-    print(
-        f"note: RedisStore lacks {', '.join(missing)}; benchmarking it through a stub "
-        "subclass (those methods are not used here)",
-        file=sys.stderr,
-    )
-    return type("BenchRedisStore", (RedisStore,), {n: unimplemented(n) for n in missing})
-
-
 def print_table(rows: list[Row], encoded: dict[str, int]) -> None:
     header = (
         f"{'payload':<8} {'op':<8} {'bytes':>7} {'median µs':>10} {'p99 µs':>10} "
@@ -374,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"samples={args.samples} per op and size, warm-up={warmup}, "
                 f"blocks of {args.block} alternating, one connection, keep_last=default"
             )
-            store = _store_class()(client)
+            store = RedisStore(client)
             rows: list[Row] = []
             encoded: dict[str, int] = {}
             for label, size in SIZES:

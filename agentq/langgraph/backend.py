@@ -1,0 +1,80 @@
+"""What the saver needs from a store, in bytes: one backend per agentq store type.
+
+Every write carries the writer's fencing token, or ``None`` for a writer outside a graph
+task. In the same atomic step as the write, the backend reads the thread's agentq meta:
+
+- with a token, the write is refused with :class:`~agentq.errors.StaleToken` unless it is
+  the thread's current fence (another worker has taken the thread over since), and with
+  :class:`~agentq.errors.ThreadNotFound` if agentq holds no such thread;
+- without one, it is refused with :class:`~agentq.errors.LeaseHeld` while a graph task
+  holds the thread's lease (someone calling ``update_state`` on a running thread would
+  fork its checkpoint chain), and allowed otherwise.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+
+from agentq.langgraph.records import Row, StoredCheckpoint
+
+
+class Backend(ABC):
+    """LangGraph checkpoints, blobs and writes kept beside an agentq store's threads."""
+
+    @abstractmethod
+    def put(self, thread_id: str, ns: str, stored: StoredCheckpoint, token: int | None) -> None:
+        """Store the checkpoint and its new blobs. Atomic."""
+
+    @abstractmethod
+    def put_writes(
+        self,
+        thread_id: str,
+        ns: str,
+        checkpoint_id: str,
+        writes: Sequence[tuple[bytes, bytes, bool]],
+        token: int | None,
+    ) -> None:
+        """Store ``(field, value, replace)`` writes; without ``replace`` an existing write
+        with the same field is kept (LangGraph's regular writes are first-wins, its special
+        ones last-wins). Atomic."""
+
+    @abstractmethod
+    def get(self, thread_id: str, ns: str, checkpoint_id: str | None) -> Row | None:
+        """The checkpoint with that id, or the namespace's latest. One round trip."""
+
+    @abstractmethod
+    def page(self, thread_id: str, ns: str, *, before: str | None, limit: int) -> list[Row]:
+        """Up to ``limit`` checkpoints of the namespace, newest first, with ids below
+        ``before`` when given."""
+
+    @abstractmethod
+    def namespaces(self, thread_id: str) -> list[str]:
+        """The namespaces holding checkpoints of the thread."""
+
+    @abstractmethod
+    def threads(self) -> list[str]:
+        """Every thread holding LangGraph checkpoints (may list some that no longer do)."""
+
+    @abstractmethod
+    def delete_thread(self, thread_id: str, token: int | None) -> None:
+        """Remove every checkpoint, blob and write of the thread. Atomic."""
+
+    @abstractmethod
+    def delete_runs(self, run_ids: Sequence[str]) -> None:
+        """Remove the checkpoints (and their writes) written by these runs, and the blobs
+        no remaining checkpoint reads. Atomic per thread."""
+
+    @abstractmethod
+    def keep_latest(self, thread_id: str) -> None:
+        """Keep only the latest checkpoint of each namespace (with its writes and the blobs
+        it reads). Atomic."""
+
+    @abstractmethod
+    def copy_thread(self, source: str, target: str) -> None:
+        """Copy every checkpoint, blob and write of ``source`` into ``target``. Writing the
+        target is atomic; the source is only read."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release connections the backend opened itself."""

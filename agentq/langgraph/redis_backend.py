@@ -1,0 +1,218 @@
+"""The saver's backend on Redis-API servers: one Lua script per write, on one thread's keys."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import Any, Final
+
+import msgpack
+
+from agentq.errors import LeaseHeld, StaleToken, ThreadNotFound
+from agentq.langgraph.backend import Backend
+from agentq.langgraph.keys import GraphKeys, escape, unescape
+from agentq.langgraph.records import Row, StoredCheckpoint, decode_refs
+from agentq.langgraph.redis_lua import PRELUDE, SCRIPTS
+from agentq.store.redis import RedisStore
+
+_INDEXED_LIMIT: Final = 10_000
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def refusal(code: int, value: Any, thread_id: str, token: int | None) -> None:
+    """Raise what a script's refusal code means (see :mod:`agentq.langgraph.redis_lua`)."""
+    if code == -1:
+        raise StaleToken(
+            f"LangGraph write with fencing token {token} refused: the thread's current token "
+            f"is {value}, so another worker has taken the thread over; stop this run",
+            thread_id=thread_id,
+        )
+    if code == -3:
+        raise ThreadNotFound(
+            "a fenced LangGraph write names a thread agentq does not hold; start the thread "
+            "through its graph task, or write without a token",
+            thread_id=thread_id,
+        )
+    if code == -4:
+        raise LeaseHeld(
+            f"a graph task drives this thread (lease for {value} ms more), so a write "
+            "from outside it would fork the checkpoint chain; wait until the thread is "
+            "waiting or finished, or cancel it first",
+            thread_id=thread_id,
+            ttl_ms=int(value),
+        )
+
+
+class RedisBackend(Backend):
+    """Uses the store's client and prefix; does not own the connection."""
+
+    def __init__(self, store: RedisStore) -> None:
+        self.client = store.client
+        self.store_keys = store.keys
+        self.keys = GraphKeys(store.keys)
+        self._scripts = {
+            name: store.client.register_script(PRELUDE + body) for name, body in SCRIPTS.items()
+        }
+        # Global index entries this process already added: they cost a round trip once.
+        self._indexed: set[str] = set()
+        self._indexed_lock = threading.Lock()
+
+    # -- plumbing -------------------------------------------------------------------------
+
+    def _fenced(self, name: str, thread_id: str, token: int | None,
+                keys: list[str], args: list[Any]) -> Any:  # fmt: skip
+        head = [self.store_keys.meta(thread_id), self.store_keys.lock(thread_id),
+                self.store_keys.owned(thread_id)]  # fmt: skip
+        code, value = self._scripts[name](
+            keys=head + keys, args=["" if token is None else token, *args]
+        )
+        refusal(code, value, thread_id, token)
+        return value
+
+    def _index(self, *entries: tuple[str, str]) -> None:
+        """Add ``(index key, thread id)`` entries not yet known to be there."""
+        with self._indexed_lock:
+            missing = [e for e in entries if f"{e[0]}\0{e[1]}" not in self._indexed]
+        if not missing:
+            return
+        pipe = self.client.pipeline(transaction=False)
+        for key, thread_id in missing:
+            pipe.sadd(key, thread_id)
+        pipe.execute()
+        with self._indexed_lock:
+            if len(self._indexed) > _INDEXED_LIMIT:
+                self._indexed.clear()
+            self._indexed.update(f"{key}\0{thread_id}" for key, thread_id in missing)
+
+    def _unindex(self, *entries: tuple[str, str]) -> None:
+        if not entries:
+            return
+        pipe = self.client.pipeline(transaction=False)
+        for key, thread_id in entries:
+            pipe.srem(key, thread_id)
+        pipe.execute()
+        with self._indexed_lock:
+            self._indexed.difference_update(f"{key}\0{tid}" for key, tid in entries)
+
+    def _row(self, ns: str, reply: list[Any]) -> Row:
+        checkpoint_id, record, refs, blobs, flat = reply
+        return Row(
+            ns=ns,
+            checkpoint_id=_text(checkpoint_id),
+            record=record,
+            fields=decode_refs(refs) if refs else [],
+            blobs=list(blobs),
+            writes=[(flat[i], flat[i + 1]) for i in range(0, len(flat), 2)],
+        )
+
+    # -- writes ---------------------------------------------------------------------------
+
+    def put(self, thread_id: str, ns: str, stored: StoredCheckpoint, token: int | None) -> None:
+        k = self.keys
+        index = [(k.thread_index(), thread_id)]
+        keys = [k.namespaces(thread_id), k.ns_key(thread_id, "ids", ns),
+                k.ns_key(thread_id, "cp", ns), k.ns_key(thread_id, "refs", ns),
+                k.ns_key(thread_id, "blob", ns)]  # fmt: skip
+        if stored.run_id is not None:
+            index.append((k.run_index(stored.run_id), thread_id))
+            keys.append(k.run(thread_id, stored.run_id))
+        self._index(*index)
+        blobs = [item for pair in stored.blobs.items() for item in pair]
+        self._fenced("put", thread_id, token, keys, [
+            escape(ns), stored.checkpoint_id, stored.record, stored.refs,
+            f"{escape(ns)}:{stored.checkpoint_id}", *blobs,
+        ])  # fmt: skip
+
+    def put_writes(
+        self,
+        thread_id: str,
+        ns: str,
+        checkpoint_id: str,
+        writes: Sequence[tuple[bytes, bytes, bool]],
+        token: int | None,
+    ) -> None:
+        args = [item for f, v, replace in writes for item in (f, v, "1" if replace else "0")]
+        self._fenced("put_writes", thread_id, token,
+                     [self.keys.writes(thread_id, ns, checkpoint_id)], args)  # fmt: skip
+
+    # -- reads ----------------------------------------------------------------------------
+
+    def get(self, thread_id: str, ns: str, checkpoint_id: str | None) -> Row | None:
+        reply = self._scripts["get"](
+            keys=[self.keys.ns_key(thread_id, "ids", ns)],
+            args=[self.keys.base(thread_id), escape(ns), checkpoint_id or ""],
+        )
+        return None if reply is None else self._row(ns, reply)
+
+    def page(self, thread_id: str, ns: str, *, before: str | None, limit: int) -> list[Row]:
+        replies = self._scripts["page"](
+            keys=[self.keys.ns_key(thread_id, "ids", ns)],
+            args=[self.keys.base(thread_id), escape(ns), before or "", limit],
+        )
+        return [self._row(ns, reply) for reply in replies]
+
+    def namespaces(self, thread_id: str) -> list[str]:
+        return sorted(unescape(_text(m)) for m in
+                      self.client.smembers(self.keys.namespaces(thread_id)))  # fmt: skip
+
+    def threads(self) -> list[str]:
+        return sorted(_text(m) for m in self.client.smembers(self.keys.thread_index()))
+
+    # -- deleting and copying -------------------------------------------------------------
+
+    def delete_thread(self, thread_id: str, token: int | None) -> None:
+        runs = self._fenced("delete", thread_id, token, [], [self.keys.base(thread_id)])
+        self._unindex(
+            (self.keys.thread_index(), thread_id),
+            *((self.keys.run_index(unescape(_text(r))), thread_id) for r in runs),
+        )
+
+    def delete_runs(self, run_ids: Sequence[str]) -> None:
+        by_thread: dict[str, list[str]] = {}
+        for run_id in run_ids:
+            for member in self.client.smembers(self.keys.run_index(run_id)):
+                by_thread.setdefault(_text(member), []).append(run_id)
+        for thread_id, runs in sorted(by_thread.items()):
+            self._fenced("delete_runs", thread_id, None, [],
+                         [self.keys.base(thread_id), *(escape(r) for r in runs)])  # fmt: skip
+            self._unindex(*((self.keys.run_index(r), thread_id) for r in runs))
+
+    def keep_latest(self, thread_id: str) -> None:
+        self._fenced("keep_latest", thread_id, None, [self.keys.namespaces(thread_id)],
+                     [self.keys.base(thread_id)])  # fmt: skip
+
+    def copy_thread(self, source: str, target: str) -> None:
+        k = self.keys
+        commands: list[list[Any]] = []
+        runs: list[str] = []
+        source_base, target_base = k.base(source), k.base(target)
+        owned = self.client.smembers(self.store_keys.owned(source))
+        for key in sorted(_text(m) for m in owned if _text(m).startswith(source_base)):
+            suffix = key[len(source_base) :]
+            copied = target_base + suffix
+            kind = self.client.type(key)
+            if kind == b"hash":
+                flat = [x for pair in self.client.hgetall(key).items() for x in pair]
+                if flat:
+                    commands.append(["HSET", copied, *flat])
+            elif kind == b"zset":
+                members = self.client.zrange(key, 0, -1)
+                if members:
+                    commands.append(["ZADD", copied, *(x for m in members for x in (0, m))])
+            elif kind == b"set":
+                members = list(self.client.smembers(key))
+                if members:
+                    commands.append(["SADD", copied, *members])
+                if suffix.startswith("run:"):
+                    runs.append(unescape(suffix[len("run:") :]))
+        if not commands:
+            return
+        self._index((k.thread_index(), target), *((k.run_index(r), target) for r in runs))
+        self._fenced("restore", target, None, [],
+                     [msgpack.packb(commands, use_bin_type=False)])  # fmt: skip
+
+    def close(self) -> None:
+        pass  # the connection belongs to the store

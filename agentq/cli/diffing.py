@@ -1,0 +1,85 @@
+"""A structural diff of two checkpoints: which paths of the state, the pending calls and
+the cursors were added, removed or changed.
+
+A line diff of pretty-printed JSON would show brackets moving; paths such as
+``state.messages[3].content`` say what an agent's step actually did.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Final
+
+from agentq.records import Checkpoint
+
+_IDENTIFIER: Final = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_MISSING: Final = object()
+
+
+@dataclass(frozen=True)
+class Change:
+    """``kind`` is ``added``, ``removed`` or ``changed``; ``before``/``after`` are the values
+    (``None`` on the side where the path does not exist)."""
+
+    path: str
+    kind: str
+    before: Any = None
+    after: Any = None
+
+
+def checkpoint_changes(old: Checkpoint, new: Checkpoint) -> list[Change]:
+    """What differs between two checkpoints: the next node, then state, pending, cursors."""
+    changes: list[Change] = []
+    if old.node != new.node:
+        changes.append(Change("node", "changed", old.node, new.node))
+    for part in ("state", "pending", "cursors"):
+        changes.extend(value_changes(part, getattr(old, part), getattr(new, part)))
+    return changes
+
+
+def value_changes(path: str, old: Any, new: Any) -> list[Change]:
+    """The paths below ``path`` at which ``old`` and ``new`` differ, in document order."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        changes = []
+        for key in [*old, *(k for k in new if k not in old)]:
+            changes.extend(_pair(_child(path, key), old.get(key, _MISSING),
+                                 new.get(key, _MISSING)))
+        return changes
+    if isinstance(old, list) and isinstance(new, list):
+        changes = []
+        for index in range(max(len(old), len(new))):
+            changes.extend(_pair(f"{path}[{index}]",
+                                 old[index] if index < len(old) else _MISSING,
+                                 new[index] if index < len(new) else _MISSING))
+        return changes
+    if type(old) is not type(new) or old != new:
+        return [Change(path, "changed", old, new)]
+    return []
+
+
+def _pair(path: str, old: Any, new: Any) -> list[Change]:
+    if old is _MISSING:
+        return [Change(path, "added", None, new)]
+    if new is _MISSING:
+        return [Change(path, "removed", old, None)]
+    return value_changes(path, old, new)
+
+
+def _child(path: str, key: Any) -> str:
+    if isinstance(key, str) and _IDENTIFIER.match(key):
+        return f"{path}.{key}"
+    return f"{path}[{key!r}]"
+
+
+def changed_parts(old: Checkpoint, new: Checkpoint) -> list[str]:
+    """The top-level names a step changed (``node``, ``state.messages``, ``pending``...),
+    for one-line summaries."""
+    names: list[str] = []
+    for change in checkpoint_changes(old, new):
+        head = change.path.split("[", 1)[0]
+        parts = head.split(".")
+        name = ".".join(parts[:2]) if parts[0] == "state" else parts[0]
+        if name not in names:
+            names.append(name)
+    return names

@@ -1,0 +1,70 @@
+"""The ``agentq`` command, and the same commands as ``celery -A proj agentq``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from agentq.cli.control_commands import CONTROL_COMMANDS
+from agentq.cli.group import AgentqGroup
+from agentq.cli.ops_commands import OPS_COMMANDS
+from agentq.cli.read_commands import READ_COMMANDS
+from agentq.cli.session import CliError, Session
+
+_CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+
+store_option = click.option(
+    "--store", "store_url", envvar="AGENTQ_STORE", metavar="URL",
+    help="The store: redis://host:6379/1, rediss://..., unix://... or sqlite:///path.db "
+         "[env AGENTQ_STORE]. With an app, overrides its agentq_store.",
+)  # fmt: skip
+prefix_option = click.option(
+    "--prefix", envvar="AGENTQ_PREFIX",
+    help="Key prefix of a Redis store (default agentq:) [env AGENTQ_PREFIX].",
+)  # fmt: skip
+
+
+@click.group(cls=AgentqGroup, context_settings=_CONTEXT)
+@click.option("-A", "--app", "app_path", envvar="AGENTQ_APP", metavar="MODULE:APP",
+              help="Your Celery app, for commands that send messages (resume, retry, "
+                   "sweep) and for doctor's Celery checks; its agentq settings name the "
+                   "store [env AGENTQ_APP].")
+@store_option
+@prefix_option
+@click.version_option(package_name="agentq", prog_name="agentq")
+@click.pass_context
+def cli(ctx: click.Context, app_path: str | None, store_url: str | None,
+        prefix: str | None) -> None:
+    """Inspect and operate durable agent threads.
+
+    \b
+    Example:   agentq --store redis://localhost:6379/1 threads
+    """
+    session = Session(store_url=store_url, prefix=prefix, app_path=app_path)
+    ctx.obj = session
+    ctx.call_on_close(session.close)
+
+
+@click.group("agentq", cls=AgentqGroup, context_settings=_CONTEXT)
+@store_option
+@prefix_option
+@click.pass_context
+def celery_command(ctx: click.Context, store_url: str | None, prefix: str | None) -> None:
+    """Inspect and operate agentq threads of this app (its agentq settings name the store)."""
+    app: Any = getattr(ctx.obj, "app", None)
+    if app is None:
+        raise CliError("no Celery app: run this as 'celery -A proj agentq ...'")
+    session = Session(store_url=store_url, prefix=prefix, app=app)
+    ctx.obj = session
+    ctx.call_on_close(session.close)
+
+
+for _command in (*READ_COMMANDS, *CONTROL_COMMANDS, *OPS_COMMANDS):
+    cli.add_command(_command)
+    celery_command.add_command(_command)
+
+
+def main() -> None:
+    """The console script."""
+    cli.main(prog_name="agentq")

@@ -1,0 +1,159 @@
+"""Commands for operators: gc, doctor, sweep."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import click
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+from agentq.cli import cleanup, latency
+from agentq.cli.group import describe
+from agentq.cli.output import console, duration, emit_json
+from agentq.cli.read_commands import json_option, pass_session
+from agentq.cli.session import Session
+from agentq.records import Finding
+
+SLOW_COMMIT_MS = 50.0
+"""A commit slower than this is worth a note: every step of every agent pays it once."""
+
+
+@click.command(short_help="Delete finished threads past their retention.")
+@click.option("--older-than", type=click.FloatRange(min=0), metavar="SECONDS",
+              help="Delete threads finished longer ago than this (default: the "
+                   "finished_ttl setting, 7 days unless configured).")
+@json_option
+@pass_session
+def gc(session: Session, older_than: float | None, as_json: bool) -> None:
+    """Delete finished threads (done, failed, cancelled) past their retention, with every
+    checkpoint and effect record they own. Workers' sweepers do this too, every minute."""
+    ttl = session.settings.finished_ttl if older_than is None else older_than
+    store = session.store
+    err = console(stderr=True)
+    if as_json or not err.is_terminal:
+        removed = cleanup.collect(store, ttl)
+    else:
+        with Progress(TextColumn("deleting finished threads"), BarColumn(),
+                      MofNCompleteColumn(), console=err, transient=True) as progress:
+            bar = progress.add_task("gc", total=None)
+
+            def show(done: int, expected: int) -> None:
+                # A bar for a handful of threads would only flicker.
+                visible = expected > cleanup.CHUNK
+                progress.update(bar, completed=done, total=expected, visible=visible)
+
+            removed = cleanup.collect(store, ttl, show)
+    if as_json:
+        emit_json({"removed": removed, "older_than": ttl})
+        return
+    console().print(f"Removed {removed} finished thread{'s' if removed != 1 else ''} "
+                    f"older than {duration(ttl)}.")
+
+
+def _finding_rows(findings: list[Finding]) -> list[str]:
+    return [f"  [red]✗[/] [bold]{escape(f.setting)}[/]={escape(f.value)}: "
+            f"{escape(f.problem)}\n    [green]fix:[/] {escape(f.fix)}" for f in findings]
+
+
+@click.command(short_help="Check the store, its latency and the Celery settings.")
+@json_option
+@pass_session
+def doctor(session: Session, as_json: bool) -> None:
+    """Check the store's durability and eviction settings, its round-trip latency, and
+    (with -A) the Celery settings that recovery depends on. Exits 1 if anything needs a
+    fix."""
+    from agentq.doctor import celery_findings
+
+    store = session.store
+    store_findings = store.check()
+    trips = latency.measure(store)
+    app = session.app
+    app_findings = celery_findings(app, session.settings) if app is not None else None
+    healthy = not store_findings and not app_findings
+    if as_json:
+        emit_json({
+            "store": {"url": session.store_label, "backend": type(store).__name__,
+                      "findings": store_findings},
+            "latency_ms": {t.operation: {"median": t.median_ms, "worst": t.worst_ms,
+                                         "samples": t.samples_ms} for t in trips},
+            "celery": None if app_findings is None else {"app": app.main,
+                                                         "findings": app_findings},
+            "ok": healthy,
+        })  # fmt: skip
+    else:
+        out = console()
+        out.print(f"[bold]Store[/] {escape(session.store_label)} ({type(store).__name__})")
+        for row in _finding_rows(store_findings) or ["  [green]✓[/] durability and "
+                                                     "eviction: nothing to fix"]:
+            out.print(row)
+        out.print(f"[bold]Round trips[/] ({latency.ROUNDS} each, on a scratch thread, "
+                  "deleted afterwards)")
+        for trip in trips:
+            note = ""
+            if trip.operation == "commit" and trip.median_ms > SLOW_COMMIT_MS:
+                note = "  [yellow]slow: every step of every agent waits for one commit[/]"
+            out.print(f"  {trip.operation:<7} median {trip.median_ms:7.2f} ms   worst "
+                      f"{trip.worst_ms:7.2f} ms{note}")
+        if app_findings is None:
+            out.print("[bold]Celery[/] skipped: pass -A module:app to check your app's "
+                      "settings")
+        else:
+            out.print(f"[bold]Celery[/] app {escape(str(app.main))}")
+            for row in _finding_rows(app_findings) or ["  [green]✓[/] settings: nothing "
+                                                       "to fix"]:
+                out.print(row)
+    if not healthy:
+        raise click.exceptions.Exit(1)
+
+
+@click.command(short_help="Re-send due threads (recovery) from outside the workers.")
+@click.option("--once", is_flag=True, help="Sweep once and exit.")
+@click.option("--interval", type=click.FloatRange(min=0.01), metavar="SECONDS",
+              help="Time between sweeps (default: the sweep_interval setting).")
+@json_option
+@pass_session
+def sweep(session: Session, once: bool, interval: float | None, as_json: bool) -> None:
+    """Re-send every thread that is due (its worker died, its retry timer ran out, its
+    message was lost), as the sweeper inside every worker does; for when no worker runs
+    one, or to see what recovery does. Needs -A: it sends messages."""
+    from agentq.sweeper import Sweeper
+
+    app = session.require_app("sweep")
+    label = session.store_label
+    _ = session.store  # opened now: a bad store fails here, not inside the loop
+    sweeper = Sweeper(app)
+    out = console()
+    if once:
+        sent = sweeper.sweep_once()
+        if as_json:
+            emit_json({"sent": sent})
+        elif sent:
+            for thread in sent:
+                out.print(f"re-sent [bold cyan]{escape(thread)}[/]")
+        else:
+            out.print("Nothing due.")
+        return
+    every = interval or session.settings.sweep_interval
+    out.print(f"Sweeping {escape(label)} every {every:g} s; Ctrl-C to stop.")
+    try:
+        while True:
+            try:
+                sent = sweeper.sweep_once()
+            except Exception as exc:
+                problem = describe(exc)
+                if problem is None:
+                    raise
+                console(stderr=True).print(f"[yellow]sweep failed:[/] {escape(problem)}; "
+                                           f"trying again in {every:g} s")
+                sent = []
+            for thread in sent:
+                stamp = time.strftime("%H:%M:%S")
+                out.print(f"{stamp} re-sent [bold cyan]{escape(thread)}[/]")
+            time.sleep(every)
+    except KeyboardInterrupt:
+        out.print("Stopped.")
+
+
+OPS_COMMANDS: tuple[Any, ...] = (gc, doctor, sweep)

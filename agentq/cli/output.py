@@ -1,0 +1,111 @@
+"""How the command line prints: rich tables for people, ``--json`` for scripts."""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import json
+import sys
+import time
+from typing import Any, Final
+
+import click
+from rich.console import Console, RenderableType
+from rich.text import Text
+
+from agentq.records import Status
+
+STATUS_STYLES: Final = {
+    Status.QUEUED: "blue",
+    Status.RUNNING: "cyan",
+    Status.WAITING: "yellow",
+    Status.RETRYING: "yellow",
+    Status.DONE: "green",
+    Status.FAILED: "bold red",
+    Status.NEEDS_ATTENTION: "bold magenta",
+    Status.CANCELLED: "dim",
+}
+
+# Piped output is not squeezed to 80 columns: tables are read by grep and awk there.
+_PIPE_WIDTH: Final = 200
+
+
+def console(*, stderr: bool = False) -> Console:
+    """A console on the current stdout (or stderr): colour only on a terminal (rich also
+    honours NO_COLOR and FORCE_COLOR)."""
+    stream = sys.stderr if stderr else sys.stdout
+    terminal = stream.isatty()
+    return Console(file=stream, highlight=False, width=None if terminal else _PIPE_WIDTH)
+
+
+def show_block(out: Console, renderable: RenderableType) -> None:
+    """Print a table or panel; piped, without the padding rich adds after the last column,
+    so each line ends where its text does."""
+    if out.is_terminal:
+        out.print(renderable)
+        return
+    with out.capture() as captured:
+        out.print(renderable)
+    for line in captured.get().splitlines():
+        out.file.write(line.rstrip() + "\n")
+
+
+def plain(value: Any) -> Any:
+    """``value`` as JSON can hold it: msgpack bytes become ``{"$bytes": base64}``, tuples
+    lists, non-string keys strings, records dicts."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        return {_key(k): plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [plain(v) for v in value]
+    if isinstance(value, bytes | bytearray | memoryview):
+        return {"$bytes": base64.b64encode(bytes(value)).decode()}
+    if value is None or isinstance(value, str | int | float | bool):
+        return value
+    return repr(value)
+
+
+def _key(key: Any) -> str:
+    return key if isinstance(key, str) else json.dumps(plain(key))
+
+
+def emit_json(data: Any) -> None:
+    click.echo(json.dumps(plain(data), indent=2, ensure_ascii=False))
+
+
+def short(value: Any, limit: int = 80) -> str:
+    """One line of at most ``limit`` characters showing ``value`` (JSON for structures)."""
+    text = value if isinstance(value, str) else json.dumps(plain(value), ensure_ascii=False)
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def status_text(status: Status) -> Text:
+    return Text(status.value, style=STATUS_STYLES.get(status, ""))
+
+
+def ago(timestamp: float, now: float | None = None) -> str:
+    """How long ago a Unix time was, in the largest whole unit: ``42s ago``, ``3h ago``."""
+    if not timestamp:
+        return "-"
+    seconds = max(0.0, (time.time() if now is None else now) - timestamp)
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{int(seconds // size)}{unit} ago"
+    return f"{int(seconds)}s ago"
+
+
+def when(timestamp: float) -> str:
+    """A Unix time as local date and time, to the second."""
+    if not timestamp:
+        return "-"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(timestamp))
+
+
+def duration(seconds: float) -> str:
+    """Seconds as the largest unit that keeps it exact enough to read: ``7d``, ``90s``."""
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{int(seconds // size)}{unit}"
+    return f"{seconds:g}s"

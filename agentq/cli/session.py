@@ -1,0 +1,166 @@
+"""What a command works on: the store, and the Celery app when one was given."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from agentq.app import init_app, runtime_of
+from agentq.errors import ThreadNotFound
+from agentq.keys import validate_thread_id
+from agentq.records import ThreadMeta
+from agentq.settings import Settings
+from agentq.store import open_store
+from agentq.store.base import Store
+
+
+class CliError(Exception):
+    """A problem with what the user asked for, reported as one line, exit status 1."""
+
+
+class Session:
+    """Opens the store and loads the app on first use, so ``--help`` and bad arguments
+    never wait for a connection.
+
+    With an app, its agentq settings name the store; ``--store``/``--prefix`` (or
+    ``AGENTQ_STORE``/``AGENTQ_PREFIX``) override them, for this process only, so the
+    messages a command sends and the store it reads always agree.
+    """
+
+    def __init__(
+        self,
+        *,
+        store_url: str | None = None,
+        prefix: str | None = None,
+        app_path: str | None = None,
+        app: Any = None,
+    ) -> None:
+        self.store_url = store_url
+        self.prefix = prefix
+        self._app_path = app_path
+        self._app = app
+        self._app_ready = False
+        self._store: Store | None = None
+
+    # -- the app -----------------------------------------------------------------------------
+
+    @property
+    def app(self) -> Any:
+        """The Celery app with the store override applied, or ``None`` without one."""
+        if self._app is None and self._app_path is not None:
+            self._app = _load_app(self._app_path)
+        if self._app is not None and not self._app_ready:
+            self._app_ready = True
+            if self.store_url is not None or self.prefix is not None:
+                self._override_store(self._app)
+        return self._app
+
+    def require_app(self, purpose: str) -> Any:
+        app = self.app
+        if app is None:
+            raise CliError(
+                f"{purpose} needs your Celery app: pass -A module:app (or run "
+                "'celery -A proj agentq ...')"
+            )
+        return app
+
+    def _override_store(self, app: Any) -> None:
+        current = runtime_of(app).settings
+        values = {name: getattr(current, name) for name in Settings.names()}
+        if self.store_url is not None:
+            values["store"] = self.store_url
+        if self.prefix is not None:
+            values["prefix"] = self.prefix
+        init_app(app, **values)
+
+    # -- the store ---------------------------------------------------------------------------
+
+    @property
+    def settings(self) -> Settings:
+        """The app's agentq settings, or the defaults around the given store."""
+        if self.app is not None:
+            return runtime_of(self.app).settings
+        if self.store_url is None:
+            raise CliError(
+                "no store given: pass --store URL (or set AGENTQ_STORE), e.g. "
+                "--store redis://localhost:6379/1, or -A module:app to use your app's "
+                "agentq settings"
+            )
+        return Settings(store=self.store_url, prefix=self.prefix or Settings.prefix)
+
+    @property
+    def store(self) -> Store:
+        if self._store is None:
+            settings = self.settings
+            if isinstance(settings.store, str):
+                _refuse_missing_sqlite_file(settings.store)
+            if self.app is not None:
+                self._store = runtime_of(self.app).store
+            else:
+                assert isinstance(settings.store, str)
+                self._store = open_store(
+                    settings.store, prefix=settings.prefix, keep_last=settings.keep_last,
+                    max_checkpoint_bytes=settings.max_checkpoint_bytes,
+                )  # fmt: skip
+        return self._store
+
+    @property
+    def store_label(self) -> str:
+        """The store's URL with any password hidden, for output."""
+        store = self.settings.store
+        return redact(store) if isinstance(store, str) else type(store).__name__
+
+    def meta(self, thread_id: str) -> ThreadMeta:
+        """The thread's meta; a clear error when the store does not hold it."""
+        meta = self.store.meta(validate_thread_id(thread_id))
+        if meta is None:
+            raise ThreadNotFound(
+                f"no such thread in {self.store_label}; list them with 'agentq threads'",
+                thread_id=thread_id,
+            )
+        return meta
+
+    def close(self) -> None:
+        # A store the app owns stays open with the app; only ours is closed.
+        if self._store is not None and self._app is None:
+            self._store.close()
+        self._store = None
+
+
+def _load_app(path: str) -> Any:
+    from celery.app.utils import find_app
+
+    try:
+        return find_app(path)
+    except Exception as exc:  # user code: anything can go wrong on import
+        raise CliError(
+            f"cannot load the Celery app {path!r}: {type(exc).__name__}: {exc}; give it as "
+            "module:attribute, importable from the current directory"
+        ) from exc
+
+
+def _refuse_missing_sqlite_file(url: str) -> None:
+    # Opening a missing SQLite file would create an empty store, and a mistyped path would
+    # quietly show no threads.
+    if not url.startswith("sqlite:///"):
+        return
+    path = url[len("sqlite:///") :]
+    if path and not os.path.exists(path):
+        raise CliError(
+            f"no SQLite store at {os.path.abspath(path)!r}: the file does not exist; check "
+            "the path (sqlite:///relative.db or sqlite:////absolute.db)"
+        )
+
+
+def redact(url: str) -> str:
+    """``url`` with its password replaced by ``***``."""
+    try:
+        parts = urlsplit(url)
+        password = parts.password
+    except ValueError:
+        return url
+    if not password:
+        return url
+    netloc = parts.netloc.replace(f":{password}@", ":***@", 1)
+    return urlunsplit(parts._replace(netloc=netloc))

@@ -7,6 +7,7 @@ from typing import Any
 import click
 
 from agentq.cli.control_commands import CONTROL_COMMANDS
+from agentq.cli.demo_command import demo
 from agentq.cli.group import AgentqGroup
 from agentq.cli.ops_commands import OPS_COMMANDS
 from agentq.cli.read_commands import READ_COMMANDS
@@ -39,7 +40,8 @@ def cli(ctx: click.Context, app_path: str | None, store_url: str | None,
     """Inspect and operate durable agent threads.
 
     \b
-    Example:   agentq --store redis://localhost:6379/1 threads
+    Try it first:   agentq demo
+    Then:           agentq --store redis://localhost:6379/1 threads
     """
     session = Session(store_url=store_url, prefix=prefix, app_path=app_path)
     ctx.obj = session
@@ -63,6 +65,7 @@ def celery_command(ctx: click.Context, store_url: str | None, prefix: str | None
 for _command in (*READ_COMMANDS, *CONTROL_COMMANDS, *OPS_COMMANDS):
     cli.add_command(_command)
     celery_command.add_command(_command)
+cli.add_command(demo)
 
 
 def main() -> None:

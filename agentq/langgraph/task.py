@@ -1,0 +1,223 @@
+"""``graph_task``: a compiled LangGraph graph run as a durable agentq task.
+
+The graph is one agentq node, ``run_graph``, driven by agentq's own driver, so the lease, its
+heartbeats, the sweeper, crash counting, cancellation, rate-limit retries and the deploy
+handoff apply unchanged. Inside that node LangGraph runs the graph with an
+:class:`~agentq.langgraph.AgentqSaver` bound to the lease's fencing token, saving a
+checkpoint after every super-step (``durability="sync"``), so:
+
+- a worker that dies loses at most the super-step in flight: the next one invokes the graph
+  with ``None``, which is how LangGraph resumes from the thread's latest checkpoint;
+- a worker that lost its lease (paused, partitioned) has its next LangGraph write refused
+  with :class:`~agentq.errors.StaleToken`, and stops;
+- LangGraph's ``interrupt()`` ends the node as agentq's ``Interrupt``: the thread is
+  ``waiting`` with the interrupts as payload, and ``.resume(thread_id, value)`` continues
+  with ``Command(resume=value)``;
+- on a warm shutdown, or when the thread is cancelled, the node stops between two
+  super-steps and the driver hands the thread over (or cancels it) at that boundary.
+
+A thread runs its graph once: ``delay`` on a finished thread returns its result.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar, cast
+
+from langchain_core.runnables import RunnableConfig
+from langgraph.graph import StateGraph
+from langgraph.pregel import Pregel
+from langgraph.types import Command, StateSnapshot
+
+from agentq.errors import InvalidThreadId, StoreConfigError
+from agentq.keys import validate_thread_id
+from agentq.langgraph.saver import AgentqSaver
+from agentq.langgraph.serde import AgentqSerializer
+from agentq.outcomes import Done, Interrupt
+from agentq.run import NO_VALUE, Run
+from agentq.task import AgentTask
+from agentq.worker import draining
+
+AnyGraph = Pregel[Any, Any, Any, Any]
+
+RUN_KEY = "__agentq_run__"
+"""Where a graph task puts its :class:`~agentq.Run` in the graph's ``configurable``; the
+double underscore keeps it out of checkpoint metadata."""
+
+
+class GraphTask(AgentTask):
+    """An :class:`~agentq.AgentTask` whose one node runs a LangGraph graph.
+
+    Set ``graph`` to a compiled graph, a ``StateGraph`` builder, or a function returning
+    either (called once per worker process, so models and clients are created there). Its
+    own checkpointer is replaced by the task's saver. ``allowed_types`` are the state's
+    own classes (pydantic models, dataclasses) to revive from checkpoints; see
+    :class:`~agentq.langgraph.AgentqSerializer`.
+
+    ``task.delay(thread_id, input)`` starts a thread; the input and resume values go
+    through LangGraph's serde, so messages and models are fine there.
+    """
+
+    graph: ClassVar[Any] = None
+    allowed_types: ClassVar[tuple[tuple[str, ...] | type, ...]] = ()
+    recursion_limit: ClassVar[int | None] = None
+    entry_node: ClassVar[str] = "run_graph"
+
+    _saver: AgentqSaver | None = None
+    _compiled: AnyGraph | None = None
+
+    # -- setup, once per process ----------------------------------------------------------
+
+    @property
+    def saver(self) -> AgentqSaver:
+        """The task's (unbound) saver on the app's agentq store."""
+        store = self.agentq.store
+        if self._saver is None or self._saver.store is not store:
+            serde = AgentqSerializer(allowed_types=self.allowed_types)
+            self._saver = AgentqSaver(store, serde=serde)
+            self._compiled = None
+        return self._saver
+
+    def compiled(self) -> AnyGraph:
+        """The graph, compiled, with the task's saver as its checkpointer."""
+        saver = self.saver
+        if self._compiled is None:
+            source = self.graph
+            if callable(source) and not isinstance(source, (Pregel, StateGraph)):
+                source = source()
+            if isinstance(source, StateGraph):
+                source = source.compile()
+            if not isinstance(source, Pregel):
+                raise StoreConfigError(
+                    f"{self.name}: graph must be a compiled LangGraph graph, a StateGraph or "
+                    f"a function returning one, not {type(source).__name__}"
+                )
+            self._compiled = source.copy(update={"checkpointer": saver})
+        return self._compiled
+
+    # -- sending ---------------------------------------------------------------------------
+
+    def apply_async(self, args: Any = None, kwargs: Any = None, **options: Any) -> Any:
+        """Start thread ``args[0]`` with ``args[1]`` (optional) as the graph's input."""
+        if not args or len(args) > 2 or kwargs:
+            raise InvalidThreadId(
+                f"{self.name} takes the thread id and the graph's input: "
+                "task.delay(thread_id, input)"
+            )
+        thread_id = validate_thread_id(args[0])
+        packed = self._pack(args[1] if len(args) == 2 else None)
+        return super().apply_async((thread_id,), {"input": packed}, **options)
+
+    def resume(self, thread_id: str, value: Any = None, **options: Any) -> Any:
+        """Continue a ``waiting`` thread with ``Command(resume=value)``; for several
+        pending interrupts pass ``{interrupt_id: value}``, as LangGraph expects."""
+        return super().resume(thread_id, self._pack(value), **options)
+
+    def state(self, thread_id: str) -> StateSnapshot:
+        """The thread's LangGraph state, as ``graph.get_state`` returns it."""
+        config: RunnableConfig = {"configurable": {"thread_id": validate_thread_id(thread_id)}}
+        return self.compiled().get_state(config)
+
+    def _pack(self, value: Any) -> tuple[str, bytes]:
+        return self.saver.serde.dumps_typed(value)
+
+    def _unpack(self, packed: Any) -> Any:
+        type_, data = packed
+        return self.saver.serde.loads_typed((type_, data))
+
+    # -- the node --------------------------------------------------------------------------
+
+    def result(self, values: Any) -> Any:
+        """What ``wait()`` returns: the final state as plain data (messages as dicts). The
+        exact state stays in the checkpointer: see :meth:`state`."""
+        return to_plain(values)
+
+    def run_graph(self, run: Run, input: Any = None) -> Any:
+        """The node: run the graph from where the thread's checkpoints say it is."""
+        saver = self.saver.bound(run.thread_id, fencing_token(run))
+        graph = self.compiled().copy(update={"checkpointer": saver})
+        config: RunnableConfig = {"configurable": {"thread_id": run.thread_id, RUN_KEY: run}}
+        if self.recursion_limit is not None:
+            config["recursion_limit"] = self.recursion_limit
+        first = self._first_input(graph, saver, config, run, input)
+        for _ in graph.stream(first, config, stream_mode="updates", durability="sync"):
+            if draining.is_set() or self._cancel_requested(run.thread_id):
+                return self.entry_node  # commit here: the driver hands over or cancels
+        snapshot = graph.get_state(config)
+        if snapshot.interrupts or snapshot.next:
+            # A static breakpoint (interrupt_before/after) stops with no Interrupt object.
+            run.state["interrupts"] = [i.id for i in snapshot.interrupts]
+            payload = [{"id": i.id, "value": i.value} for i in snapshot.interrupts]
+            return Interrupt(to_plain(payload or {"next": list(snapshot.next)}),
+                             resume_at=self.entry_node)  # fmt: skip
+        return Done(self.result(snapshot.values))
+
+    def _first_input(
+        self, graph: AnyGraph, saver: AgentqSaver, config: RunnableConfig, run: Run, input: Any
+    ) -> Any:
+        if run.resume_value is not NO_VALUE:
+            pending = [i.id for i in graph.get_state(config).interrupts]
+            # After a crash the resume may already be applied: never answer a newer
+            # interrupt with a value meant for an older one.
+            if pending and pending == run.state.get("interrupts"):
+                return Command(resume=self._unpack(run.resume_value))
+            return None
+        if input is not None and saver.get_tuple(config) is None:
+            return self._unpack(input)
+        return None  # LangGraph resumes from the latest checkpoint
+
+    def _cancel_requested(self, thread_id: str) -> bool:
+        meta = self.agentq.store.meta(thread_id)
+        return meta is not None and meta.cancel_requested
+
+
+def fencing_token(run: Run) -> int:
+    """The fencing token of the lease ``run`` executes under.
+
+    Read from the run rather than from the store's meta: a worker that lost its lease would
+    read the *new* owner's token there and slip past the fencing.
+    """
+    return run._token
+
+
+def graph_task(
+    app: Any,
+    graph: Any,
+    *,
+    name: str,
+    base: type[GraphTask] = GraphTask,
+    **attributes: Any,
+) -> GraphTask:
+    """Register ``graph`` (compiled, a ``StateGraph``, or a factory) as durable task
+    ``name`` of the Celery ``app``; ``attributes`` set class attributes such as
+    ``retry_on=(RateLimitError,)``, ``allowed_types`` or ``recursion_limit``."""
+    task_class = type(
+        f"GraphTask[{name}]", (base,), {"name": name, "graph": _as_attribute(graph), **attributes}
+    )
+    return cast(GraphTask, app.register_task(task_class()))
+
+
+def _as_attribute(graph: Any) -> Any:
+    # A plain function stored on a class would become a method: wrap it.
+    return staticmethod(graph) if callable(graph) and not isinstance(graph, Pregel) else graph
+
+
+def to_plain(value: Any) -> Any:
+    """``value`` as data agentq's codec stores: pydantic models (LangChain messages among
+    them) as their JSON dump, dataclasses as dicts, other objects as their ``str``."""
+    if value is None or isinstance(value, (str, bytes, int, float, bool, dt.date)):
+        return value
+    if isinstance(value, Mapping):
+        return {k if isinstance(k, (str, int)) else str(k): to_plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [to_plain(v) for v in value]
+    if isinstance(value, (tuple, set, frozenset)):
+        return type(value)(to_plain(v) for v in value)
+    dump: Callable[..., Any] | None = getattr(value, "model_dump", None)
+    if callable(dump):
+        return to_plain(dump(mode="json"))
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: to_plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    return str(value)

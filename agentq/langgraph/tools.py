@@ -1,0 +1,59 @@
+"""Side effects inside LangGraph tools, at most once per tool call."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from langchain_core.runnables import RunnableConfig
+from langgraph.config import get_config
+
+from agentq.run import Run
+
+logger = logging.getLogger("agentq.langgraph")
+
+
+def current_run(config: RunnableConfig | None = None) -> Run | None:
+    """The agentq run of the graph task executing this node or tool, or ``None`` when the
+    graph runs outside one (a plain ``graph.invoke``)."""
+    from agentq.langgraph.task import RUN_KEY
+
+    if config is None:
+        try:
+            config = get_config()
+        except RuntimeError:  # not inside a LangGraph run at all
+            return None
+    run = (config.get("configurable") or {}).get(RUN_KEY)
+    return run if isinstance(run, Run) else None
+
+
+def tool_call(
+    tool_call_id: str,
+    fn: Callable[..., Any],
+    *args: Any,
+    idempotent: bool | None = None,
+    reconcile: Callable[..., Any] | None = None,
+    shared: bool | None = None,
+    config: RunnableConfig | None = None,
+    **kwargs: Any,
+) -> Any:
+    """Call ``fn(*args, **kwargs)`` under an agentq idempotency claim keyed by the model's
+    ``tool_call_id``: once per thread, a replay (after a crash, a retry, a resume) gets the
+    recorded result back. When an earlier worker died between the effect and its record,
+    ``idempotent``/``reconcile`` settle it or the thread stops as ``needs_attention``,
+    exactly as :meth:`agentq.Run.tool` (whose policies ``@agentq.tool`` declares).
+
+    Use it inside a tool or node of a graph run by a graph task; ``fn`` receives the key as
+    ``idempotency_key`` if it takes that parameter. Outside a graph task there is no lease
+    to fence a claim with, so ``fn`` simply runs (as in a notebook with ``MemorySaver``).
+    """
+    run = current_run(config)
+    if run is None:
+        logger.debug("tool call %s runs without a claim: no graph task", tool_call_id)
+        if "idempotency_key" in inspect.signature(fn).parameters:
+            kwargs["idempotency_key"] = tool_call_id
+        return fn(*args, **kwargs)
+    return run.tool(fn, *args, key=tool_call_id, idempotent=idempotent, reconcile=reconcile,
+                    shared=shared, **kwargs)  # fmt: skip

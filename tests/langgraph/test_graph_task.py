@@ -1,0 +1,167 @@
+"""A real StateGraph run as a graph task on an in-process worker (Redis broker), on each
+agentq store: to the end, through an interrupt, a rate limit and an unknown tool outcome,
+with the same final state as LangGraph's own MemorySaver gives."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from celery import Celery
+from celery.contrib.testing.worker import start_worker
+from langgraph.checkpoint.memory import InMemorySaver
+
+from agentq import Status
+from agentq.errors import InvalidThreadId, ThreadStopped
+from agentq.langgraph import AgentqSaver, GraphTask
+from agentq.store.base import Store
+from tests.support.agents import Ledger
+from tests.support.graphs import GRAPH_TASK, build_graph, make_graph_app, question
+from tests.support.redis_server import RedisServer, wait_until
+
+BROKER = "redis://127.0.0.1:6379/0"
+
+
+class Env:
+    def __init__(self, app: Celery, ledger: Ledger) -> None:
+        self.app = app
+        self.ledger = ledger
+        self.store: Store = app._agentq_runtime.store
+        self.task: GraphTask = app.tasks[GRAPH_TASK]
+
+
+@pytest.fixture
+def env(backend: str, redis_server: RedisServer, tmp_path: Path) -> Iterator[Env]:
+    prefix = f"gt{uuid.uuid4().hex[:8]}:"
+    store = redis_server.url if backend == "redis" else f"sqlite:///{tmp_path / 'agentq.db'}"
+    app = make_graph_app(
+        broker=BROKER, store=store, prefix=prefix, queue=f"agentq-test-{prefix}",
+        ledger_url=redis_server.url, lease_ttl=3, sweep_interval=0.2, start_grace=5,
+        backoff_base=0.1,
+    )  # fmt: skip
+    with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False,
+                      shutdown_timeout=30):  # fmt: skip
+        yield Env(app, Ledger(redis_server.url, prefix.rstrip(":")))
+    app._agentq_runtime.store.close()
+
+
+def final_text(result: Any) -> str:
+    return str(result["messages"][-1]["content"])
+
+
+def test_a_graph_runs_to_done_with_a_checkpoint_per_step(env: Env) -> None:
+    env.task.delay("t1", question("refund my order", refunds=2))
+    result = env.task.wait("t1", timeout=30)
+    assert final_text(result) == "Refunded 20 EUR."
+    assert [m["type"] for m in result["messages"]] == ["human", "ai", "tool", "ai", "tool", "ai"]
+    assert env.ledger.model_calls("t1") == 3
+    assert env.ledger.tool_calls("t1") == {"call-refund-1": 1, "call-refund-2": 1}
+    effect = env.store.effect("t1", "call-refund-2")
+    assert effect is not None and effect.state == "done"
+    # input, then model/tools/model/tools/model: one LangGraph checkpoint per super-step
+    history = list(env.task.saver.list({"configurable": {"thread_id": "t1"}}))
+    assert [t.metadata["step"] for t in history] == [5, 4, 3, 2, 1, 0, -1]
+    assert env.task.state("t1").next == ()
+
+
+def test_the_same_graph_ends_in_the_same_state_as_with_memory_saver(env: Env) -> None:
+    env.task.delay("t1", question("refund twice", refunds=2))
+    env.task.wait("t1", timeout=30)
+    by_task = env.task.state("t1").values
+    plain = build_graph(env.ledger)
+    memory = plain.compile(checkpointer=InMemorySaver())
+    by_memory = memory.invoke(question("refund twice", refunds=2),
+                              {"configurable": {"thread_id": "m1"}})  # fmt: skip
+    saver = AgentqSaver(env.store)
+    by_saver = plain.compile(checkpointer=saver).invoke(
+        question("refund twice", refunds=2), {"configurable": {"thread_id": "s1"}}
+    )
+    assert by_task == by_memory == by_saver
+    replayed = saver.get_tuple({"configurable": {"thread_id": "s1"}})
+    assert (
+        replayed is not None
+        and replayed.checkpoint["channel_values"]["messages"] == (by_memory["messages"])
+    )
+
+
+def test_interrupt_waits_and_resume_sends_the_value(env: Env) -> None:
+    env.task.delay("t1", question("refund?", approval=True))
+    wait_until(lambda: env.task.thread("t1").status == Status.WAITING, timeout=20,
+               what="waiting")  # fmt: skip
+    meta = env.task.thread("t1")
+    [pending] = meta.interrupt
+    assert pending["value"] == {"question": "refund 10 EUR?"}
+    assert pending["id"] == env.task.state("t1").interrupts[0].id
+    assert env.ledger.tool_calls("t1") == {}
+    with pytest.raises(ThreadStopped) as info:
+        env.task.wait("t1", timeout=1)
+    assert info.value.status == "waiting"
+    env.task.resume("t1", {"approved": True})
+    assert final_text(env.task.wait("t1", timeout=30)) == "Refunded 10 EUR."
+    assert env.task.state("t1").values["approved"] is True
+    assert env.ledger.tool_calls("t1") == {"call-refund-1": 1}
+    assert env.ledger.model_calls("t1") == 2  # the interrupt re-ran no model call
+
+
+def test_a_refusal_through_resume_skips_the_refund(env: Env) -> None:
+    env.task.delay("t1", question("refund?", approval=True))
+    wait_until(lambda: env.task.thread("t1").status == Status.WAITING, timeout=20,
+               what="waiting")  # fmt: skip
+    env.task.resume("t1", {"approved": False})
+    env.task.wait("t1", timeout=30)
+    assert env.ledger.tool_calls("t1") == {}
+
+
+def test_a_rate_limit_retries_the_step_from_the_checkpoint(env: Env) -> None:
+    env.task.delay("t1", question("hi", rate_limits=1, retry_after=1))
+    wait_until(lambda: env.task.thread("t1").status == Status.RETRYING, timeout=20,
+               what="retrying")  # fmt: skip
+    assert env.task.thread("t1").attempts == 1
+    assert final_text(env.task.wait("t1", timeout=30)) == "Refunded 10 EUR."
+    assert env.ledger.model_calls("t1") == 3  # one refused, then the two of the run
+    assert env.ledger.tool_calls("t1") == {"call-refund-1": 1}
+
+
+def test_sending_a_thread_again_never_runs_it_twice(env: Env) -> None:
+    env.task.delay("t1", question("refund"))
+    env.task.wait("t1", timeout=30)
+    env.task.delay("t1", question("refund again", refunds=5))
+    assert final_text(env.task.wait("t1", timeout=5)) == "Refunded 10 EUR."
+    assert env.ledger.model_calls("t1") == 2
+
+
+def _claim_as_dead_worker(env: Env, policy: str) -> None:
+    """Start the thread as a worker that claimed the refund and died before recording it."""
+    packed = env.task._pack(question("refund", policy=policy))
+    env.store.open_thread("t1", task=GRAPH_TASK, start_grace=3600, input={"input": packed})
+    token = env.store.acquire("t1", "dead-worker", 30)
+    env.store.claim_effect("t1", "call-refund-1", token)
+    env.store.set_status("t1", token, Status.QUEUED, due_in=0, release_owner="dead-worker")
+
+
+def test_an_unknown_tool_outcome_is_settled_by_reconcile(env: Env) -> None:
+    _claim_as_dead_worker(env, "reconcile")
+    env.ledger.client.hset(env.ledger.key("effects", "t1"), "call-refund-1", 10)
+    env.task.enqueue("t1")
+    assert final_text(env.task.wait("t1", timeout=30)) == "Refunded 10 EUR."
+    assert env.ledger.tool_calls("t1") == {}  # reconciled, not run again
+
+
+def test_an_unknown_tool_outcome_without_policy_needs_attention(env: Env) -> None:
+    _claim_as_dead_worker(env, "none")
+    env.task.enqueue("t1")
+    with pytest.raises(ThreadStopped) as info:
+        env.task.wait("t1", timeout=30)
+    assert info.value.status == "needs_attention"
+    assert "call-refund-1" in (info.value.error or "")
+    assert env.ledger.tool_calls("t1") == {}
+
+
+def test_delay_takes_the_thread_id_and_the_input(env: Env) -> None:
+    with pytest.raises(InvalidThreadId, match="delay\\(thread_id, input\\)"):
+        env.task.delay("t1", question("a"), question("b"))
+    with pytest.raises(InvalidThreadId):
+        env.task.delay("bad{id}", question("a"))

@@ -1,0 +1,152 @@
+"""A LangGraph agent for the tests: a scripted chat model and a refund tool on the ledger.
+
+The same ``Ledger`` as the agentq agents' (:mod:`tests.support.agents`) counts model calls,
+tool runs and the refunds the "payment service" applied, and holds the crash points.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, TypedDict
+
+from celery import Celery
+from langchain_core.callbacks import CallbackManagerForLLMRun
+from langchain_core.language_models import BaseChatModel
+from langchain_core.messages import (
+    AIMessage,
+    AnyMessage,
+    BaseMessage,
+    HumanMessage,
+    ToolMessage,
+)
+from langchain_core.outputs import ChatGeneration, ChatResult
+from langchain_core.runnables import RunnableConfig
+from langgraph.graph import END, START, StateGraph
+from langgraph.graph.message import add_messages
+from langgraph.types import interrupt
+
+import agentq
+from agentq import DID_NOT_RUN
+from agentq.langgraph import graph_task, tool_call
+from tests.support.agents import Ledger, RateLimitError, refund_tool
+
+GRAPH_TASK = "tests.refund_graph"
+
+
+class ScriptedChatModel(BaseChatModel):
+    """Answers from the conversation alone, so a replay asks the same thing: one refund
+    tool call per planned refund, then a summary."""
+
+    refunds: int = 1
+
+    @property
+    def _llm_type(self) -> str:
+        return "scripted"
+
+    def _generate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        done = sum(isinstance(m, ToolMessage) for m in messages)
+        if done < self.refunds:
+            call = {"id": f"call-refund-{done + 1}", "name": "refund", "args": {"amount": 10}}
+            reply = AIMessage(content="", tool_calls=[call], id=f"ai-{done + 1}")
+        else:
+            reply = AIMessage(content=f"Refunded {done * 10} EUR.", id=f"ai-{done + 1}")
+        return ChatResult(generations=[ChatGeneration(message=reply)])
+
+
+class State(TypedDict, total=False):
+    messages: Annotated[list[AnyMessage], add_messages]
+    plan: dict[str, Any]
+    approved: bool
+
+
+def build_graph(ledger: Ledger) -> StateGraph[State]:
+    """model -> (approve ->) tools -> model ... -> END."""
+
+    def model(state: State, config: RunnableConfig) -> dict[str, Any]:
+        thread_id = config["configurable"]["thread_id"]
+        plan = state["plan"]
+        calls = ledger.client.incr(ledger.key("model", thread_id))
+        if calls <= plan.get("rate_limits", 0):
+            raise RateLimitError(retry_after=str(plan.get("retry_after", 1)))
+        ledger.crash_point(thread_id, "model")
+        reply = ScriptedChatModel(refunds=plan["refunds"]).invoke(state["messages"])
+        return {"messages": [reply]}
+
+    def approve(state: State) -> dict[str, Any]:
+        decision = interrupt({"question": f"refund {state['plan']['refunds'] * 10} EUR?"})
+        return {"approved": bool(decision["approved"])}
+
+    def tools(state: State, config: RunnableConfig) -> dict[str, Any]:
+        thread_id = config["configurable"]["thread_id"]
+        refund = refund_tool(ledger, thread_id)
+        policy = state["plan"].get("policy", "idempotent")
+        options: dict[str, Any] = {}
+        if policy == "idempotent":
+            options["idempotent"] = True
+        elif policy == "reconcile":
+
+            def reconcile(key: str, amount: int) -> Any:
+                applied = ledger.client.hget(ledger.key("effects", thread_id), key)
+                if applied is None:
+                    return DID_NOT_RUN
+                return {"refund_id": f"re_{key}", "amount": int(applied)}
+
+            options["reconcile"] = reconcile
+        last = state["messages"][-1]
+        assert isinstance(last, AIMessage)
+        replies = []
+        for call in last.tool_calls:
+            if state.get("approved") is False:
+                result: Any = {"refused": True}
+            else:
+                result = tool_call(call["id"], refund, call["args"]["amount"], **options)
+            replies.append(
+                ToolMessage(json.dumps(result), tool_call_id=call["id"], id=f"tool-{call['id']}")
+            )
+        ledger.crash_point(thread_id, "tools_end")
+        return {"messages": replies}
+
+    def after_model(state: State) -> str:
+        last = state["messages"][-1]
+        if not (isinstance(last, AIMessage) and last.tool_calls):
+            return END
+        if state["plan"].get("approval") and "approved" not in state:
+            return "approve"
+        return "tools"
+
+    builder = StateGraph(State)
+    builder.add_node("model", model)
+    builder.add_node("approve", approve)
+    builder.add_node("tools", tools)
+    builder.add_edge(START, "model")
+    builder.add_conditional_edges("model", after_model, ["approve", "tools", END])
+    builder.add_edge("approve", "tools")
+    builder.add_edge("tools", "model")
+    return builder
+
+
+def question(text: str, **plan: Any) -> dict[str, Any]:
+    """The graph's input: a question and the plan the scripted model follows."""
+    # A fixed id: add_messages would give the message a random one, and tests compare
+    # final states across runs.
+    return {"messages": [HumanMessage(text, id="user-1")], "plan": {"refunds": 1, **plan}}
+
+
+def make_graph_app(*, broker: str, store: str, prefix: str, queue: str, ledger_url: str,
+                   **settings: Any) -> Celery:  # fmt: skip
+    app = Celery("agentq-graph-tests", broker=broker, set_as_current=False)
+    app.conf.update(
+        task_default_queue=queue,
+        broker_connection_retry_on_startup=True,
+        worker_hijack_root_logger=False,
+    )
+    agentq.init_app(app, store=store, prefix=prefix, **settings)
+    ledger = Ledger(ledger_url, prefix.rstrip(":"))
+    graph_task(app, lambda: build_graph(ledger), name=GRAPH_TASK, retry_on=(RateLimitError,))
+    return app

@@ -57,6 +57,33 @@ def _finding_rows(findings: list[Finding]) -> list[str]:
             f"{escape(f.problem)}\n    [green]fix:[/] {escape(f.fix)}" for f in findings]
 
 
+def _print_doctor(session: Session, store_findings: list[Finding],
+                  trips: list[latency.RoundTrips], latency_error: str | None, app: Any,
+                  app_findings: list[Finding] | None) -> None:
+    out = console()
+    out.print(f"[bold]Store[/] {escape(session.store_label)} "
+              f"({type(session.store).__name__})")
+    for row in _finding_rows(store_findings) or ["  [green]✓[/] durability and eviction: "
+                                                 "nothing to fix"]:
+        out.print(row)
+    out.print(f"[bold]Round trips[/] ({latency.ROUNDS} each, on a scratch thread, deleted "
+              "afterwards)")
+    if latency_error is not None:
+        out.print(f"  [red]✗[/] could not write a checkpoint: {escape(latency_error)}")
+    for trip in trips:
+        note = ""
+        if trip.operation == "commit" and trip.median_ms > SLOW_COMMIT_MS:
+            note = "  [yellow]slow: every step of every agent waits for one commit[/]"
+        out.print(f"  {trip.operation:<7} median {trip.median_ms:7.2f} ms   worst "
+                  f"{trip.worst_ms:7.2f} ms{note}")
+    if app_findings is None:
+        out.print("[bold]Celery[/] skipped: pass -A module:app to check your app's settings")
+        return
+    out.print(f"[bold]Celery[/] app {escape(str(app.main))}")
+    for row in _finding_rows(app_findings) or ["  [green]✓[/] settings: nothing to fix"]:
+        out.print(row)
+
+
 @click.command(short_help="Check the store, its latency and the Celery settings.")
 @json_option
 @pass_session
@@ -68,42 +95,30 @@ def doctor(session: Session, as_json: bool) -> None:
 
     store = session.store
     store_findings = store.check()
-    trips = latency.measure(store)
+    trips: list[latency.RoundTrips] = []
+    latency_error = None
+    try:
+        trips = latency.measure(store)
+    except Exception as exc:  # a store that cannot take writes is a diagnosis, not a crash
+        latency_error = describe(exc)
+        if latency_error is None:
+            raise
     app = session.app
     app_findings = celery_findings(app, session.settings) if app is not None else None
-    healthy = not store_findings and not app_findings
+    healthy = not store_findings and not app_findings and latency_error is None
     if as_json:
         emit_json({
             "store": {"url": session.store_label, "backend": type(store).__name__,
                       "findings": store_findings},
             "latency_ms": {t.operation: {"median": t.median_ms, "worst": t.worst_ms,
                                          "samples": t.samples_ms} for t in trips},
+            "latency_error": latency_error,
             "celery": None if app_findings is None else {"app": app.main,
                                                          "findings": app_findings},
             "ok": healthy,
         })  # fmt: skip
     else:
-        out = console()
-        out.print(f"[bold]Store[/] {escape(session.store_label)} ({type(store).__name__})")
-        for row in _finding_rows(store_findings) or ["  [green]✓[/] durability and "
-                                                     "eviction: nothing to fix"]:
-            out.print(row)
-        out.print(f"[bold]Round trips[/] ({latency.ROUNDS} each, on a scratch thread, "
-                  "deleted afterwards)")
-        for trip in trips:
-            note = ""
-            if trip.operation == "commit" and trip.median_ms > SLOW_COMMIT_MS:
-                note = "  [yellow]slow: every step of every agent waits for one commit[/]"
-            out.print(f"  {trip.operation:<7} median {trip.median_ms:7.2f} ms   worst "
-                      f"{trip.worst_ms:7.2f} ms{note}")
-        if app_findings is None:
-            out.print("[bold]Celery[/] skipped: pass -A module:app to check your app's "
-                      "settings")
-        else:
-            out.print(f"[bold]Celery[/] app {escape(str(app.main))}")
-            for row in _finding_rows(app_findings) or ["  [green]✓[/] settings: nothing "
-                                                       "to fix"]:
-                out.print(row)
+        _print_doctor(session, store_findings, trips, latency_error, app, app_findings)
     if not healthy:
         raise click.exceptions.Exit(1)
 

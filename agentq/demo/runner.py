@@ -187,6 +187,13 @@ def _stopped(seen: Observed) -> bool:
         Status.DONE, Status.FAILED, Status.CANCELLED, Status.NEEDS_ATTENTION)
 
 
+def _not_stopped_early(seen: Observed) -> None:
+    if _stopped(seen):
+        assert seen.meta is not None
+        raise DemoFailed(f"the thread stopped before the refund ({seen.meta.status.value}): "
+                         f"{seen.meta.error or 'no error recorded'}")
+
+
 def _play(stage: Stage, timeline: Timeline) -> tuple[Watcher, int]:
     """The story: returns the watcher's observations and the step committed at the kill."""
     agent = stage.app.tasks[DemoSupportAgent.name]
@@ -196,7 +203,8 @@ def _play(stage: Stage, timeline: Timeline) -> tuple[Watcher, int]:
     agent.delay(THREAD_ID, question=QUESTION)
     timeline.say("you", f"ask: [italic]{escape(QUESTION)}[/] (thread {THREAD_ID})")
     watcher.wait_for(lambda seen: seen.paused, timeout=PAUSE_TIMEOUT,
-                     what="the refund tool pausing after the refund")
+                     what="the refund tool pausing after the refund",
+                     alive=lambda: _not_stopped_early(watcher.seen))
     first.kill()
     step_at_kill = watcher.seen.meta.step if watcher.seen.meta else -1
     timeline.say("demo", f"[bold]SIGKILL worker A[/] (pid {first.pid} and its pool process), "
@@ -281,6 +289,9 @@ def run_demo(*, redis_url: str | None = None, keep: bool = False) -> int:
                 watcher, step_at_kill = _play(stage, timeline)
             except DemoFailed as failed:
                 out.print(f"[bold red]demo failed:[/] {escape(str(failed))}")
+                for worker in stage.workers:
+                    out.print(f"[dim]--- last lines of worker {worker.label}'s log ---[/]")
+                    out.print(escape(worker.log_tail()), style="dim", soft_wrap=True)
                 return EXIT_FAILED
             held = _summary(out, stage, watcher, step_at_kill, time.monotonic() - started)
             if held:

@@ -1,0 +1,410 @@
+"""The ``agentq`` command line against real stores: a SQLite file and the private Redis.
+
+Threads are put in place through the store API (the states a worker would leave), then
+every command is run as a user would: in process through click's runner, and as real
+``agentq`` and ``celery -A ... agentq`` processes for the entry points and for commands
+that send messages to a broker.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from click.testing import CliRunner, Result
+
+from agentq.cli import cli
+from agentq.records import Checkpoint, Status
+from agentq.store.base import Store
+from agentq.store.redis import RedisStore
+from agentq.store.sqlite import SQLiteStore
+from tests.support.redis_server import RedisServer
+
+BIN = Path(sys.executable).parent
+TASK = "tests.cli_agent"
+OWNER = "cli-test-worker"
+
+
+@dataclass
+class Backend:
+    """A store the CLI is pointed at with ``--store URL --prefix P``."""
+
+    kind: str
+    url: str
+    prefix: str
+    store: Store
+    workdir: Path
+
+    @property
+    def args(self) -> list[str]:
+        return ["--store", self.url, "--prefix", self.prefix]
+
+
+@pytest.fixture(params=["sqlite", "redis"])
+def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
+    prefix = f"cli{uuid.uuid4().hex[:8]}:"
+    store: Store
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'agentq.db'}"
+        store = SQLiteStore(tmp_path / "agentq.db")
+    else:
+        server: RedisServer = request.getfixturevalue("redis_server")
+        url = server.url
+        store = RedisStore.from_url(url, prefix=prefix)
+    with store:
+        yield Backend(request.param, url, prefix, store, tmp_path)
+
+
+def drive(store: Store, thread_id: str, states: list[dict[str, Any]], *,
+          pending: list[Any] | None = None) -> int:
+    """Commit one checkpoint per state, as a worker would; return the lease token."""
+    store.open_thread(thread_id, task=TASK, input={"question": "refund?"})
+    token = store.acquire(thread_id, OWNER, 30)
+    for step, state in enumerate(states):
+        last = step == len(states) - 1
+        checkpoint = Checkpoint(step=step, node=f"node{step + 1}", state=state,
+                                pending=pending if last and pending else [],
+                                cursors={"page": step}, task=TASK, token=token)
+        store.commit(thread_id, token, checkpoint, due_in=30)
+    return token
+
+
+def finish(store: Store, thread_id: str, states: list[dict[str, Any]], result: Any) -> None:
+    token = drive(store, thread_id, states[:-1])
+    store.commit(thread_id, token,
+                 Checkpoint(step=len(states) - 1, node=None, state=states[-1], task=TASK,
+                            token=token),
+                 status=Status.DONE, result=result, release_owner=OWNER)
+
+
+@pytest.fixture
+def threads(backend: Backend) -> Backend:
+    """t-done (4 steps), t-wait (waiting for a human), t-failed, t-running, in that order."""
+    store = backend.store
+    messages = [{"role": "user", "content": "refund?"}]
+    finish(store, "t-done", [
+        {"messages": messages, "count": 0},
+        {"messages": [*messages, {"role": "assistant", "content": "calling refund"}],
+         "count": 1},
+        {"messages": [*messages, {"role": "assistant", "content": "calling refund"},
+                      {"role": "tool", "content": {"refund_id": "re_1"}}], "count": 2},
+        {"messages": [*messages, {"role": "assistant", "content": "refunded"}], "count": 3},
+    ], result="Refunded 10 EUR.")
+    token = drive(store, "t-wait", [{"amount": 10}, {"amount": 10, "asked": True}])
+    store.set_status("t-wait", token, Status.WAITING, interrupt={"question": "refund 10?"},
+                     release_owner=OWNER)
+    token = drive(store, "t-failed", [{"n": 1}])
+    store.set_status("t-failed", token, Status.FAILED, error="KeyError: 'customer_id'\n...",
+                     release_owner=OWNER)
+    drive(store, "t-running", [{"n": 1}], pending=[{"id": "call-1", "name": "refund"}])
+    return backend
+
+
+def run(backend: Backend, *args: str) -> Result:
+    return CliRunner().invoke(cli, [*backend.args, *args], catch_exceptions=False)
+
+
+def ok_json(backend: Backend, *args: str) -> Any:
+    result = run(backend, *args, "--json")
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def assert_one_line_error(result: Result, *fragments: str, code: int | None = None) -> None:
+    assert result.exit_code != 0, result.output
+    if code is not None:
+        assert result.exit_code == code, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("agentq: "), lines[0]
+    assert "Traceback" not in result.output
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+# -- looking -----------------------------------------------------------------------------
+
+
+def test_threads_lists_newest_first_and_filters(threads: Backend) -> None:
+    listed = ok_json(threads, "threads")
+    assert [t["thread_id"] for t in listed] == ["t-running", "t-failed", "t-wait", "t-done"]
+    assert {t["thread_id"]: t["status"] for t in listed}["t-wait"] == "waiting"
+    assert [t["thread_id"] for t in ok_json(threads, "threads", "--status", "failed")] == [
+        "t-failed"]
+    assert len(ok_json(threads, "threads", "--limit", "2")) == 2
+
+    table = run(threads, "threads")
+    assert table.exit_code == 0
+    lines = table.stdout.splitlines()
+    assert lines[0].split()[:3] == ["THREAD", "STATUS", "STEP"]
+    assert lines[1].split()[:3] == ["t-running", "running", "0"]
+    assert "KeyError: 'customer_id'" in table.stdout  # a failed thread shows why
+    assert all(line == line.rstrip() for line in lines)  # piped: no padding to grep around
+    assert run(threads, "threads", "--status", "cancelled").stdout.strip() == (
+        "No threads in status cancelled.")
+
+
+def test_show_prints_meta_and_a_checkpoint(threads: Backend) -> None:
+    shown = ok_json(threads, "show", "t-done")
+    assert shown["meta"]["status"] == "done" and shown["meta"]["result"] == "Refunded 10 EUR."
+    assert shown["checkpoint"]["step"] == 3 and shown["checkpoint"]["state"]["count"] == 3
+    assert ok_json(threads, "show", "t-done", "--step", "1")["checkpoint"]["state"][
+        "count"] == 1
+
+    text = run(threads, "show", "t-running").stdout
+    assert "checkpoint 0 (latest)" in text
+    assert "pending (1 tool call)" in text and '"call-1"' in text
+    assert '"page": 0' in text  # cursors
+    assert "refund 10?" in run(threads, "show", "t-wait").stdout  # what the human is asked
+
+
+def test_history_lists_steps_with_what_changed(threads: Backend) -> None:
+    assert [c["step"] for c in ok_json(threads, "history", "t-done")] == [3, 2, 1, 0]
+    assert [c["step"] for c in ok_json(threads, "history", "t-done", "--limit", "2")] == [3, 2]
+    rows = {line.split()[0]: line for line in run(threads, "history", "t-done").stdout
+            .splitlines()[1:]}
+    assert "state.messages, state.count" in rows["1"]
+    assert "(first step)" in rows["0"]
+
+
+def test_diff_shows_changed_paths(threads: Backend) -> None:
+    changes = ok_json(threads, "diff", "t-done", "1", "2")["changes"]
+    assert {"path": "state.count", "kind": "changed", "before": 1, "after": 2} in changes
+    assert {"path": "node", "kind": "changed", "before": "node2", "after": "node3"} in changes
+    added = [c for c in changes if c["kind"] == "added"]
+    assert [c["path"] for c in added] == ["state.messages[2]"]
+    assert added[0]["after"]["content"] == {"refund_id": "re_1"}
+
+    text = run(threads, "diff", "t-done", "2", "3").stdout
+    assert "~ state.count  2 → 3" in text
+    assert "- state.messages[2]" in text
+    assert "No differences" in run(threads, "diff", "t-done", "2", "2").stdout
+
+
+# -- changing ----------------------------------------------------------------------------
+
+
+def test_fork_copies_a_checkpoint_into_a_waiting_thread(threads: Backend) -> None:
+    forked = ok_json(threads, "fork", "t-done", "--from", "1", "--to", "t-copy")
+    assert forked["thread_id"] == "t-copy" and forked["status"] == "waiting"
+    latest = threads.store.latest("t-copy")
+    assert latest is not None and latest.step == 1 and latest.state["count"] == 1
+    text = run(threads, "fork", "t-done", "--from", "2").stdout
+    assert "Forked t-done at step 2 into t-done-fork-2-" in text
+    forks = [t for t in threads.store.threads() if t.thread_id.startswith("t-done-fork-2-")]
+    assert len(forks) == 1 and forks[0].status == Status.WAITING
+
+
+def test_resume_without_an_app_leaves_sending_to_the_sweeper(threads: Backend) -> None:
+    result = run(threads, "resume", "t-wait", "--value", '{"approved": true}')
+    assert result.exit_code == 0, result.output
+    assert "sweeper" in result.stdout
+    meta = threads.store.meta("t-wait")
+    assert meta is not None and meta.status == Status.QUEUED
+    assert meta.resumed and meta.resume_value == {"approved": True}
+    # Due now: the next sweep of any worker sends it.
+    assert "t-wait" in [thread for thread, _ in threads.store.due()]
+
+
+def test_retry_queues_a_failed_thread(threads: Backend) -> None:
+    assert ok_json(threads, "retry", "t-failed")["status"] == "queued"
+    meta = threads.store.meta("t-failed")
+    assert meta is not None and meta.status == Status.QUEUED and meta.error is None
+
+
+def test_cancel_idle_running_and_finished_threads(threads: Backend) -> None:
+    assert "cancelled." in run(threads, "cancel", "t-wait").stdout
+    assert threads.store.meta("t-wait").status == Status.CANCELLED  # type: ignore[union-attr]
+    assert "next step boundary" in run(threads, "cancel", "t-running").stdout
+    running = threads.store.meta("t-running")
+    assert running is not None and running.status == Status.RUNNING
+    assert running.cancel_requested
+    assert ok_json(threads, "cancel", "t-done") == {"thread_id": "t-done", "status": "done",
+                                                    "was": "done"}
+
+
+def test_gc_deletes_only_finished_threads_past_the_cutoff(threads: Backend) -> None:
+    assert ok_json(threads, "gc", "--older-than", "3600") == {"removed": 0,
+                                                              "older_than": 3600.0}
+    # More than one chunk: deleted oldest first in several atomic gc calls.
+    for index in range(120):
+        finish(threads.store, f"old-{index}", [{"i": index}], result=index)
+    result = run(threads, "gc", "--older-than", "0")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.strip() == "Removed 122 finished threads older than 0s."
+    left = {t.thread_id for t in threads.store.threads(limit=500)}
+    assert left == {"t-wait", "t-running"}
+
+
+def test_doctor_checks_the_store_and_cleans_up_its_probe(threads: Backend) -> None:
+    report = ok_json(threads, "doctor")
+    assert report["ok"] and report["store"]["findings"] == []
+    assert report["celery"] is None
+    for operation in ("read", "commit"):
+        samples = report["latency_ms"][operation]["samples"]
+        assert len(samples) == 5 and all(ms > 0 for ms in samples)
+    text = run(threads, "doctor").stdout
+    assert "nothing to fix" in text and "commit" in text and "pass -A" in text
+    assert {t.thread_id for t in threads.store.threads(limit=500)} == {
+        "t-done", "t-wait", "t-failed", "t-running"}
+
+
+def test_doctor_fails_on_a_store_that_can_lose_checkpoints(redis_server: RedisServer) -> None:
+    client = redis_server.client()
+    client.config_set("maxmemory-policy", "allkeys-lru")
+    try:
+        result = CliRunner().invoke(cli, ["--store", redis_server.url, "doctor"])
+    finally:
+        client.config_set("maxmemory-policy", "noeviction")
+        client.close()
+    assert result.exit_code == 1
+    assert "maxmemory-policy" in result.stdout and "noeviction" in result.stdout
+
+
+# -- refusing ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("args", [
+    ["show", "nobody"], ["history", "nobody"], ["diff", "nobody", "0", "1"],
+    ["fork", "nobody", "--from", "0"], ["resume", "nobody"], ["retry", "nobody"],
+    ["cancel", "nobody"],
+])  # fmt: skip
+def test_unknown_thread_is_one_line(threads: Backend, args: list[str]) -> None:
+    assert_one_line_error(run(threads, *args), "'nobody'", "no such thread", code=1)
+
+
+@pytest.mark.parametrize("args,fragments,code", [
+    (["show", "t-done", "--step", "99"], ["step 99", "history"], 1),
+    (["diff", "t-done", "0", "99"], ["step 99"], 1),
+    (["show", "t-done", "--step", "-1"], ["--step"], 2),
+    (["resume", "t-wait", "--value", "{approved: true}"], ["--value", "not JSON"], 2),
+    (["resume", "t-done"], ["'t-done'", "done"], 1),
+    (["retry", "t-wait"], ["'t-wait'", "waiting"], 1),
+    (["fork", "t-done", "--from", "1", "--to", "t-wait"], ["t-wait", "existing"], 1),
+    (["fork", "t-done", "--from", "1", "--to", "bad{id}"], ["brace"], 1),
+    (["threads", "--status", "lost"], ["--status", "lost"], 2),
+    (["threads", "--limit", "0"], ["--limit"], 2),
+    (["gc", "--older-than", "-5"], ["--older-than"], 2),
+    (["sweep", "--once"], ["sweep needs your Celery app", "-A"], 1),
+    (["nonsense"], ["No such command"], 2),
+])  # fmt: skip
+def test_bad_arguments_are_one_line(threads: Backend, args: list[str],
+                                    fragments: list[str], code: int) -> None:
+    assert_one_line_error(run(threads, *args), *fragments, code=code)
+
+
+@pytest.mark.parametrize("args,fragments", [
+    (["--store", "mysql://db/agentq", "threads"], ["unsupported store URL", "mysql://"]),
+    (["--store", "redis://127.0.0.1:1/0", "threads"], ["cannot reach the store"]),
+    (["--store", "sqlite:///no/such/dir/agentq.db", "threads"], ["no SQLite store at"]),
+    (["threads"], ["no store given", "--store"]),
+    (["-A", "no_such_module_xyz:app", "threads"], ["cannot load the Celery app"]),
+    (["--bogus"], ["No such option"]),
+])  # fmt: skip
+def test_bad_store_or_app_is_one_line(args: list[str], fragments: list[str],
+                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("AGENTQ_STORE", raising=False)
+    monkeypatch.delenv("AGENTQ_APP", raising=False)
+    assert_one_line_error(CliRunner().invoke(cli, args), *fragments)
+
+
+def test_store_and_prefix_come_from_the_environment(threads: Backend) -> None:
+    result = CliRunner(env={"AGENTQ_STORE": threads.url, "AGENTQ_PREFIX": threads.prefix}
+                       ).invoke(cli, ["threads", "--json"])
+    assert result.exit_code == 0, result.output
+    assert len(json.loads(result.stdout)) == 4
+
+
+# -- the entry points, as real processes ---------------------------------------------------
+
+
+def demo_app_env(backend: Backend) -> dict[str, str]:
+    """Point ``agentq.demo.app`` (a real app module shipped with agentq) at the backend:
+    SQLite with the filesystem broker, or Redis as store and broker."""
+    namespace = backend.prefix.rstrip(":")
+    env = {"AGENTQ_DEMO_WORKDIR": str(backend.workdir), "AGENTQ_DEMO_STORE": backend.url,
+           "AGENTQ_DEMO_NAMESPACE": namespace, "AGENTQ_DEMO_BROKER": backend.url,
+           "AGENTQ_DEMO_LEDGER": backend.url}
+    if backend.kind == "sqlite":
+        for folder in ("messages", "processed", "control"):
+            (backend.workdir / "broker" / folder).mkdir(parents=True, exist_ok=True)
+        env.update(AGENTQ_DEMO_BROKER="filesystem://",
+                   AGENTQ_DEMO_LEDGER=str(backend.workdir / "payments.db"))
+    return env
+
+
+def queued_messages(backend: Backend) -> int:
+    """How many messages wait in the demo app's queue, read from the broker itself."""
+    if backend.kind == "sqlite":
+        return len(list((backend.workdir / "broker" / "messages").iterdir()))
+    client = redis.Redis.from_url(backend.url)
+    try:
+        return int(client.llen(f"{backend.prefix}broker:{backend.prefix.rstrip(':')}"))
+    finally:
+        client.close()
+
+
+def command(args: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("AGENTQ_")}
+    return subprocess.run(args, env={**clean, **(env or {})}, capture_output=True, text=True,
+                          timeout=60, check=False)
+
+
+def test_console_script(threads: Backend) -> None:
+    listed = command([str(BIN / "agentq"), *threads.args, "threads", "--json"])
+    assert listed.returncode == 0, listed.stderr
+    assert len(json.loads(listed.stdout)) == 4
+    missing = command([str(BIN / "agentq"), *threads.args, "show", "nobody"])
+    assert missing.returncode == 1
+    assert missing.stderr.count("\n") == 1 and "no such thread" in missing.stderr
+    assert "Traceback" not in missing.stderr
+
+
+def test_celery_subcommand_uses_the_apps_settings(threads: Backend) -> None:
+    env = demo_app_env(threads)
+    celery = [str(BIN / "celery"), "-A", "agentq.demo.app", "agentq"]
+    listed = command([*celery, "threads", "--json"], env)
+    assert listed.returncode == 0, listed.stderr
+    assert {t["thread_id"] for t in json.loads(listed.stdout)} == {
+        "t-done", "t-wait", "t-failed", "t-running"}
+    missing = command([*celery, "show", "nobody"], env)
+    assert missing.returncode == 1 and missing.stderr.count("\n") == 1, missing.stderr
+    assert "no such thread" in missing.stderr and "Traceback" not in missing.stderr
+    doctor = command([*celery, "doctor"], env)
+    assert doctor.returncode == 0, doctor.stdout + doctor.stderr
+    assert "Celery app agentq-demo" in doctor.stdout
+
+
+def test_resume_and_retry_with_an_app_send_a_message(threads: Backend) -> None:
+    env = demo_app_env(threads)
+    agentq = [str(BIN / "agentq"), "-A", "agentq.demo.app"]
+    resumed = command([*agentq, "resume", "t-wait", "--value", '"yes"', "--json"], env)
+    assert resumed.returncode == 0, resumed.stderr
+    assert json.loads(resumed.stdout)["sent"]
+    assert queued_messages(threads) == 1
+    meta = threads.store.meta("t-wait")
+    assert meta is not None and meta.status == Status.QUEUED and meta.resume_value == "yes"
+    retried = command([*agentq, "retry", "t-failed"], env)
+    assert retried.returncode == 0 and "message sent" in retried.stdout, retried.stderr
+    assert queued_messages(threads) == 2
+
+
+def test_sweep_once_resends_what_is_due(threads: Backend) -> None:
+    threads.store.open_thread("t-lost", task=TASK, start_grace=0)  # its message never came
+    env = demo_app_env(threads)
+    swept = command([str(BIN / "agentq"), "-A", "agentq.demo.app", "sweep", "--once",
+                     "--json"], env)
+    assert swept.returncode == 0, swept.stderr
+    assert json.loads(swept.stdout) == {"sent": ["t-lost"]}
+    assert queued_messages(threads) == 1
+    again = command([str(BIN / "agentq"), "-A", "agentq.demo.app", "sweep", "--once"], env)
+    assert again.stdout.strip() == "Nothing due."  # claimed: not sent twice

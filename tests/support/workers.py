@@ -21,9 +21,10 @@ class WorkerProcess:
     signalled like a container's processes."""
 
     def __init__(self, app: Celery, env: dict[str, str], log_dir: Path, *,
-                 concurrency: int = 1) -> None:
+                 concurrency: int = 1, app_module: str = "tests.support.worker_app") -> None:
         self.app = app
         self.env = env
+        self.app_module = app_module
         self.name = f"w{uuid.uuid4().hex[:6]}@agentq-test"
         self.log = log_dir / f"{self.name.split('@')[0]}.log"
         self.concurrency = concurrency
@@ -32,7 +33,7 @@ class WorkerProcess:
     def start(self, *, ready_timeout: float = 60) -> WorkerProcess:
         with open(self.log, "wb") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "celery", "-A", "tests.support.worker_app", "worker",
+                [sys.executable, "-m", "celery", "-A", self.app_module, "worker",
                  "-P", "prefork", "-c", str(self.concurrency), "-n", self.name,
                  "-Q", self.env["AGENTQ_TEST_QUEUE"], "--without-mingle", "--without-gossip",
                  "--loglevel", "INFO"],

@@ -1,0 +1,196 @@
+"""What the agentq LangGraph saver costs next to LangGraph's own SQLite saver.
+
+Run from the repository root::
+
+    python -m bench.langgraph [--samples N]
+
+A 50-message thread (alternating user and assistant messages of ~300 characters, plus an
+unchanged ``plan`` channel) is saved and loaded the way LangGraph does it in a chat loop:
+each ``put`` is the next checkpoint, child of the previous one, with a new version of the
+``messages`` channel; each ``get_tuple`` loads the thread's latest checkpoint.
+
+Savers, in the same run:
+
+- ``sqlite_saver``: ``langgraph.checkpoint.sqlite.SqliteSaver`` on a file (WAL, the default
+  ``synchronous=FULL``), the baseline;
+- ``agentq_redis``: ``AgentqSaver`` on a private ``redis-server`` (``appendonly yes``,
+  ``appendfsync always``) bound to a lease, i.e. fenced, as a graph task writes;
+- ``agentq_sqlite``: ``AgentqSaver`` on agentq's SQLite store (WAL, ``synchronous=FULL``),
+  fenced too.
+
+Each operation is timed on its own with ``time.perf_counter_ns``; after warm-up the savers
+take turns in blocks (rotating who goes first), so drift in the machine lands on all of
+them. The last lines are machine-readable: ``ratio <name> <median(agentq) / median(sqlite
+saver)>`` (below 1: agentq is faster).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shutil
+import sqlite3
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from langchain_core.messages import AIMessage, HumanMessage
+from langgraph.checkpoint.base import BaseCheckpointSaver, empty_checkpoint
+from langgraph.checkpoint.sqlite import SqliteSaver
+
+from agentq.langgraph import AgentqSaver
+from agentq.store.redis import RedisStore
+from agentq.store.sqlite import SQLiteStore
+from bench._redis import PrivateRedis
+
+MESSAGES = 50
+DEFAULT_SAMPLES = 1000
+BLOCK = 20
+THREAD = "bench-thread"
+
+_TEXT = (
+    "The customer asks whether the refund for order 4411 went through; the tool reports "
+    "the payment provider accepted it yesterday and the money should arrive within three "
+    "to five business days, so the assistant explains that and offers to follow up. "
+)
+
+
+def messages(n: int) -> list[Any]:
+    made: list[Any] = []
+    for i in range(n):
+        kind = HumanMessage if i % 2 == 0 else AIMessage
+        made.append(kind(content=f"{i}: {_TEXT}", id=f"m{i}"))
+    return made
+
+
+@dataclass
+class Subject:
+    """One saver driven through a chat-like sequence of checkpoints."""
+
+    name: str
+    saver: BaseCheckpointSaver[Any]
+    parent: Any = None
+    version: Any = None
+
+    def __post_init__(self) -> None:
+        self.history = messages(MESSAGES)
+        self.plan = {"refunds": 1, "policy": "idempotent"}
+        first = self.checkpoint()
+        versions = {"messages": first["channel_versions"]["messages"], "plan": "1"}
+        self.parent = self.saver.put(self.config(), first, self.metadata(), versions)
+
+    def config(self) -> Any:
+        if self.parent is not None:
+            return self.parent
+        return {"configurable": {"thread_id": THREAD, "checkpoint_ns": ""}}
+
+    def metadata(self) -> Any:
+        return {"source": "loop", "step": 0, "parents": {}}
+
+    def checkpoint(self) -> Any:
+        self.version = self.saver.get_next_version(self.version, None)
+        made = empty_checkpoint()
+        made["channel_values"] = {"messages": self.history, "plan": self.plan}
+        made["channel_versions"] = {"messages": self.version, "plan": "1"}
+        return made
+
+    def put(self) -> None:
+        cp = self.checkpoint()
+        self.parent = self.saver.put(self.parent, cp, self.metadata(), {"messages": self.version})
+
+    def get_tuple(self) -> None:
+        got = self.saver.get_tuple({"configurable": {"thread_id": THREAD, "checkpoint_ns": ""}})
+        assert got is not None and len(got.checkpoint["channel_values"]["messages"]) == MESSAGES
+
+
+def rotate(ops: list[Callable[[], None]], samples: int, warmup: int) -> list[list[int]]:
+    """Time ``samples`` calls of each op, in blocks whose order rotates every round."""
+    for op in ops:
+        for _ in range(warmup):
+            op()
+    timings: list[list[int]] = [[] for _ in ops]
+    clock = time.perf_counter_ns
+    turn = 0
+    while len(timings[0]) < samples:
+        order = list(range(len(ops)))
+        order = order[turn % len(ops) :] + order[: turn % len(ops)]
+        for which in order:
+            op, out = ops[which], timings[which]
+            for _ in range(min(BLOCK, samples - len(out))):
+                start = clock()
+                op()
+                out.append(clock() - start)
+        turn += 1
+    return timings
+
+
+def quantile(ns: list[int], q: float) -> float:
+    ordered = sorted(ns)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))] / 1000
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.langgraph",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--samples",
+        type=int,
+        default=DEFAULT_SAMPLES,
+        help=f"timed calls per saver and op (default {DEFAULT_SAMPLES})",
+    )
+    args = parser.parse_args(argv)  # fmt: skip
+    warmup = max(20, args.samples // 10)
+    directory = Path(tempfile.mkdtemp(prefix="agentq-bench-langgraph-"))
+    closers: list[Callable[[], None]] = []
+    try:
+        with PrivateRedis() as server:
+            baseline = sqlite3.connect(directory / "langgraph.db", check_same_thread=False)
+            closers.append(baseline.close)
+            redis_store = RedisStore(server.client(), prefix="bench:")
+            sqlite_store = SQLiteStore(directory / "agentq.db")
+            closers += [redis_store.close, sqlite_store.close]
+            subjects = [Subject("sqlite_saver", SqliteSaver(baseline))]
+            for name, store in (("agentq_redis", redis_store), ("agentq_sqlite", sqlite_store)):
+                store.open_thread(THREAD, task="bench")
+                token = store.acquire(THREAD, "bench", ttl=3600)
+                subjects.append(Subject(name, AgentqSaver(store).bound(THREAD, token)))
+            puts = rotate([s.put for s in subjects], args.samples, warmup)
+            gets = rotate([s.get_tuple for s in subjects], args.samples, warmup)
+            info = server.client().info("server")
+        print(f"machine: cpu_count={os.cpu_count()} python={platform.python_version()} "
+              f"redis-server={info['redis_version']} disk={directory}")  # fmt: skip
+        print(f"thread: {MESSAGES} messages, {args.samples} samples per saver and op, "
+              f"{warmup} warm-up")  # fmt: skip
+        header = (
+            f"{'op':<10} {'saver':<14} {'median µs':>10} {'p95 µs':>10} {'vs sqlite_saver':>16}"
+        )
+        print(header)
+        print("-" * len(header))
+        ratios: list[tuple[str, float]] = []
+        for op, timings in (("put", puts), ("get_tuple", gets)):
+            base = quantile(timings[0], 0.5)
+            for subject, ns in zip(subjects, timings, strict=True):
+                median = quantile(ns, 0.5)
+                print(f"{op:<10} {subject.name:<14} {median:>10.1f} {quantile(ns, 0.95):>10.1f} "
+                      f"{median / base:>16.2f}")  # fmt: skip
+                if subject.name != "sqlite_saver":
+                    backend = subject.name.removeprefix("agentq_")
+                    ratios.append((f"{backend}_{op}_over_sqlite_saver", median / base))
+        for name, value in ratios:
+            print(f"ratio {name} {value:.3f}")
+    finally:
+        for close in reversed(closers):
+            close()
+        shutil.rmtree(directory, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

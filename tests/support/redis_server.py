@@ -95,6 +95,17 @@ class RedisServer:
         os.kill(self.process.pid, sig)
         self.process.wait(timeout=10)
 
+    def restart(self, sig: int = signal.SIGKILL, *, down: float = 0.0) -> float:
+        """Kill the server with ``sig``, leave it down for ``down`` seconds (a slow host
+        restart), and start it again on the same directory and port, so it reloads its
+        AOF; return the seconds it was unavailable."""
+        started = time.monotonic()
+        self.kill(sig)
+        if down > 0:
+            time.sleep(down)  # the outage itself, not a wait for a condition
+        self.start()
+        return time.monotonic() - started
+
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
             self.kill(signal.SIGKILL)

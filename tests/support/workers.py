@@ -59,6 +59,17 @@ class WorkerProcess:
     def signal_group(self, sig: int) -> None:
         os.killpg(self.pid, sig)
 
+    def owns(self, pid: int) -> bool:
+        """Whether ``pid`` is this worker or one of its pool processes (same group)."""
+        try:
+            return os.getpgid(pid) == self.pid
+        except ProcessLookupError:
+            return False
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
     def kill(self) -> None:
         """SIGKILL the worker and its pool children, as an OOM kill of the container."""
         self.signal_group(signal.SIGKILL)

@@ -143,3 +143,20 @@ def test_sigkill_while_resuming_an_interrupt(cluster: Cluster) -> None:
     assert result["approved"] is True
     assert cluster.ledger.tool_calls("t1") == {"call-refund-1": 1}
     assert_one_checkpoint_chain(cluster, "t1")
+
+
+def test_sigterm_hands_the_graph_over_within_one_step(cluster: Cluster) -> None:
+    first = cluster.worker()
+    cluster.task.delay("t1", question("refund a lot", refunds=8, slow=0.5))
+    wait_until(lambda: cluster.ledger.model_calls("t1") >= 2, timeout=30, what="two steps")
+    first.terminate()
+    first.wait_exit(timeout=15)  # a step is ~0.5 s: the worker leaves long before the run ends
+    meta = cluster.task.thread("t1")
+    assert meta.status == Status.QUEUED, meta
+    assert cluster.ledger.model_calls("t1") < 9
+    cluster.worker()
+    result = cluster.task.wait("t1", timeout=90)
+    assert result["messages"][-1]["content"] == "Refunded 80 EUR."
+    assert cluster.ledger.tool_calls("t1") == {f"call-refund-{i}": 1 for i in range(1, 9)}
+    assert cluster.ledger.model_calls("t1") <= 10  # 9 in a run, plus at most the one cut
+    assert_one_checkpoint_chain(cluster, "t1")

@@ -165,3 +165,15 @@ def test_delay_takes_the_thread_id_and_the_input(env: Env) -> None:
         env.task.delay("t1", question("a"), question("b"))
     with pytest.raises(InvalidThreadId):
         env.task.delay("bad{id}", question("a"))
+
+
+def test_cancel_stops_the_graph_between_two_steps(env: Env) -> None:
+    env.task.delay("t1", question("refund a lot", refunds=20, slow=0.3))
+    wait_until(lambda: env.ledger.model_calls("t1") >= 2, timeout=20, what="two model calls")
+    assert env.task.cancel("t1") == Status.RUNNING
+    wait_until(lambda: env.task.thread("t1").status == Status.CANCELLED, timeout=20,
+               what="cancelled")  # fmt: skip
+    calls = env.ledger.model_calls("t1")
+    assert calls < 21
+    # the graph stopped at a super-step boundary, with its checkpoints intact
+    assert env.task.state("t1").next in (("model",), ("tools",))

@@ -75,6 +75,8 @@ def build_graph(ledger: Ledger) -> StateGraph[State]:
         if calls <= plan.get("rate_limits", 0):
             raise RateLimitError(retry_after=str(plan.get("retry_after", 1)))
         ledger.crash_point(thread_id, "model")
+        if plan.get("slow"):  # a real blocking wait, so a test can act mid-graph
+            ledger.client.blpop([ledger.key("never", thread_id)], timeout=plan["slow"])
         reply = ScriptedChatModel(refunds=plan["refunds"]).invoke(state["messages"])
         return {"messages": [reply]}
 

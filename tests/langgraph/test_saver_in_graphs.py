@@ -1,0 +1,109 @@
+"""The saver under real LangGraph graphs, without Celery: subgraph namespaces, time travel,
+``update_state``, and a stale writer refused from inside LangGraph's own loop."""
+
+from __future__ import annotations
+
+import operator
+from typing import Annotated, Any, TypedDict
+
+import pytest
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.graph import END, START, StateGraph
+from langgraph.types import Command, interrupt
+
+from agentq.errors import LeaseHeld, StaleToken
+from agentq.langgraph import AgentqSaver
+from agentq.store.base import Store
+
+
+class Outer(TypedDict, total=False):
+    log: Annotated[list[str], operator.add]
+    answer: str
+
+
+class Inner(TypedDict, total=False):
+    log: Annotated[list[str], operator.add]
+    answer: str
+
+
+def build() -> StateGraph[Outer]:
+    def ask(state: Inner) -> dict[str, Any]:
+        return {"answer": interrupt("name?"), "log": ["asked"]}
+
+    def greet(state: Inner) -> dict[str, Any]:
+        return {"log": [f"hello {state['answer']}"]}
+
+    inner = StateGraph(Inner)
+    inner.add_node("ask", ask)
+    inner.add_node("greet", greet)
+    inner.add_edge(START, "ask")
+    inner.add_edge("ask", "greet")
+    inner.add_edge("greet", END)
+
+    outer = StateGraph(Outer)
+    outer.add_node("start", lambda state: {"log": ["start"]})
+    outer.add_node("sub", inner.compile())
+    outer.add_node("end", lambda state: {"log": ["end"]})
+    outer.add_edge(START, "start")
+    outer.add_edge("start", "sub")
+    outer.add_edge("sub", "end")
+    outer.add_edge("end", END)
+    return outer
+
+
+def run_to_end(saver: Any, thread_id: str) -> Any:
+    graph = build().compile(checkpointer=saver)
+    config = {"configurable": {"thread_id": thread_id}}
+    graph.invoke({"log": []}, config)
+    return graph, config, graph.invoke(Command(resume="ann"), config)
+
+
+def test_a_subgraph_interrupt_resumes_from_its_namespace(store: Store) -> None:
+    saver = AgentqSaver(store)
+    graph = build().compile(checkpointer=saver)
+    config = {"configurable": {"thread_id": "t1"}}
+    graph.invoke({"log": []}, config)
+    state = graph.get_state(config, subgraphs=True)
+    assert state.next == ("sub",)
+    [task] = state.tasks
+    assert task.state is not None and task.state.next == ("ask",)  # type: ignore[union-attr]
+    child_ns = task.state.config["configurable"]["checkpoint_ns"]  # type: ignore[union-attr]
+    assert child_ns.startswith("sub:")
+    in_child = list(saver.list({"configurable": {"thread_id": "t1", "checkpoint_ns": child_ns}}))
+    assert in_child and all(t.config["configurable"]["checkpoint_ns"] == child_ns
+                            for t in in_child)  # fmt: skip
+    result = graph.invoke(Command(resume="ann"), config)
+    _, _, expected = run_to_end(InMemorySaver(), "m1")
+    assert result == expected
+    assert result["answer"] == "ann" and result["log"][-2:] == ["hello ann", "end"]
+
+
+def test_history_time_travel_and_update_state_match_memory_saver(store: Store) -> None:
+    results = []
+    for saver in (InMemorySaver(), AgentqSaver(store)):
+        graph, config, _ = run_to_end(saver, "t1")
+        history = list(graph.get_state_history(config))
+        before_end = next(h for h in history if h.next == ("end",))
+        # Replaying from an earlier checkpoint forks a new branch after it.
+        forked = graph.update_state(before_end.config, {"log": ["edited"]})
+        replayed = graph.invoke(None, forked)
+        results.append(([h.values for h in history], [h.next for h in history], replayed))
+    assert results[0] == results[1]
+    assert results[1][2]["log"][-2:] == ["edited", "end"]
+
+
+def test_a_stale_token_stops_the_graph_and_writes_nothing(store: Store) -> None:
+    store.open_thread("t1", task="graph")
+    old = store.acquire("t1", "worker-a", 30)
+    saver = AgentqSaver(store)
+    graph = build().compile(checkpointer=saver.bound("t1", old))
+    config = {"configurable": {"thread_id": "t1"}}
+    graph.invoke({"log": []}, config)
+    saved = len(list(saver.list(config)))
+    store.acquire("t1", "worker-a", 30)  # the lease moves on: another token
+    with pytest.raises(StaleToken):
+        graph.invoke(Command(resume="ann"), config, durability="sync")
+    assert len(list(saver.list(config))) == saved
+    # and without a token, a held lease refuses a write from outside the task
+    with pytest.raises(LeaseHeld):
+        build().compile(checkpointer=saver).update_state(config, {"log": ["x"]})

@@ -292,9 +292,11 @@ class ChaosAgent(AgentTask):
     round a model step deciding a refund and an email and a tools step making both calls
     under idempotency claims, then a final model step. Model steps take ``latency``
     seconds, tool calls half of it each. Deterministic: the result (with a digest of the
-    whole conversation) is the same however often the run was interrupted."""
+    whole conversation) is the same however often the run was interrupted. The messages
+    are an append-only field, so crashes also meet its per-thread log."""
 
     name = "tests.chaos_agent"
+    append_only = ("messages",)
 
     def start(self, run: Run, rounds: int, latency: float = 0.0) -> str:
         self._ledger().record_start(run.thread_id, run.step, run.node)

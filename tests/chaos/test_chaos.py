@@ -1,0 +1,41 @@
+"""Chaos: threads keep running to the same result while workers are SIGKILLed, deployed
+(SIGTERM), frozen past their lease (SIGSTOP) and the store is SIGKILLed and restarted.
+
+The machinery lives in :mod:`tests.support.chaos`, shared with ``python -m bench.chaos``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support.chaos import ChaosCluster, ChaosConfig, chaos_cluster, run_and_verify
+
+pytestmark = [pytest.mark.chaos, pytest.mark.slow]
+
+
+@pytest.fixture
+def cluster(chaos_size: tuple[int, int], tmp_path: Path) -> Iterator[ChaosCluster]:
+    threads, steps = chaos_size
+    with chaos_cluster(ChaosConfig(threads=threads, steps=steps), tmp_path) as cluster:
+        yield cluster
+
+
+@pytest.mark.timeout(420)
+def test_threads_survive_kills_deploys_zombies_and_store_restarts(
+    cluster: ChaosCluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    report = run_and_verify(cluster)  # its timeline is shown if the test fails
+    with capsys.disabled():
+        print("\n" + "\n".join(report.lines()))
+    figures = report.figures
+    assert not report.problems, "\n".join(report.problems)
+    assert figures["lost"] == 0
+    assert figures["duplicate_effects"] == 0
+    assert figures["undecodable_checkpoints"] == 0
+    # The chaos really happened: each kind at least once, and kills hit running threads.
+    for kind in ("kills", "deploys", "zombies", "store_restarts"):
+        assert int(figures[kind]) >= 1, f"no {kind}: the threads finished too soon"
+    assert int(figures["threads_hit_by_sigkill"]) >= 1

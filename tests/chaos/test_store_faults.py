@@ -1,0 +1,116 @@
+"""One store call at a time, failed the way a store restart fails it: reproductions of what
+the chaos test can only hit by chance.
+
+The node's store calls go through :class:`~tests.chaos.flaky_proxy.FlakyProxy` to a
+private ``redis-server``; the tool's effect is counted on a direct connection. The driver
+runs in this process (``task.run``): what matters here is the store, not Celery.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+
+import agentq
+from agentq import AgentTask, Done, Run, Status
+from agentq.store.redis import RedisStore
+from tests.chaos.flaky_proxy import FlakyProxy
+from tests.support.redis_server import RedisServer
+
+pytestmark = pytest.mark.chaos
+
+
+class Mailer(AgentTask):
+    """One step: sends one email through a tool that declares no policy (not idempotent,
+    nothing to reconcile with), the case where agentq must never guess."""
+
+    name = "tests.chaos.mailer"
+    outbox: redis.Redis | None = None
+
+    def start(self, run: Run) -> Any:
+        return Done(run.tool(self.send_email, "a@example.com", key="email-1"))
+
+    def send_email(self, to: str) -> dict[str, str]:
+        assert self.outbox is not None
+        self.outbox.incr("emails")
+        return {"sent": to}
+
+
+class Env:
+    def __init__(self, server: RedisServer, proxy: FlakyProxy) -> None:
+        self.proxy = proxy
+        self.outbox = redis.Redis(port=server.port, decode_responses=True)
+        self.store = RedisStore(redis.Redis(port=proxy.port), prefix="faults:")
+        for script in self.store._scripts.values():  # a NOSCRIPT reply is not the point
+            self.outbox.script_load(script.script)
+        self.app = Celery("faults", broker="memory://", set_as_current=False)
+        agentq.init_app(self.app, store=self.store, lease_ttl=5)
+        self.agent: Mailer = self.app.register_task(Mailer())
+        self.agent.outbox = self.outbox
+
+    def sha(self, script: str) -> bytes:
+        return self.store._scripts[script].sha.encode()
+
+    def emails(self) -> int:
+        return int(self.outbox.get("emails") or 0)
+
+    def close(self) -> None:
+        self.store.close()
+        self.outbox.close()
+        self.app.close()
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> Iterator[Env]:
+    server = RedisServer(tmp_path / "store").start()
+    proxy = FlakyProxy(server.port)
+    environment: Env | None = None
+    try:
+        environment = Env(server, proxy)
+        environment.store.open_thread("t1", task=Mailer.name)
+        yield environment
+    finally:
+        if environment is not None:
+            environment.close()
+        proxy.close()
+        server.stop()
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "agentq bug: a resent claim_effect (redis-py retries a command whose reply was lost, "
+    "e.g. redis-server killed after executing it) finds its own pending claim and answers "
+    "'unknown', so a tool without a policy stops the thread as needs_attention although no "
+    "worker died and the tool never ran"
+))
+def test_a_lost_reply_to_a_claim_is_not_taken_for_a_dead_worker(env: Env) -> None:
+    env.proxy.lose_reply_to = env.sha("claim_effect")
+    result = env.agent.run("t1")
+    assert env.proxy.lost == 1  # the reply really was lost, and redis-py resent the claim
+    meta = env.store.meta("t1")
+    assert meta is not None
+    assert (meta.status, env.emails()) == (Status.DONE, 1), meta.error
+    assert result == {"sent": "a@example.com"}
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "agentq bug: a store ConnectionError raised inside a node (run.tool's complete_effect) "
+    "is handled as the node's own failure: the driver marks the thread failed, for good, as "
+    "soon as the store answers again, where a ConnectionError from commit() leaves it "
+    "running for lease recovery"
+))
+def test_a_store_outage_inside_a_tool_call_leaves_the_thread_to_recovery(env: Env) -> None:
+    env.proxy.drop = env.sha("complete_effect")  # the store is unreachable for this call only
+    with contextlib.suppress(redis.ConnectionError):
+        env.agent.run("t1")
+    assert env.proxy.dropped >= 2  # redis-py retried before giving up
+    assert env.emails() == 1
+    meta = env.store.meta("t1")
+    assert meta is not None
+    # Left to recovery (lease expiry) or scheduled for a retry; not given up on.
+    assert meta.status in (Status.RUNNING, Status.RETRYING), f"{meta.status.value}: {meta.error}"

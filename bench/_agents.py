@@ -1,0 +1,164 @@
+"""The Celery app of the benchmarks' worker subprocesses: agents on a zero-latency fake model
+and the plain Celery tasks they are compared with.
+
+Configured from the environment by :mod:`bench._cluster` (``BENCH_*`` variables, see
+:func:`app_from_env`). The "ledger" is a second, non-persistent redis-server where tasks
+count what they finished, so the benchmark sees completions without a result backend.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+from typing import Any
+
+import msgpack
+import redis
+from celery import Celery
+
+import agentq
+from agentq import AgentTask, Done, Run
+from bench import _chat
+
+ENV = ("BENCH_BROKER", "BENCH_STORE", "BENCH_LEDGER", "BENCH_PREFIX", "BENCH_QUEUE")
+
+
+def chat_step(messages: list[dict[str, Any]], step: int, steps: int) -> bool:
+    """What the fake model and tools add at ``step`` (from 1) of a ``steps``-step run: a
+    reply asking for a tool, the tool's result, ..., and a final answer. True when done."""
+    if step >= steps - 1:
+        messages.append(_chat.answer(step))
+        return True
+    messages.append(_chat.reply(step) if step % 2 else _chat.tool_result(step - 1))
+    return False
+
+
+class StepsAgent(AgentTask):
+    """``steps`` steps alternating a model node and a tools node; the model answers at once."""
+
+    name = "bench.steps_agent"
+    append_only = ("messages",)
+
+    def start(self, run: Run, steps: int) -> str:
+        run.state.update(messages=[_chat.user(0)], steps=steps)
+        return "model"
+
+    def model(self, run: Run) -> Any:
+        if chat_step(run.state["messages"], run.step, run.state["steps"]):
+            return Done(run.step + 1)
+        run.pending = run.state["messages"][-1]["tool_calls"]
+        return "tools"
+
+    def tools(self, run: Run) -> Any:
+        chat_step(run.state["messages"], run.step, run.state["steps"])
+        run.pending = []
+        return "model"
+
+
+def messages_of(state_bytes: int) -> list[dict[str, Any]]:
+    """A conversation of about ``state_bytes`` encoded bytes."""
+    messages = [_chat.user(0)]
+    while _chat.encoded_size(messages) < state_bytes:
+        chat_step(messages, len(messages), 1 << 30)
+    return messages
+
+
+_TICKS: dict[str, list[float]] = {}
+"""Node entry times of the threads this process drives (OverheadAgent only)."""
+
+
+class OverheadAgent(AgentTask):
+    """A node that does nothing, ``steps`` times, over a ~10 KB state (no append-only field:
+    each step commits the whole state). Returns the time between consecutive node starts,
+    i.e. one step's cost outside the node, taken in the worker process."""
+
+    name = "bench.overhead_agent"
+
+    def start(self, run: Run, steps: int, state_bytes: int) -> str:
+        run.state.update(messages=messages_of(state_bytes), steps=steps)
+        return "tick"
+
+    def tick(self, run: Run) -> Any:
+        ticks = _TICKS.setdefault(run.thread_id, [])
+        ticks.append(time.perf_counter())
+        if run.step < run.state["steps"] - 1:
+            return "tick"
+        del _TICKS[run.thread_id]
+        return Done([b - a for a, b in itertools.pairwise(ticks)])
+
+
+class OneStepAgent(AgentTask):
+    """A whole run in one step: the RSS benchmark runs it thousands of times."""
+
+    name = "bench.one_step_agent"
+
+    def start(self, run: Run, question: str) -> Any:
+        run.state["messages"] = [{"role": "user", "content": question}, _chat.answer(0)]
+        return Done(len(run.state["messages"]))
+
+
+_clients: dict[tuple[int, str], redis.Redis] = {}
+
+
+def client(url: str) -> redis.Redis:
+    """One client per process and URL (prefork children must not share a connection)."""
+    key = (os.getpid(), url)
+    if key not in _clients:
+        _clients[key] = redis.Redis.from_url(url)
+    return _clients[key]
+
+
+def make_app(*, broker: str, store: str, ledger: str, prefix: str, queue: str) -> Celery:
+    app = Celery("agentq-bench", broker=broker, set_as_current=False)
+    app.conf.update(
+        task_default_queue=queue,
+        broker_connection_retry_on_startup=True,
+        worker_hijack_root_logger=False,
+        worker_prefetch_multiplier=1,
+        bench_store=store,
+        bench_ledger=ledger,
+    )
+    agentq.init_app(app, store=store, prefix=prefix)
+    for agent in (StepsAgent, OverheadAgent, OneStepAgent):
+        app.register_task(agent())
+
+    @app.task(name="bench.raw_loop", shared=False)  # type: ignore[untyped-decorator]
+    def raw_loop(key: str, steps: int, counter: str) -> None:
+        """The steps agent's loop without agentq: each step one raw SET of the state."""
+        store_client, messages = client(store), [_chat.user(0)]
+        state = {"messages": messages, "steps": steps}
+        store_client.set(key, msgpack.packb(state))
+        for step in range(1, steps):
+            chat_step(messages, step, steps)
+            store_client.set(key, msgpack.packb(state))
+        client(ledger).incr(counter)
+
+    @app.task(name="bench.raw_ticks", shared=False)  # type: ignore[untyped-decorator]
+    def raw_ticks(key: str, steps: int, state_bytes: int, out: str) -> None:
+        """OverheadAgent's loop without agentq: each step one raw SET of the ~10 KB state.
+        Pushes the time between consecutive step starts to ``out`` in the ledger."""
+        store_client = client(store)
+        state = {"messages": messages_of(state_bytes), "steps": steps}
+        ticks = []
+        for _ in range(steps):
+            ticks.append(time.perf_counter())
+            store_client.set(key, msgpack.packb(state))
+        ticks.append(time.perf_counter())
+        client(ledger).rpush(out, msgpack.packb([b - a for a, b in itertools.pairwise(ticks)]))
+
+    @app.task(name="bench.noop", shared=False)  # type: ignore[untyped-decorator]
+    def noop(counter: str) -> None:
+        """A bare Celery task: its only work is counting itself in the ledger (no fsync)."""
+        client(ledger).incr(counter)
+
+    return app
+
+
+def app_from_env() -> Celery:
+    values = {name: os.environ[name] for name in ENV}
+    return make_app(
+        broker=values["BENCH_BROKER"], store=values["BENCH_STORE"],
+        ledger=values["BENCH_LEDGER"], prefix=values["BENCH_PREFIX"],
+        queue=values["BENCH_QUEUE"],
+    )  # fmt: skip

@@ -7,6 +7,25 @@ Needs the ``langgraph`` extra: ``pip install 'agentq[langgraph]'``.
 - :func:`graph_task`: a compiled graph as a durable Celery task (resumes after crashes,
   maps ``interrupt()`` to agentq's ``waiting``, hands over on deploys).
 - :func:`tool_call`: a tool's side effect at most once per tool-call id.
+
+As a checkpointer::
+
+    saver = AgentqSaver.from_url("redis://localhost:6379/1")   # or "sqlite:///agentq.db"
+    graph = builder.compile(checkpointer=saver)
+    graph.invoke(inputs, {"configurable": {"thread_id": "t-42"}})
+
+As a durable task (the graph's own checkpointer is replaced by the app's store)::
+
+    agentq.init_app(app, store="redis://localhost:6379/1")
+    support = graph_task(app, builder, name="support_graph", retry_on=(RateLimitError,))
+    support.delay("t-42", {"messages": [("user", "refund my order")]})
+    support.resume("t-42", {"approved": True})     # after an interrupt()
+    support.wait("t-42")                           # the final state, as plain data
+
+    def refund(state, config):                     # in a node or tool:
+        call = state["messages"][-1].tool_calls[0]
+        return tool_call(call["id"], payments.refund, call["args"]["amount"],
+                         idempotent=True)
 """
 
 from agentq.langgraph.saver import AgentqSaver

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import inspect
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, cast
 
@@ -84,7 +85,10 @@ class GraphTask(AgentTask):
         """The graph, compiled, with the task's saver as its checkpointer."""
         saver = self.saver
         if self._compiled is None:
-            source = self.graph
+            # Read statically: a factory set as a class attribute is not a method.
+            source = inspect.getattr_static(type(self), "graph")
+            if isinstance(source, staticmethod):
+                source = source.__func__
             if callable(source) and not isinstance(source, (Pregel, StateGraph)):
                 source = source()
             if isinstance(source, StateGraph):

@@ -177,3 +177,14 @@ def test_cancel_stops_the_graph_between_two_steps(env: Env) -> None:
     assert calls < 21
     # the graph stopped at a super-step boundary, with its checkpoints intact
     assert env.task.state("t1").next in (("model",), ("tools",))
+
+
+def test_a_subclass_may_give_its_graph_as_a_plain_factory(env: Env) -> None:
+    ledger = env.ledger
+
+    class Subclassed(GraphTask):
+        name = "tests.subclassed_graph"
+        graph = lambda: build_graph(ledger)  # noqa: E731
+
+    task = env.app.register_task(Subclassed())
+    assert task.compiled().checkpointer is task.saver

@@ -397,3 +397,13 @@ def test_redis_keys_carry_the_thread_hash_tag(saver: AgentqSaver, store: Store) 
         f"{store.keys.prefix}lg:{{index}}:run:r1",
     }
     assert all(k.startswith(f"{store.keys.prefix}thread:{{t1}}:") for k in tagged)
+
+
+def test_from_url_opens_and_closes_its_own_store(tmp_path: Any, request: Any) -> None:
+    server = request.getfixturevalue("redis_server")
+    for url in (f"sqlite:///{tmp_path / 'lg.db'}", server.url):
+        with AgentqSaver.from_url(url, prefix=f"fu{uuid.uuid4().hex[:6]}:") as saver:
+            stored = saver.put(config("t1"), checkpoint({"n": 1}, {"n": "1"}), metadata(0),
+                               {"n": "1"})  # fmt: skip
+            got = saver.get(stored)
+            assert got is not None and got["channel_values"] == {"n": 1}

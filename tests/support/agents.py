@@ -253,6 +253,22 @@ class ChaosLedger(Ledger):
         value = self.client.hget(self.key("effects", thread_id), f"{tool}:{key}")
         return None if value is None else json.loads(value)
 
+    def arm_pause(self, thread_id: str, point: str) -> None:
+        """Make the first worker that reaches ``point`` for this thread wait there until
+        :meth:`release_pause`, so a test can freeze it at that moment."""
+        self.client.set(self.key("pause", thread_id), point)
+
+    def release_pause(self, thread_id: str) -> None:
+        self.client.rpush(self.key("go", thread_id), 1)
+
+    def pause_point(self, thread_id: str, point: str) -> None:
+        if self.client.get(self.key("pause", thread_id)) != point:
+            return
+        if not self.client.set(self.key("fired", thread_id, point), 1, nx=True):
+            return
+        self.client.set(self.key("reached", thread_id, point), time.time())
+        self.client.blpop([self.key("go", thread_id)], timeout=300)
+
 
 def _latency(seconds: float) -> None:
     """A model provider or a downstream API taking ``seconds`` to answer: simulated network
@@ -280,6 +296,7 @@ def chaos_tools(ledger: ChaosLedger, thread_id: str, latency: float) -> tuple[An
 
     @agentq.tool(reconcile=sent)
     def notify(to: str, *, idempotency_key: str) -> dict[str, Any]:
+        ledger.pause_point(thread_id, "notify")
         ledger.apply(thread_id, "notify", idempotency_key, to)
         _latency(latency)
         return {"message_id": f"msg_{idempotency_key}", "to": to}

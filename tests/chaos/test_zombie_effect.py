@@ -1,0 +1,58 @@
+"""A reproduction of the one duplicate effect the chaos runs found (``bench.chaos``, 100
+threads: ``t0065: notify:call-notify-1 ran 2 times``), made deterministic.
+
+A worker claims a ``reconcile``-policy tool call, then freezes (SIGSTOP) before the call
+reaches the outside world. Its lease runs out; another worker takes the thread over, finds
+the claim pending with an unknown outcome, asks ``reconcile`` -- which truthfully answers
+that nothing happened -- and makes the call. Then the frozen worker wakes up and makes it
+too: the store refuses its record afterwards (stale token), but the email went out twice.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from agentq import Status
+from tests.support.chaos import ChaosCluster, ChaosConfig, chaos_cluster
+from tests.support.redis_server import wait_until
+
+pytestmark = [pytest.mark.chaos, pytest.mark.slow]
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[ChaosCluster]:
+    config = ChaosConfig(threads=1, workers=2, concurrency=1, lease_ttl=2.0)
+    with chaos_cluster(config, tmp_path) as cluster:
+        yield cluster
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "agentq bug (at-most-once): a worker frozen between claim_effect and a reconcile "
+    "tool's effect makes the call after another driver reconciled 'did not run' and made "
+    "it; nothing fences the frozen worker's call itself"
+))
+def test_a_frozen_claim_holder_does_not_repeat_a_reconciled_effect(
+    cluster: ChaosCluster,
+) -> None:
+    ledger, store, agent = cluster.ledger, cluster.store, cluster.agent
+    assert ledger is not None
+    frozen = cluster.start_worker()
+    ledger.arm_pause("z1", "notify")
+    agent.delay("z1", rounds=1, latency=0.2)
+    wait_until(lambda: ledger.reached("z1", "notify"), timeout=60, what="the email's claim")
+    frozen.signal_group(signal.SIGSTOP)
+    claim = store.effect("z1", "call-notify-1")
+    assert claim is not None and claim.state == "pending", claim
+    cluster.start_worker()
+    wait_until(lambda: agent.thread("z1").status == Status.DONE, timeout=60,
+               what="the thread finished by the other worker")
+    assert ledger.invocations("z1")["notify:call-notify-1"] == 1  # reconcile ran it once
+    frozen.signal_group(signal.SIGCONT)
+    ledger.release_pause("z1")
+    wait_until(lambda: "another worker drives it now" in frozen.log.read_text(), timeout=60,
+               what="the frozen worker fenced out")
+    assert ledger.invocations("z1")["notify:call-notify-1"] == 1, "the email went out twice"

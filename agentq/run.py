@@ -75,6 +75,12 @@ class Run:
         self._token = token
         self._calls = 0
 
+    @property
+    def token(self) -> int:
+        """The fencing token of the lease this run executes under: pass it with writes to
+        other stores that should refuse a worker which lost the thread."""
+        return self._token
+
     def interrupt(self, payload: Any) -> Any:
         """Pause for a human: the thread becomes ``waiting`` with ``payload`` stored, and
         this node runs again from its start on ``resume(thread_id, value)``, when this

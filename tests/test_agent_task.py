@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -12,7 +14,7 @@ from celery.contrib.testing.worker import start_worker
 
 from agentq import Status
 from agentq.codec import decode_envelope
-from agentq.errors import InvalidThreadId, ThreadStopped
+from agentq.errors import ArtifactNotFound, InvalidThreadId, ThreadStopped
 from agentq.store.base import Store
 from agentq.store.redis import RedisStore
 from tests.support.agents import Ledger, make_app
@@ -223,3 +225,68 @@ def test_editing_a_committed_append_only_item_fails_the_thread(env: Env) -> None
     assert "AppendOnlyViolation" in (info.value.error or "")
     assert "state.log[0]" in (info.value.error or "")
     assert env.store.latest("t1").state["log"] == ["started"]  # type: ignore[union-attr]
+
+
+def test_large_data_lives_in_artifacts_not_checkpoints(env: Env) -> None:
+    agent = env.agent("report_agent")
+    agent.delay("t1", pages=100_000)  # 500 KB: half the checkpoint limit on its own
+    result = agent.wait("t1", timeout=10)
+    assert result["size"] == 500_009 and result["ref"]["content_type"] == "application/pdf"
+    assert env.store.get_artifact("t1", result["ref"]["artifact"]).startswith(b"%PDF")
+    assert len(repr(env.store.latest("t1"))) < 1000  # the checkpoint holds the reference
+    env.store.delete_thread("t1")
+    with pytest.raises(ArtifactNotFound):
+        env.store.get_artifact("t1", result["ref"]["artifact"])
+
+
+def test_an_oversized_artifact_is_refused_clearly(redis_server: RedisServer) -> None:
+    prefix = f"ar{uuid.uuid4().hex[:8]}:"
+    app = make_app(broker=BROKER, store=redis_server.url, prefix=prefix,
+                   queue=f"agentq-test-{prefix}", ledger_url=redis_server.url,
+                   max_artifact_bytes=1000)
+    agent = app.tasks["tests.report_agent"]
+    with start_worker(app, pool="solo", perform_ping_check=False):
+        agent.delay("t1", pages=1000)
+        with pytest.raises(ThreadStopped) as info:
+            agent.wait("t1", timeout=10)
+    assert "ArtifactTooLarge" in (info.value.error or "")
+    assert "max_artifact_bytes" in (info.value.error or "")
+
+
+# Celery's Redis result backend still calls redis-py's deprecated setex.
+@pytest.mark.filterwarnings("ignore:Call to deprecated setex:DeprecationWarning")
+def test_each_step_reports_progress_to_the_result_backend_and_flower(
+    redis_server: RedisServer,
+) -> None:
+    prefix = f"pr{uuid.uuid4().hex[:8]}:"
+    app = make_app(broker=BROKER, store=redis_server.url, prefix=prefix,
+                   queue=f"agentq-test-{prefix}", ledger_url=redis_server.url)
+    app.conf.result_backend = "redis://127.0.0.1:6379/1"
+    app.conf.worker_send_task_events = True
+    agent = app.tasks["tests.counting_agent"]
+    events: list[dict[str, Any]] = []
+    listening = threading.Event()
+
+    def listen() -> None:
+        with app.connection_for_read() as connection:
+            receiver = app.events.Receiver(
+                connection, handlers={"task-progress": events.append})
+            # Events sent before the receiver's queue exists are lost: start after it does.
+            receiver.on_consume_ready = lambda *args, **kwargs: listening.set()
+            with contextlib.suppress(TimeoutError, OSError):
+                for _ in receiver.itercapture(limit=None, timeout=20, wakeup=False):
+                    if len(events) >= 3:  # worker heartbeats arrive here too
+                        break
+
+    listener = threading.Thread(target=listen, daemon=True)
+    listener.start()
+    assert listening.wait(10)
+    with start_worker(app, pool="solo", perform_ping_check=False):
+        result = agent.delay("t1", n=3, slow=0.5)
+        wait_until(lambda: result.state == "PROGRESS", timeout=10, what="PROGRESS state")
+        assert result.info["thread_id"] == "t1" and result.info["node"] in ("start", "count")
+        assert agent.wait("t1", timeout=20) == 3
+        listener.join(20)
+    assert [(e["thread_id"], e["step"], e["node"]) for e in events[:3]] == [
+        ("t1", 0, "start"), ("t1", 1, "count"), ("t1", 2, "count")]
+    app.close()

@@ -140,7 +140,7 @@ class GraphTask(AgentTask):
 
     def run_graph(self, run: Run, input: Any = None) -> Any:
         """The node: run the graph from where the thread's checkpoints say it is."""
-        saver = self.saver.bound(run.thread_id, fencing_token(run))
+        saver = self.saver.bound(run.thread_id, run.token)
         graph = self.compiled().copy(update={"checkpointer": saver})
         config: RunnableConfig = {"configurable": {"thread_id": run.thread_id, RUN_KEY: run}}
         if self.recursion_limit is not None:
@@ -175,15 +175,6 @@ class GraphTask(AgentTask):
     def _cancel_requested(self, thread_id: str) -> bool:
         meta = self.agentq.store.meta(thread_id)
         return meta is not None and meta.cancel_requested
-
-
-def fencing_token(run: Run) -> int:
-    """The fencing token of the lease ``run`` executes under.
-
-    Read from the run rather than from the store's meta: a worker that lost its lease would
-    read the *new* owner's token there and slip past the fencing.
-    """
-    return run._token
 
 
 def graph_task(

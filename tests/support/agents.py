@@ -368,7 +368,22 @@ class ChaosAgent(AgentTask):
         return ledger
 
 
-AGENTS = (SupportAgent, ApprovalAgent, CountingAgent, BrokenAgent)
+class ReportAgent(AgentTask):
+    """Keeps a large generated document out of its checkpoints, as an artifact."""
+
+    name = "tests.report_agent"
+
+    def start(self, run: Run, pages: int) -> str:
+        pdf = b"%PDF-1.7\n" + b"page\n" * pages
+        run.state["report"] = run.artifacts.put(pdf, content_type="application/pdf")
+        return "check"
+
+    def check(self, run: Run) -> Done:
+        data = run.artifacts.get(run.state["report"])
+        return Done({"size": len(data), "ref": run.state["report"]})
+
+
+AGENTS = (SupportAgent, ApprovalAgent, CountingAgent, BrokenAgent, ReportAgent)
 
 
 def make_app(*, broker: str, store: str, prefix: str, queue: str, ledger_url: str,

@@ -44,6 +44,7 @@ def collect(
     report = on_progress or (lambda removed, expected: None)
     times = finished_before(store, time.time() - older_than)
     removed = 0
+    report(removed, len(times))
     if len(times) > CHUNK:
         for index in range(CHUNK - 1, len(times) - 1, CHUNK):
             # Strictly before this thread's update time: the chunk up to it, oldest first.

@@ -37,7 +37,7 @@ def gc(session: Session, older_than: float | None, as_json: bool) -> None:
     else:
         with Progress(TextColumn("deleting finished threads"), BarColumn(),
                       MofNCompleteColumn(), console=err, transient=True) as progress:
-            bar = progress.add_task("gc", total=None)
+            bar = progress.add_task("gc", total=None, visible=False)
 
             def show(done: int, expected: int) -> None:
                 # A bar for a handful of threads would only flicker.

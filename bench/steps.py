@@ -80,14 +80,18 @@ class Thread:
         self.state["messages"].extend(new)
         return sum(_chat.encoded_size(m) for m in new)
 
-    def commit(self) -> None:
-        """What the driver does once a node returned."""
+    def commit(self) -> int:
+        """What the driver does once a node returned; returns the nanoseconds of its
+        append-only check (the one part that reads the whole field)."""
         self.step += 1
+        start = time.perf_counter_ns()
         logs = self.logs.lengths(self.step, self.state) if self.logs is not None else None
+        check = time.perf_counter_ns() - start
         self.store.commit(self.thread_id, self.token, self._checkpoint(), due_in=3600,
                           logs=logs)
         if self.logs is not None:
             self.logs.committed(self.state)
+        return check
 
 
 @dataclass
@@ -97,6 +101,7 @@ class Length:
     n: int
     threads: Iterator[Thread]
     ns: list[int] = field(default_factory=list)
+    check_ns: list[int] = field(default_factory=list)
     aof_bytes: int = 0
     new_bytes: int = 0
     current: Thread | None = None
@@ -142,8 +147,9 @@ def measure(
                 thread = length.next_thread()
                 length.new_bytes += thread.append_round()
                 start = clock()
-                thread.commit()
+                check = thread.commit()
                 length.ns.append(clock() - start)
+                length.check_ns.append(check)
             length.aof_bytes += _aof_size(client) - before
     return lengths
 
@@ -165,6 +171,14 @@ def _results(lengths: dict[int, Length], append_only: bool) -> list[Result]:
             latency(long_), latency(short), TARGET_LATENCY if append_only else None,
         )
     ]  # fmt: skip
+    if append_only:
+        check = median(long_.check_ns) / 1e3
+        results.append(Result(
+            "figure", f"{tag}_check_us_{long_.n}", check,
+            f"  of which the append-only check (reads all {long_.n}), µs", f"{check:.0f} µs",
+            f"{median(short.check_ns) / 1e3:.0f} µs @{short.n}", None,
+            f"{check * 1e3 / median(long_.ns):.0%} of the step",
+        ))  # fmt: skip
     shown = LENGTHS if append_only else (LENGTHS[-1],)
     for n in shown:
         length = lengths[n]

@@ -64,7 +64,7 @@ class Size:
     overhead_steps: int
 
 
-SIZES = {False: Size(40, 50, 5, 10, 200), True: Size(10, 20, 1, 2, 100)}
+SIZES = {False: Size(40, 50, 7, 10, 200), True: Size(10, 20, 1, 2, 100)}
 
 
 def _agent(env: Cluster, size: Size, tag: str) -> int:

@@ -87,11 +87,8 @@ class DemoSupportAgent(AgentTask):
 
     def _ledger(self, run: Run, node: str) -> Ledger:
         ledger = open_ledger(self.app.conf.demo_ledger, self.app.conf.demo_namespace)
-        # The lease this worker holds, for the timeline: the meta's fence is the newest
-        # token handed out, which is ours while we drive the thread.
-        meta = self.agentq.store.meta(run.thread_id)
-        ledger.record("node", step=run.step, node=node, token=meta.fence if meta else 0,
-                      **_who())
+        # The lease this worker drives under, for the timeline's takeover line.
+        ledger.record("node", step=run.step, node=node, token=run.token, **_who())
         return ledger
 
     def start(self, run: Run, question: str) -> str:

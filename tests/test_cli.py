@@ -190,6 +190,16 @@ def test_diff_shows_changed_paths(threads: Backend) -> None:
     assert "No differences" in run(threads, "diff", "t-done", "2", "2").stdout
 
 
+def test_ids_and_errors_print_as_written(backend: Backend) -> None:
+    # rich would read brackets as markup and :x: as an emoji code.
+    token = drive(backend.store, "odd[/b]:x:", [{"key [1]": "[/red]"}])
+    backend.store.set_status("odd[/b]:x:", token, Status.FAILED, error="boom [/] :x:",
+                             release_owner=OWNER)
+    table = run(backend, "threads").stdout
+    assert "odd[/b]:x:" in table and "boom [/] :x:" in table
+    assert '"key [1]": "[/red]"' in run(backend, "show", "odd[/b]:x:").stdout
+
+
 # -- changing ----------------------------------------------------------------------------
 
 

@@ -75,11 +75,10 @@ def _child(path: str, key: Any) -> str:
 def changed_parts(old: Checkpoint, new: Checkpoint) -> list[str]:
     """The top-level names a step changed (``node``, ``state.messages``, ``pending``...),
     for one-line summaries."""
-    names: list[str] = []
-    for change in checkpoint_changes(old, new):
-        head = change.path.split("[", 1)[0]
-        parts = head.split(".")
-        name = ".".join(parts[:2]) if parts[0] == "state" else parts[0]
-        if name not in names:
-            names.append(name)
+    names = ["node"] if old.node != new.node else []
+    for key in [*old.state, *(k for k in new.state if k not in old.state)]:
+        if old.state.get(key, _MISSING) != new.state.get(key, _MISSING):
+            names.append(_child("state", key))
+    names.extend(part for part in ("pending", "cursors")
+                 if getattr(old, part) != getattr(new, part))
     return names

@@ -75,12 +75,12 @@ class AgentqGroup(click.Group):
     """A click group whose errors, from parsing to the store, print one line, never a
     traceback: standalone (``agentq``) and mounted under ``celery``."""
 
-    def main(  # type: ignore[override]
-        self, args: Any = None, prog_name: str | None = None, standalone_mode: bool = True,
-        **extra: Any,
+    def main(
+        self, args: Any = None, prog_name: str | None = None, complete_var: str | None = None,
+        standalone_mode: bool = True, **extra: Any,
     ) -> Any:
         try:
-            code = super().main(args, prog_name, standalone_mode=False, **extra)
+            code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         except click.exceptions.Exit as exit_:
             code = exit_.exit_code
         except (Exception, KeyboardInterrupt) as exc:

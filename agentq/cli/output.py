@@ -35,7 +35,9 @@ def console(*, stderr: bool = False) -> Console:
     honours NO_COLOR and FORCE_COLOR)."""
     stream = sys.stderr if stderr else sys.stdout
     terminal = stream.isatty()
-    return Console(file=stream, highlight=False, width=None if terminal else _PIPE_WIDTH)
+    # No emoji codes: ":x:" in a thread id or an error must print as written.
+    return Console(file=stream, highlight=False, emoji=False,
+                   width=None if terminal else _PIPE_WIDTH)
 
 
 def show_block(out: Console, renderable: RenderableType) -> None:

@@ -66,8 +66,10 @@ def threads(session: Session, status: str | None, limit: int, as_json: bool) -> 
         table.add_column(column, no_wrap=column != "NOTE",
                          justify="right" if column == "STEP" else "left")
     for meta in found:
-        table.add_row(meta.thread_id, status_text(meta.status), str(meta.step),
-                      meta.node or "-", meta.task or "-", ago(meta.updated_at), _note(meta))
+        # Text, not str: rich would read brackets in ids and errors as markup.
+        table.add_row(Text(meta.thread_id), status_text(meta.status), str(meta.step),
+                      Text(meta.node or "-"), Text(meta.task or "-"), ago(meta.updated_at),
+                      Text(_note(meta)))
     show_block(out, table)
 
 
@@ -97,7 +99,7 @@ def _meta_table(meta: ThreadMeta) -> Table:
     if meta.error:
         rows.append(("error", Text(meta.error.rstrip(), style="red")))
     for name, value in rows:
-        table.add_row(name, value)
+        table.add_row(name, Text(value) if isinstance(value, str) else value)
     return table
 
 
@@ -180,9 +182,9 @@ def history(session: Session, thread: str, limit: int | None, as_json: bool) -> 
             changed = ", ".join(changed_parts(older, checkpoint)) or "nothing"
         else:
             changed = "(first step)" if checkpoint.step == 0 else "(older steps pruned)"
-        table.add_row(str(checkpoint.step), checkpoint.node or "- (done)",
+        table.add_row(str(checkpoint.step), Text(checkpoint.node or "- (done)"),
                       str(checkpoint.token), when(checkpoint.created_at),
-                      str(len(checkpoint.pending)), changed)
+                      str(len(checkpoint.pending)), Text(changed))
     show_block(out, table)
 
 

@@ -196,7 +196,9 @@ def main(argv: list[str] | None = None) -> int:
             began = time.monotonic()
             print(f"bench: {name} ...", file=sys.stderr, flush=True)
             try:
-                rows += runner(args.quick)
+                # Progress a benchmark prints goes to stderr: stdout is the report alone.
+                with contextlib.redirect_stdout(sys.stderr):
+                    rows += runner(args.quick)
             except Exception as exc:
                 failed = True
                 traceback.print_exc()

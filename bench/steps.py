@@ -41,7 +41,7 @@ LENGTHS = (10, 100, 1000)
 TARGET_LATENCY = Target(1.5)
 TARGET_BYTES = Target(2.0)
 BLOCK = 10
-SAMPLES = {False: 1500, True: 60}
+SAMPLES = {False: 1500, True: 200}
 """Steps per length, append-only; the full-rewrite contrast takes a third (its AOF grows by
 the whole state every step: 1500 steps at 1000 messages would write half a gigabyte)."""
 

@@ -99,7 +99,7 @@ def print_table(rows: Sequence[Result | str]) -> None:
         if isinstance(r, Result)
     ]
     head = ("benchmark", "measured", "baseline", "value", "target", "verdict")
-    widths = [max(len(head[i]), *(len(row[i]) for row in cells)) for i in range(5)]
+    widths = [max([len(head[i]), *(len(row[i]) for row in cells)]) for i in range(5)]
 
     def line(row: tuple[str, ...]) -> str:
         return "  ".join(

@@ -189,7 +189,11 @@ def run_langgraph(path: Path) -> int:
 
 def _langgraph_row(final_bytes: int, runner: Callable[[Path], int]) -> Result:
     name, what = "storage_langgraph_sqlite_over_state", "LangGraph SqliteSaver DB ÷ final state"
-    if importlib.util.find_spec("langgraph.checkpoint.sqlite") is None:
+    try:
+        found = importlib.util.find_spec("langgraph.checkpoint.sqlite") is not None
+    except ModuleNotFoundError:  # no langgraph at all: its parent package is missing
+        found = False
+    if not found:
         return skipped("ratio", name, what, "langgraph not installed")
     with tempfile.TemporaryDirectory(prefix="agentq-bench-lg-") as directory:
         db = runner(Path(directory) / "checkpoints.sqlite")

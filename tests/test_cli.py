@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import uuid
@@ -418,3 +419,26 @@ def test_sweep_once_resends_what_is_due(threads: Backend) -> None:
     assert queued_messages(threads) == 1
     again = command([str(BIN / "agentq"), "-A", "agentq.demo.app", "sweep", "--once"], env)
     assert again.stdout.strip() == "Nothing due."  # claimed: not sent twice
+
+
+def test_sweep_loops_until_interrupted(threads: Backend) -> None:
+    threads.store.open_thread("t-lost", task=TASK, start_grace=0)
+    env = demo_app_env(threads)
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("AGENTQ_")}
+    with subprocess.Popen(
+        [str(BIN / "agentq"), "-A", "agentq.demo.app", "sweep", "--interval", "0.1", "--json"],
+        env={**clean, **env, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True,
+    ) as sweeper:
+        assert sweeper.stdout is not None and sweeper.stderr is not None
+        try:
+            first = json.loads(sweeper.stdout.readline())  # blocks until the first re-send
+            assert first["sent"] == "t-lost"
+            sweeper.send_signal(signal.SIGINT)
+            assert sweeper.wait(timeout=30) == 0
+        finally:
+            if sweeper.poll() is None:
+                sweeper.kill()
+        assert "Traceback" not in sweeper.stderr.read()
+    assert queued_messages(threads) >= 1
+

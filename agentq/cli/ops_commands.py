@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
@@ -151,7 +152,8 @@ def sweep(session: Session, once: bool, interval: float | None, as_json: bool) -
             out.print("Nothing due.")
         return
     every = interval or session.settings.sweep_interval
-    out.print(f"Sweeping {escape(label)} every {every:g} s; Ctrl-C to stop.")
+    if not as_json:
+        out.print(f"Sweeping {escape(label)} every {every:g} s; Ctrl-C to stop.")
     try:
         while True:
             try:
@@ -164,11 +166,15 @@ def sweep(session: Session, once: bool, interval: float | None, as_json: bool) -
                                            f"trying again in {every:g} s")
                 sent = []
             for thread in sent:
-                stamp = time.strftime("%H:%M:%S")
-                out.print(f"{stamp} re-sent [bold cyan]{escape(thread)}[/]")
+                if as_json:  # one object per line, for a log pipeline
+                    click.echo(json.dumps({"at": time.time(), "sent": thread}))
+                else:
+                    stamp = time.strftime("%H:%M:%S")
+                    out.print(f"{stamp} re-sent [bold cyan]{escape(thread)}[/]")
             time.sleep(every)
     except KeyboardInterrupt:
-        out.print("Stopped.")
+        if not as_json:
+            out.print("Stopped.")
 
 
 OPS_COMMANDS: tuple[Any, ...] = (gc, doctor, sweep)

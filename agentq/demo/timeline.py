@@ -74,8 +74,10 @@ class Watcher:
     """
 
     def __init__(self, store: Store, ledger: Ledger, thread_id: str, timeline: Timeline,
-                 workers: dict[int, str]) -> None:
+                 workers: dict[int, str], *, budget: float = 60.0) -> None:
         self.store = store
+        # Every wait also ends with the run's whole budget: the demo never hangs for long.
+        self.ends = time.monotonic() + budget
         self.ledger = ledger
         self.thread_id = thread_id
         self.timeline = timeline
@@ -90,7 +92,8 @@ class Watcher:
                  what: str, alive: Callable[[], None] | None = None) -> None:
         """Poll until ``condition`` holds; :class:`DemoFailed` after ``timeout`` seconds.
         ``alive`` raises if a process the wait depends on has died."""
-        deadline = time.monotonic() + timeout
+        started = time.monotonic()
+        deadline = min(started + timeout, self.ends)
         while True:
             self.poll()
             if condition(self.seen):
@@ -98,7 +101,8 @@ class Watcher:
             if alive is not None:
                 alive()
             if time.monotonic() > deadline:
-                raise DemoFailed(f"{what} did not happen within {timeout:g} s")
+                raise DemoFailed(f"{what} did not happen within "
+                                 f"{time.monotonic() - started:.0f} s")
             time.sleep(POLL_INTERVAL)
 
     def poll(self) -> None:

@@ -3,8 +3,9 @@
 The store is a private redis-server with AOF always; the ledger a private one without
 persistence (tasks count their completions there); the broker the machine's Redis
 (``AGENTQ_BENCH_BROKER``, default ``redis://127.0.0.1:6379/0``) with a queue of the run's
-own, deleted at the end. The worker is started in its own session and stopped by its PID
-(warm shutdown, then SIGKILL of its process group if it lingers), also on errors and Ctrl-C.
+own, deleted at the end. The worker is started in its own session and stopped by its PID:
+warm shutdown at the end of a run (SIGKILL of its process group if it lingers), SIGKILL of
+the group at once on an error, Ctrl-C or SIGTERM.
 """
 
 from __future__ import annotations
@@ -91,16 +92,24 @@ class Worker:
         return [int(pid) for pid in stats[self.name]["pool"]["processes"]]
 
     def stop(self) -> None:
-        process, self.process = self.process, None
+        """Warm shutdown (the queue is empty by now), SIGKILL if it lingers."""
+        process = self.process
         if process is None or process.poll() is not None:
             return
-        os.kill(process.pid, signal.SIGTERM)  # warm shutdown: the queue is empty by now
+        os.kill(process.pid, signal.SIGTERM)
         try:
             process.wait(timeout=STOP_DEADLINE)
         except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            process.wait(timeout=STOP_DEADLINE)
+            self.kill()
+
+    def kill(self) -> None:
+        """SIGKILL the worker and its pool (its session's process group) at once."""
+        process, self.process = self.process, None
+        if process is None or process.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=STOP_DEADLINE)
 
 
 @dataclass
@@ -159,4 +168,8 @@ def cluster(concurrency: int) -> Iterator[Cluster]:
         store_client = store.client
         assert isinstance(store_client, redis.Redis)
         ledger = stack.enter_context(contextlib.closing(ledger_server.client()))
-        yield Cluster(app, store, store_client, ledger, worker, run_id)
+        try:
+            yield Cluster(app, store, store_client, ledger, worker, run_id)
+        except BaseException:
+            worker.kill()  # interrupted or failed: nothing in flight is worth waiting for
+            raise

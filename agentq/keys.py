@@ -14,6 +14,10 @@ key                                        type    contents
                                                    crashes, fence, first, error, timestamps,
                                                    input/result/interrupt/resume (msgpack),
                                                    cancel ("1" once requested)
+``P thread:{T}:staged``                    string  the snapshot of a commit in flight: SET
+                                                   (``PX`` 60 s) in the commit's MULTI, then
+                                                   renamed to its checkpoint key, or deleted
+                                                   if the commit is refused
 ``P thread:{T}:lock``                      string  ``<token>:<owner>``, expires with the lease
 ``P thread:{T}:effect:<key>``              hash    state (pending/done), token, result
 ``P thread:{T}:artifact:<sha256>``         string  an artifact's bytes, content-addressed
@@ -29,9 +33,10 @@ key                                        type    contents
 ``P index:{index}:sweeper``                string  the owner of the sweeper lease (PX TTL)
 =========================================  ======  ===========================================
 
-``P`` is the configured prefix (``agentq:`` by default). No key has a Redis TTL: leases
-expire through ``PX`` on the lock keys only, and finished threads are removed by ``gc()``,
-which also keeps the indexes consistent.
+``P`` is the configured prefix (``agentq:`` by default). Leases expire through ``PX`` on
+the lock keys, and a staged snapshot through ``PX`` should its commit never run (it exists
+only within one MULTI otherwise); no other key has a Redis TTL: finished threads are removed
+by ``gc()``, which also keeps the indexes consistent.
 """
 
 from __future__ import annotations
@@ -111,6 +116,9 @@ class Keys:
 
     def meta(self, thread_id: str) -> str:
         return f"{self.thread(thread_id)}meta"
+
+    def staged(self, thread_id: str) -> str:
+        return f"{self.thread(thread_id)}staged"
 
     def lock(self, thread_id: str) -> str:
         return f"{self.thread(thread_id)}lock"

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 import redis
+from redis.connection import AbstractConnection
 
 from agentq.errors import LeaseHeld, StepConflict, StoreConfigError
 from agentq.records import Checkpoint, Effect, Status
@@ -561,7 +562,30 @@ COMMIT_VARIANTS: list[dict[str, Any]] = [
 ]
 
 
-def test_one_commit_is_one_evalsha_round_trip(logging_server: RedisServer) -> None:
+@pytest.fixture
+def writes(monkeypatch: pytest.MonkeyPatch) -> Callable[[str], int]:
+    """``writes(client_name)``: how many times connections of that name sent to the server.
+
+    One write of commands followed by reading their replies is one network round trip,
+    however many commands it carries (a pipeline, or MULTI ... EXEC); a second round trip
+    would need a second write.
+    """
+    sent: list[str] = []
+    original = AbstractConnection.send_packed_command
+
+    def counting(self: AbstractConnection, command: Any, check_health: bool = True) -> None:
+        sent.append(str(getattr(self, "client_name", None)))
+        original(self, command, check_health)
+
+    monkeypatch.setattr(AbstractConnection, "send_packed_command", counting)
+    return lambda name: sent.count(name)
+
+
+def test_one_commit_is_one_round_trip(
+    logging_server: RedisServer, writes: Callable[[str], int]
+) -> None:
+    """MULTI, SET of the snapshot to the staged key, EVALSHA of commit.lua, EXEC: in one
+    write, so the snapshot never passes through Lua and the commit is still atomic."""
     name = "store-under-test"
     with (
         redis_store(f"{logging_server.url}?client_name={name}") as store,
@@ -571,17 +595,36 @@ def test_one_commit_is_one_evalsha_round_trip(logging_server: RedisServer) -> No
         token = store.acquire("t1", "w1", TTL)
         store.commit("t1", token, checkpoint(0, token))  # loads the script on first use
         sha = store._scripts["commit"].sha.encode()
+        staged = store.keys.staged("t1").encode()
+        # The slow log leaves out EXEC itself and shows the commands it ran.
+        expected = [[b"MULTI"], [b"SET", staged], [b"EVALSHA", sha]]
 
         for step, options in enumerate(COMMIT_VARIANTS, start=1):
             admin.slowlog_reset()
-            before = command_calls(admin)
+            before, sent = command_calls(admin), writes(name)
             store.commit("t1", token, checkpoint(step, token), **options)
             after = command_calls(admin)
 
-            assert [command[:2] for command in store_commands(admin, name)] == [[b"EVALSHA", sha]]
-            delta = {c: after.get(c, 0) - before.get(c, 0) for c in ("evalsha", "script|load")}
-            assert delta == {"evalsha": 1, "script|load": 0}
+            assert writes(name) - sent == 1
+            assert [command[:2] for command in store_commands(admin, name)] == expected
+            delta = {c: after.get(c, 0) - before.get(c, 0)
+                     for c in ("exec", "evalsha", "script|load", "script|exists")}
+            assert delta == {"exec": 1, "evalsha": 1, "script|load": 0, "script|exists": 0}
         assert store.latest("t1") == checkpoint(len(COMMIT_VARIANTS), token)
+        assert not admin.exists(staged)
+
+        # A server that lost its scripts costs the commit two more round trips, once.
+        admin.script_flush()
+        admin.slowlog_reset()
+        sent = writes(name)
+        step = len(COMMIT_VARIANTS) + 1
+        store.commit("t1", token, checkpoint(step, token))
+        assert writes(name) - sent == 3
+        assert [command[:2] for command in store_commands(admin, name)] == [
+            *expected, [b"SCRIPT", b"LOAD"], *expected
+        ]
+        assert store.latest("t1") == checkpoint(step, token)
+        assert not admin.exists(staged)
 
 
 def test_latest_is_one_evalsha_round_trip(logging_server: RedisServer) -> None:

@@ -1,58 +1,118 @@
 -- Writes checkpoint n if the token is current and the latest step is n-1.
--- KEYS[1]: meta, [2]: latest, [3]: checkpoint n, [4]: lock, [due index].
--- ARGV[1]: status prefix or '', [2] thread id, [3] token, [4] n, [5] snapshot bytes,
--- [6] status, [7] due in seconds ('' for none), [8] '<token>:<owner>' to release or '',
--- [9] checkpoint key prefix, [10] keep_last, [11] the thread's key prefix, [12] how many
--- append-only logs follow, each as (field, length before, count, count items); then
--- meta (field, value) pairs.
+-- The snapshot is not an argument: the caller SETs it to the staged key first, in the same
+-- MULTI, so its bytes never pass through Lua. This script moves it into place with RENAME,
+-- or deletes it on any refusal.
+-- KEYS[1]: meta, [2]: latest, [3]: checkpoint n, [4]: lock, [5]: staged snapshot,
+-- [due index].
+-- ARGV[1]: status prefix or '', [2] token, [3] n, [4] status, [5] due in seconds ('' for
+-- none), [6] '<token>:<owner>' to release or '', [7] keep_last, [8] node ('' for none),
+-- [9] result (msgpack; '' leaves it as it is), [10] interrupt (msgpack; '' removes it),
+-- [11] how many append-only logs follow, each as (field, length before, count, count
+-- items).
+-- The thread id and key prefix are read from KEYS[1].
 -- Returns {1, cancel requested 0|1, ops}; {-1, current fence, 0} for a stale token;
 -- {-2, latest, 0} for a step conflict; {-3, 0, 0} for an unknown thread; {-7, field, 0}
--- when a log's length is not the one the checkpoint extends. A refusal writes nothing.
-local meta = KEYS[1]
-local refused = refuse_stale(meta, ARGV[3])
-if refused then
-  return refused
+-- when a log's length is not the one the checkpoint extends. A refusal writes nothing
+-- and removes the staged snapshot.
+local meta, staged = KEYS[1], KEYS[5]
+local current = redis.call('HMGET', meta, 'fence', 'first', 'cancel', 'status', 'attempts',
+  'crashes', 'resume', 'node', 'interrupt')
+local fence = tonumber(current[1])
+if not fence then
+  redis.call('DEL', staged)
+  return {-3, 0, 0}
 end
-local step = tonumber(ARGV[4])
+if fence ~= tonumber(ARGV[2]) then
+  redis.call('DEL', staged)
+  return {-1, fence, 0}
+end
+local cancel = current[3] == '1' and 1 or 0
+local step = tonumber(ARGV[3])
 local latest = tonumber(redis.call('GET', KEYS[2]) or '-1')
--- A client that resends after a lost reply finds its own write: report it as done.
-if latest == step and redis.call('GET', KEYS[3]) == ARGV[5] then
-  return {1, redis.call('HGET', meta, 'cancel') == '1' and 1 or 0, 0}
-end
-if latest ~= step - 1 then
+if latest == step then
+  -- A client that resends after a lost reply finds its own write: report it as done. Only
+  -- this rare case reads the snapshot bytes into Lua.
+  local same = redis.call('GET', KEYS[3]) == redis.call('GET', staged)
+  redis.call('DEL', staged)
+  if same then
+    return {1, cancel, 0}
+  end
   return {-2, latest, 0}
 end
+if latest ~= step - 1 then
+  redis.call('DEL', staged)
+  return {-2, latest, 0}
+end
+local base = string.sub(meta, 1, -5)
 local logs = {}
-local i = 13
-for _ = 1, tonumber(ARGV[12]) do
-  local log = {key = ARGV[11] .. 'log:' .. ARGV[i], field = ARGV[i],
+local i = 12
+for _ = 1, tonumber(ARGV[11]) do
+  local log = {key = base .. 'log:' .. ARGV[i], field = ARGV[i],
                before = tonumber(ARGV[i + 1]), first = i + 3, count = tonumber(ARGV[i + 2])}
   if redis.call('LLEN', log.key) ~= log.before then
+    redis.call('DEL', staged)
     return {-7, log.field, 0}
   end
   logs[#logs + 1] = log
   i = log.first + log.count
 end
+-- The first write: it fails, before any other, if the staged snapshot is missing.
+redis.call('RENAME', staged, KEYS[3])
+redis.call('PERSIST', KEYS[3])
+redis.call('SET', KEYS[2], step)
 for _, log in ipairs(logs) do
   -- unpack() is bounded by Lua's stack, so long appends go in slices.
   for from = log.first, log.first + log.count - 1, 1000 do
     redis.call('RPUSH', log.key, unpack(ARGV, from, math.min(from + 999, log.first + log.count - 1)))
   end
-  redis.call('HSET', ARGV[11] .. 'logs', log.field, log.before + log.count)
+  redis.call('HSET', base .. 'logs', log.field, log.before + log.count)
 end
-redis.call('SET', KEYS[3], ARGV[5])
-redis.call('SET', KEYS[2], step)
-local first = tonumber(redis.call('HGET', meta, 'first') or '0')
-local keep_from = step - tonumber(ARGV[10]) + 1
+local now = now_seconds()
+-- One HSET and at most one HDEL, of the meta fields that change: every write here is also
+-- appended to the AOF, and with appendfsync always its bytes cost time.
+local set = {meta, 'updated_at', tostring(now), 'step', step}
+local del = {meta}
+if current[4] ~= ARGV[4] then
+  set[#set + 1], set[#set + 2] = 'status', ARGV[4]
+end
+for j = 5, 6 do
+  if current[j] and current[j] ~= '0' then
+    set[#set + 1], set[#set + 2] = j == 5 and 'attempts' or 'crashes', 0
+  end
+end
+if current[7] then
+  del[#del + 1] = 'resume'
+end
+local first = tonumber(current[2] or '0')
+local keep_from = step - tonumber(ARGV[7]) + 1
 if keep_from > first then
   for s = first, keep_from - 1 do
-    redis.call('DEL', ARGV[9] .. s)
+    redis.call('DEL', base .. 'checkpoint:' .. s)
   end
-  redis.call('HSET', meta, 'first', keep_from)
+  set[#set + 1], set[#set + 2] = 'first', keep_from
 end
-local ops = update_thread(meta, KEYS[4], ARGV[2], ARGV[6], ARGV[7], ARGV[8], i)
-local cancel = 0
-if redis.call('HGET', meta, 'cancel') == '1' then
-  cancel = 1
+if ARGV[9] ~= '' then
+  set[#set + 1], set[#set + 2] = 'result', ARGV[9]
 end
-return {1, cancel, ops}
+-- Set when given and different, removed when not given.
+for _, field in ipairs({{'node', ARGV[8], current[8]}, {'interrupt', ARGV[10], current[9]}}) do
+  local name, value, was = field[1], field[2], field[3]
+  if value ~= '' and value ~= was then
+    set[#set + 1], set[#set + 2] = name, value
+  elseif value == '' and was then
+    del[#del + 1] = name
+  end
+end
+redis.call('HSET', unpack(set))
+if #del > 1 then
+  redis.call('HDEL', unpack(del))
+end
+if ARGV[6] ~= '' and redis.call('GET', KEYS[4]) == ARGV[6] then
+  redis.call('DEL', KEYS[4])
+end
+local due = 'clear'
+if ARGV[5] ~= '' then
+  due = now + tonumber(ARGV[5])
+end
+local thread_id = string.match(meta, '{([^}]*)}')
+return {1, cancel, index(thread_id, current[4], ARGV[4], due, now)}

@@ -26,6 +26,6 @@ end
 for _, field in ipairs(redis.call('HKEYS', ARGV[5] .. 'logs')) do
   redis.call('DEL', ARGV[5] .. 'log:' .. field)
 end
-redis.call('DEL', ARGV[5] .. 'logs')
+redis.call('DEL', ARGV[5] .. 'logs', ARGV[5] .. 'staged')
 redis.call('DEL', meta, KEYS[2], KEYS[3], KEYS[4])
 return {1, index(ARGV[2], status, '-', 'clear', now_seconds())}

@@ -265,7 +265,7 @@ def _all_finished(cluster: ChaosCluster, ids: list[str]) -> bool:
     )
 
 
-def _leases_on(cluster: ChaosCluster, worker: WorkerProcess, ids: list[str]) -> dict[str, int]:
+def leases_on(cluster: ChaosCluster, worker: WorkerProcess, ids: list[str]) -> dict[str, int]:
     """The threads whose lease is held by one of ``worker``'s processes, with the token.
     A lock holds ``<token>:<host>:<pid>:<nonce>``."""
     store = cluster.store
@@ -386,7 +386,7 @@ def _chaos_loop(cluster: ChaosCluster, rng: random.Random, log: ChaosLog, ids: l
         actions += 1
         if action == "kill":
             victim = rng.choice(cluster.workers)
-            held = _leases_on(cluster, victim, ids)
+            held = leases_on(cluster, victim, ids)
             at = time.time()
             victim.kill()
             cluster.retire(victim)

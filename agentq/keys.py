@@ -13,7 +13,9 @@ key                                        type    contents
 ``P thread:{T}:meta``                      hash    status, step, node, task, attempts,
                                                    crashes, fence, first, error, timestamps,
                                                    input/result/interrupt/resume (msgpack),
-                                                   cancel ("1" once requested)
+                                                   cancel ("1" once requested), log_fields
+                                                   (msgpack list of the latest checkpoint's
+                                                   append-only fields; absent if none)
 ``P thread:{T}:staged``                    string  the snapshot of a commit in flight: SET
                                                    (``PX`` 60 s) in the commit's MULTI, then
                                                    renamed to its checkpoint key, or deleted

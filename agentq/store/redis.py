@@ -5,10 +5,12 @@ atomic and costs one round trip. On a single server the global indexes change in
 same script; on Redis Cluster they live in another slot and follow in a second call
 (see ``lua/_prelude.lua`` for why that ordering is safe).
 
-``commit`` keeps the snapshot out of Lua, where every kilobyte costs time both ways: it
-sends ``MULTI``, a plain ``SET`` of the snapshot to the thread's staged key, the commit
-script (which checks the fence and the step, then renames the staged key into place) and
-``EXEC``, in one write.
+The two hot paths keep large values out of Lua, where every kilobyte costs time both
+ways: ``commit`` sends ``MULTI``, a plain ``SET`` of the snapshot to the thread's staged
+key, the commit script (which checks the fence and the step, then renames the staged key
+into place) and ``EXEC``, in one write; ``latest`` reads the pointer and the snapshot
+it names with one ``MGET`` when it knows the step to expect (from this store's last
+commit, ``meta()`` or ``latest()`` of the thread), and falls back to a script otherwise.
 """
 
 from __future__ import annotations
@@ -63,6 +65,8 @@ Arg = bytes | str | int | float
 
 STAGED_TTL_MS = 60_000
 """How long a staged snapshot outlives a commit that never ran its script (milliseconds)."""
+MAX_REMEMBERED_HEADS = 10_000
+"""How many threads' latest steps a store remembers to read ``latest()`` with one ``MGET``."""
 
 _SCRIPTS = (
     "index", "open_thread", "acquire", "renew", "release", "commit", "set_status",
@@ -113,6 +117,13 @@ def _exchange(connection: Any, packed: bytes, count: int) -> list[Any]:
         except ResponseError as error:
             replies.append(error)
     return replies
+
+
+def _log_fields(logs: Mapping[str, int]) -> bytes:
+    """The meta's ``log_fields``: the append-only fields of the latest checkpoint."""
+    if not logs:
+        return b""
+    return encode_value(sorted(logs), what="log fields", thread_id=None, step=None)
 
 
 def _pairs(fields: dict[str, Any]) -> list[Any]:
@@ -167,6 +178,9 @@ class RedisStore(Store):
         # Cluster clients route by slot and single-connection clients share one socket
         # under a lock: both go through redis-py's pipelines instead of a pooled socket.
         self._direct = not self.cluster and getattr(client, "connection", None) is None
+        self._heads: dict[str, tuple[int, tuple[str, ...]]] = {}
+        """thread id -> (latest step, append-only fields) as this store last saw them: a
+        guess that ``latest()`` checks on the server, never trusts."""
 
     @classmethod
     def from_url(cls, url: str, *, cluster: bool = False, **options: Any) -> RedisStore:
@@ -242,6 +256,21 @@ class RedisStore(Store):
             raise ResponseError(f"EXEC answered {executed!r}")
         return executed
 
+    def _remember(self, thread_id: str, step: int, fields: tuple[str, ...]) -> None:
+        heads = self._heads
+        if len(heads) >= MAX_REMEMBERED_HEADS and thread_id not in heads:
+            heads.clear()
+        heads[thread_id] = (step, fields)
+
+    def _meta(self, thread_id: str, fields: dict[str, bytes]) -> ThreadMeta:
+        """The meta from its stored fields; remembers the thread's latest step."""
+        meta = meta_from_fields(thread_id, fields)
+        names = fields.get("log_fields")
+        logged = decode_value(names, what="meta.log_fields", thread_id=thread_id,
+                              step=None) if names else ()
+        self._remember(thread_id, meta.step, tuple(logged))
+        return meta
+
     def _now(self) -> float:
         seconds, micros = self.client.time()
         return seconds + micros / 1e6
@@ -269,14 +298,14 @@ class RedisStore(Store):
             [thread_id, task, blob, start_grace],
             indexed=True,
         )
-        return meta_from_fields(thread_id, _hash_to_fields(flat)), bool(created)
+        return self._meta(thread_id, _hash_to_fields(flat)), bool(created)
 
     def meta(self, thread_id: str) -> ThreadMeta | None:
         validate_thread_id(thread_id)
         fields = self.client.hgetall(self.keys.meta(thread_id))
         if not fields:
             return None
-        return meta_from_fields(thread_id, _fields(fields))
+        return self._meta(thread_id, _fields(fields))
 
     def threads(
         self, status: Status | None = None, *, limit: int = 100, offset: int = 0
@@ -303,6 +332,7 @@ class RedisStore(Store):
 
     def _delete(self, thread_id: str, *, finished_before: float | str) -> bool:
         keys = self.keys
+        self._heads.pop(thread_id, None)
         deleted, _ = self._run(
             "delete_thread",
             [keys.meta(thread_id), keys.latest(thread_id), keys.lock(thread_id),
@@ -338,7 +368,8 @@ class RedisStore(Store):
             [self.keys.meta(new_thread_id), self.keys.latest(new_thread_id),
              self.keys.checkpoint(new_thread_id, step)],
             [new_thread_id, data, step, source.node or "", _text(task or source.task),
-             input_blob or "", self.keys.thread(new_thread_id), *log_args],
+             input_blob or "", self.keys.thread(new_thread_id), _log_fields(lengths),
+             *log_args],
             indexed=True,
         )
         if not created:
@@ -347,7 +378,7 @@ class RedisStore(Store):
                 "another id or delete that thread first",
                 thread_id=new_thread_id,
             )
-        return meta_from_fields(new_thread_id, _hash_to_fields(flat))
+        return self._meta(new_thread_id, _hash_to_fields(flat))
 
     def reopen(
         self,
@@ -487,11 +518,12 @@ class RedisStore(Store):
             [f"{base}meta", f"{base}latest", f"{base}checkpoint:{step}", f"{base}lock", staged],
             [token, step, status.value, "" if due_in is None else due_in,
              f"{token}:{release_owner}" if release_owner else "", self.keep_last,
-             checkpoint.node or "", *blobs, *log_args],
+             checkpoint.node or "", *blobs, _log_fields(logs or {}), *log_args],
         )
         self._apply_index_ops(reply)
         code, value, _ = reply
         self._raise_refusal(thread_id, token, code, value, step)
+        self._remember(thread_id, step, tuple(logs or ()))
         return bool(value)
 
     def _commit_staged(
@@ -590,11 +622,51 @@ class RedisStore(Store):
 
     def latest(self, thread_id: str) -> Checkpoint | None:
         validate_thread_id(thread_id)
+        head = self._heads.get(thread_id)
+        if head is not None:
+            guessed, found = self._latest_at(thread_id, *head)
+            if guessed:
+                return found
+        return self._latest_script(thread_id)
+
+    def _latest_at(
+        self, thread_id: str, step: int, fields: tuple[str, ...]
+    ) -> tuple[bool, Checkpoint | None]:
+        """``(True, latest checkpoint or None)`` if the latest step is ``step`` (or there is
+        none) and its logs are among ``fields``, read with one ``MGET`` (and an ``LRANGE``
+        per log, in a ``MULTI``): its bytes never pass through Lua. ``(False, None)`` when
+        the guess was wrong."""
+        base = self.keys.thread(thread_id)
+        read = ("MGET", f"{base}latest", f"{base}checkpoint:{step}")
+        if fields:
+            replies = self._send(
+                [read, *(("LRANGE", f"{base}log:{field}", 0, -1) for field in fields)],
+                transaction=True,
+            )
+        else:
+            replies = self._send([read], transaction=False)
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
+        (latest, data), *items = replies
+        if latest is None:
+            return True, None
+        if int(latest) != step or data is None:
+            return False, None
+        envelope, lengths = decode_envelope(thread_id, _blob(data), step=step)
+        if not lengths.keys() <= set(fields):
+            return False, None
+        log_items = dict(zip(fields, items, strict=True))
+        return True, build_checkpoint(thread_id, envelope, log_items, step=step)
+
+    def _latest_script(self, thread_id: str) -> Checkpoint | None:
+        """The latest checkpoint through latest.lua: one round trip, whatever the step."""
         reply = self._scripts["latest"](
             keys=[self.keys.latest(thread_id)],
             args=[self.keys.checkpoint_prefix(thread_id), self.keys.thread(thread_id)],
         )
         if reply is None:
+            self._remember(thread_id, -1, ())
             return None
         step, data = int(reply[0]), reply[1]
         if data is None:
@@ -606,6 +678,7 @@ class RedisStore(Store):
             )
         envelope, _ = decode_envelope(thread_id, data, step=step)
         log_items = {_text(reply[i]): reply[i + 1] for i in range(2, len(reply), 2)}
+        self._remember(thread_id, step, tuple(log_items))
         return build_checkpoint(thread_id, envelope, log_items, step=step)
 
     def _with_logs(self, thread_id: str, blobs: list[tuple[int, bytes]]) -> list[Checkpoint]:

@@ -627,20 +627,73 @@ def test_one_commit_is_one_round_trip(
         assert not admin.exists(staged)
 
 
-def test_latest_is_one_evalsha_round_trip(logging_server: RedisServer) -> None:
-    name = "store-under-test"
+def test_latest_is_one_round_trip(
+    logging_server: RedisServer, writes: Callable[[str], int]
+) -> None:
+    """One MGET of the pointer and the snapshot the store expects it to name; latest.lua
+    when the store has not seen the thread yet, or saw an older step."""
+    name, other = "store-under-test", "other-store"
     with (
         redis_store(f"{logging_server.url}?client_name={name}") as store,
+        redis_store(logging_server.url) as elsewhere,
         admin_client(logging_server) as admin,
     ):
         store.open_thread("t1", task="agent")
         token = store.acquire("t1", "w1", TTL)
         store.commit("t1", token, checkpoint(0, token))
-        assert store.latest("t1") == checkpoint(0, token)  # loads the script on first use
-        admin.slowlog_reset()
-
-        assert store.latest("t1") == checkpoint(0, token)
-        assert store.latest("nobody") is None
-
+        latest_key = store.keys.latest("t1").encode()
+        mget = [b"MGET", latest_key]
         sha = store._scripts["latest"].sha.encode()
-        assert [command[:2] for command in store_commands(admin, name)] == [[b"EVALSHA", sha]] * 2
+
+        def costs(call: Callable[[], object], commands: list[list[bytes]], trips: int = 1,
+                  ) -> object:
+            admin.slowlog_reset()
+            sent = writes(name)
+            value = call()
+            assert [c[:2] for c in store_commands(admin, name)] == commands
+            assert writes(name) - sent == trips
+            return value
+
+        assert costs(lambda: store.latest("t1"), [mget]) == checkpoint(0, token)
+        assert store.latest("warm-up") is None  # loads latest.lua on first use
+        # An unknown thread: the script first, then the store knows there is nothing.
+        assert costs(lambda: store.latest("nobody"), [[b"EVALSHA", sha]]) is None
+        nobody = [b"MGET", store.keys.latest("nobody").encode()]
+        assert costs(lambda: store.latest("nobody"), [nobody]) is None
+
+        # Another worker moved the thread on: the MGET finds another step, the script reads
+        # it (a second round trip), and the next read is one MGET again.
+        elsewhere.commit("t1", token, checkpoint(1, token))
+        assert costs(lambda: store.latest("t1"), [mget, [b"EVALSHA", sha]], trips=2) == (
+            checkpoint(1, token)
+        )
+        assert costs(lambda: store.latest("t1"), [mget]) == checkpoint(1, token)
+
+        # meta() tells the latest step too, as a driver reads it just before latest().
+        elsewhere.commit("t1", token, checkpoint(2, token))
+        store.meta("t1")
+        assert costs(lambda: store.latest("t1"), [mget]) == checkpoint(2, token)
+
+        # Append-only logs come in the same round trip, in a MULTI.
+        store.open_thread("t2", task="agent")
+        token2 = store.acquire("t2", "w1", TTL)
+        messages = ["a", ("b", 1)]
+        store.commit("t2", token2, checkpoint(0, token2, messages=messages), logs={"messages": 0})
+        log = store.keys.log("t2", "messages").encode()
+        read = [[b"MULTI"], [b"MGET", store.keys.latest("t2").encode()], [b"LRANGE", log]]
+        want = checkpoint(0, token2, messages=messages)
+        assert costs(lambda: store.latest("t2"), read) == want
+        # A store that has not seen the thread uses latest.lua, logs included; after meta(),
+        # which names the append-only fields too, one MULTI again.
+        with redis_store(f"{logging_server.url}?client_name={other}") as cold:
+            cold.client.ping()  # connects (and names the connection) first
+            admin.slowlog_reset()
+            sent = writes(other)
+            assert cold.latest("t2") == want
+            assert cold.meta("t2") is not None
+            assert cold.latest("t2") == want
+            meta = store.keys.meta("t2").encode()
+            assert [c[:2] for c in store_commands(admin, other)] == [
+                [b"EVALSHA", sha], [b"HGETALL", meta], *read
+            ]
+            assert writes(other) - sent == 3

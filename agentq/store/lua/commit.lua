@@ -7,8 +7,8 @@
 -- ARGV[1]: status prefix or '', [2] token, [3] n, [4] status, [5] due in seconds ('' for
 -- none), [6] '<token>:<owner>' to release or '', [7] keep_last, [8] node ('' for none),
 -- [9] result (msgpack; '' leaves it as it is), [10] interrupt (msgpack; '' removes it),
--- [11] how many append-only logs follow, each as (field, length before, count, count
--- items).
+-- [11] the names of the append-only fields (msgpack; '' for none), [12] how many logs
+-- follow, each as (field, length before, count, count items).
 -- The thread id and key prefix are read from KEYS[1].
 -- Returns {1, cancel requested 0|1, ops}; {-1, current fence, 0} for a stale token;
 -- {-2, latest, 0} for a step conflict; {-3, 0, 0} for an unknown thread; {-7, field, 0}
@@ -16,7 +16,7 @@
 -- and removes the staged snapshot.
 local meta, staged = KEYS[1], KEYS[5]
 local current = redis.call('HMGET', meta, 'fence', 'first', 'cancel', 'status', 'attempts',
-  'crashes', 'resume', 'node', 'interrupt')
+  'crashes', 'resume', 'node', 'interrupt', 'log_fields')
 local fence = tonumber(current[1])
 if not fence then
   redis.call('DEL', staged)
@@ -45,8 +45,8 @@ if latest ~= step - 1 then
 end
 local base = string.sub(meta, 1, -5)
 local logs = {}
-local i = 12
-for _ = 1, tonumber(ARGV[11]) do
+local i = 13
+for _ = 1, tonumber(ARGV[12]) do
   local log = {key = base .. 'log:' .. ARGV[i], field = ARGV[i],
                before = tonumber(ARGV[i + 1]), first = i + 3, count = tonumber(ARGV[i + 2])}
   if redis.call('LLEN', log.key) ~= log.before then
@@ -95,7 +95,8 @@ if ARGV[9] ~= '' then
   set[#set + 1], set[#set + 2] = 'result', ARGV[9]
 end
 -- Set when given and different, removed when not given.
-for _, field in ipairs({{'node', ARGV[8], current[8]}, {'interrupt', ARGV[10], current[9]}}) do
+for _, field in ipairs({{'node', ARGV[8], current[8]}, {'interrupt', ARGV[10], current[9]},
+                        {'log_fields', ARGV[11], current[10]}}) do
   local name, value, was = field[1], field[2], field[3]
   if value ~= '' and value ~= was then
     set[#set + 1], set[#set + 2] = name, value

@@ -69,6 +69,19 @@ def _stop_on_termination() -> Iterator[None]:
             signal.signal(sig, handler)
 
 
+@contextlib.contextmanager
+def _without_celery_environment() -> Iterator[None]:
+    """Hide CELERY_* variables while the demo runs: CELERY_BROKER_URL, for one, overrides
+    any app's broker, and would send the demo's messages to the user's own broker. The
+    workers inherit the cleaned environment."""
+    hidden = {name: os.environ.pop(name) for name in list(os.environ)
+              if name.startswith("CELERY_")}
+    try:
+        yield
+    finally:
+        os.environ.update(hidden)
+
+
 @dataclass
 class Stage:
     """Everything one run owns, created by :func:`_stage` and removed by it on exit."""
@@ -280,7 +293,8 @@ def run_demo(*, redis_url: str | None = None, keep: bool = False) -> int:
     out = make_console()
     started = time.monotonic()
     try:
-        with _stop_on_termination(), _stage(redis_url, keep) as stage:
+        with _stop_on_termination(), _without_celery_environment(), \
+                _stage(redis_url, keep) as stage:
             out.print(f"[bold]agentq demo[/] — {escape(stage.location)}")
             out.print("A support agent refunds a duplicate charge. Its worker is killed "
                       "right after the refund, before the refund is recorded; a fresh "

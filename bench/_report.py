@@ -4,7 +4,7 @@ A benchmark returns :class:`Result` rows: each is one number measured against a 
 taken in the same run (a ``ratio``), or one absolute number (a ``figure``), with the target
 the issue set, if any. Targets are printed with a verdict, never asserted. The table is for
 people; the ``ratio <name> <value>`` / ``figure <name> <value>`` lines after it are for
-machines (a row that could not run prints ``skipped`` as its value).
+machines (a row that could not run prints ``skipped`` or ``error`` as its value).
 """
 
 from __future__ import annotations
@@ -72,7 +72,10 @@ class Result:
         )
 
     def line(self) -> str:
-        value = "skipped" if self.value is None else f"{self.value:.{_digits(self.value)}f}"
+        if self.value is None:
+            value = "error" if self.note.startswith("error") else "skipped"
+        else:
+            value = f"{self.value:.{_digits(self.value)}f}"
         return f"{self.kind} {self.name} {value}"
 
 

@@ -27,7 +27,7 @@ app.conf.worker_prefetch_multiplier = 1
 app.register_task(ChaosAgent())
 
 
-@app.task(name="tests.plain_task", acks_late=True)
+@app.task(name="tests.plain_task", acks_late=True)  # type: ignore[untyped-decorator]
 def plain_task(run_id: str, seconds: float) -> str:
     """A plain Celery task with ``acks_late=True`` and nothing else: records each start in
     the ledger, then works for ``seconds``."""

@@ -455,7 +455,7 @@ def verify(cluster: ChaosCluster, log: ChaosLog, reference: Any) -> ChaosReport:
             problems.append(f"{thread_id}: result {meta.result!r} != reference {reference!r}")
         # The outside world: every effect applied once, no tool call made twice unless the
         # tool is declared idempotent.
-        expected = {}
+        expected: dict[str, int | str] = {}
         for n in range(1, config.rounds + 1):
             expected[f"refund:call-refund-{n}"] = 10 * n
             expected[f"notify:call-notify-{n}"] = f"c{n}@ex.com"

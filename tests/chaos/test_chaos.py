@@ -2,6 +2,10 @@
 (SIGTERM), frozen past their lease (SIGSTOP) and the store is SIGKILLed and restarted.
 
 The machinery lives in :mod:`tests.support.chaos`, shared with ``python -m bench.chaos``.
+
+Known agentq bug this test can hit by chance (a SIGSTOP landing between a claim and the
+effect): ``notify:call-notify-N ran 2 times``; ``test_zombie_effect.py`` reproduces it
+deterministically. Bugs it can only hit rarely are in ``test_store_faults.py``.
 """
 
 from __future__ import annotations

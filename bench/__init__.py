@@ -1,1 +1,2 @@
-"""Benchmarks for agentq, run as modules from the repository root (``python -m bench.store``)."""
+"""Benchmarks for agentq, run from the repository root: all of them with ``python -m bench
+[--quick]``, one with ``python -m bench.<name>`` (``store``, ``steps``, ``agent``, ...)."""

@@ -24,7 +24,7 @@ from typing import Any
 import redis
 from redis.cluster import RedisCluster
 from redis.commands.core import Script
-from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import DataError, NoScriptError, ResponseError
 
 from agentq.codec import (
     DEFAULT_MAX_CHECKPOINT_BYTES,
@@ -100,11 +100,24 @@ def _resp(commands: Sequence[Sequence[Arg]]) -> bytes:
             elif type(arg) is int:
                 data = b"%d" % arg
             else:
-                data = repr(arg).encode()
+                data = _encode_arg(arg)
             append(b"$%d\r\n" % len(data))
             append(data)
             append(b"\r\n")
     return b"".join(out)
+
+
+def _encode_arg(value: object) -> bytes:
+    """An argument of a type :func:`_resp` does not expect first, as redis-py would."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value)
+    if isinstance(value, str):
+        return value.encode()
+    if isinstance(value, int) and not isinstance(value, bool):
+        return b"%d" % value
+    if isinstance(value, float):
+        return repr(value).encode()
+    raise DataError(f"cannot send a {type(value).__name__} to Redis: {value!r}")
 
 
 def _exchange(connection: Any, packed: bytes, count: int) -> list[Any]:

@@ -12,8 +12,8 @@
 -- The thread id and key prefix are read from KEYS[1].
 -- Returns {1, cancel requested 0|1, ops}; {-1, current fence, 0} for a stale token;
 -- {-2, latest, 0} for a step conflict; {-3, 0, 0} for an unknown thread; {-7, field, 0}
--- when a log's length is not the one the checkpoint extends. A refusal writes nothing
--- and removes the staged snapshot.
+-- when a log's length is not the one the checkpoint extends. A refusal changes no key:
+-- it deletes the staged snapshot its own transaction wrote.
 local meta, staged = KEYS[1], KEYS[5]
 local current = redis.call('HMGET', meta, 'fence', 'first', 'cancel', 'status', 'attempts',
   'crashes', 'resume', 'node', 'interrupt', 'log_fields')

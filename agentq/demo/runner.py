@@ -221,7 +221,9 @@ def _play(stage: Stage, timeline: Timeline) -> tuple[Watcher, int]:
                      what="the refund tool pausing after the refund",
                      alive=lambda: _not_stopped_early(watcher.seen))
     first.kill()
-    step_at_kill = watcher.seen.meta.step if watcher.seen.meta else -1
+    # Read after the kill: nothing can commit now, so this is the checkpoint to resume from.
+    meta = stage.store.meta(THREAD_ID)
+    step_at_kill = meta.step if meta else -1
     timeline.say("demo", f"[bold]SIGKILL worker A[/] (pid {first.pid} and its pool process), "
                  f"between the refund and its record; the thread's last checkpoint is step "
                  f"{step_at_kill}")

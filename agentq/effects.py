@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Final, TypeVar
+from typing import Any, Final, TypeVar, overload
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -35,13 +35,26 @@ class ToolPolicy:
     shared: bool = False
 
 
+@overload
+def tool(fn: F) -> F: ...
+
+
+@overload
+def tool(
+    *,
+    idempotent: bool = False,
+    reconcile: Callable[..., Any] | None = None,
+    shared: bool = False,
+) -> Callable[[F], F]: ...
+
+
 def tool(
     fn: F | None = None,
     *,
     idempotent: bool = False,
     reconcile: Callable[..., Any] | None = None,
     shared: bool = False,
-) -> Any:
+) -> F | Callable[[F], F]:
     """Declare a tool's policy once, where it is defined; ``run.tool`` reads it::
 
         @tool(idempotent=True)

@@ -63,7 +63,7 @@ def _who() -> dict[str, int]:
 
 def refund_tool(ledger: Ledger) -> Callable[..., dict[str, Any]]:
     # agentq.tool returns Any, which mypy --strict refuses as a decorator.
-    @agentq.tool(idempotent=True)  # type: ignore[untyped-decorator]
+    @agentq.tool(idempotent=True)
     def refund(order: str, cents: int, reason: str, *, idempotency_key: str) -> dict[str, Any]:
         """Refund through the payment service. Safe to run again after a crash: the
         idempotency key is forwarded, and the service answers a repeated key with the

@@ -219,7 +219,9 @@ class Store(ABC):
 
     @abstractmethod
     def latest(self, thread_id: str) -> Checkpoint | None:
-        """Return the latest checkpoint, ``None`` if none was committed. One round trip."""
+        """Return the latest checkpoint, ``None`` if none was committed. One round trip
+        (on Redis, two when another process committed since this store last saw the
+        thread)."""
 
     @abstractmethod
     def checkpoint(self, thread_id: str, step: int) -> Checkpoint:

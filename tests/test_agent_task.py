@@ -39,9 +39,13 @@ def env(redis_server: RedisServer) -> Iterator[Env]:
     app = make_app(broker=BROKER, store=redis_server.url, prefix=prefix,
                    queue=f"agentq-test-{prefix}", ledger_url=redis_server.url,
                    lease_ttl=3, sweep_interval=0.2, start_grace=5, backoff_base=0.1)
+    ledger = Ledger(redis_server.url, prefix.rstrip(":"))
     with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False,
                       shutdown_timeout=30):
-        yield Env(app, Ledger(redis_server.url, prefix.rstrip(":")))
+        yield Env(app, ledger)
+    ledger.client.close()
+    app._agentq_runtime.store.close()
+    app.close()
 
 
 def test_a_thread_runs_to_done_with_one_checkpoint_per_node(env: Env) -> None:

@@ -367,6 +367,16 @@ class Feeder:
                         return
 
 
+def _busy_worker(cluster: ChaosCluster, ids: list[str],
+                 rng: random.Random) -> tuple[WorkerProcess, dict[str, int]]:
+    """A random worker among those driving threads (any worker if none is), with the
+    threads it drives: killing or freezing an idle worker proves little."""
+    held = {worker.name: leases_on(cluster, worker, ids) for worker in cluster.workers}
+    busy = [worker for worker in cluster.workers if held[worker.name]]
+    victim = rng.choice(busy or cluster.workers)
+    return victim, held[victim.name]
+
+
 def _chaos_loop(cluster: ChaosCluster, rng: random.Random, log: ChaosLog, ids: list[str],
                 note: Say) -> None:
     config = cluster.config
@@ -385,8 +395,7 @@ def _chaos_loop(cluster: ChaosCluster, rng: random.Random, log: ChaosLog, ids: l
         action = plan.pop(0) if plan else rng.choice(ACTIONS)
         actions += 1
         if action == "kill":
-            victim = rng.choice(cluster.workers)
-            held = leases_on(cluster, victim, ids)
+            victim, held = _busy_worker(cluster, ids, rng)
             at = time.time()
             victim.kill()
             cluster.retire(victim)
@@ -405,7 +414,7 @@ def _chaos_loop(cluster: ChaosCluster, rng: random.Random, log: ChaosLog, ids: l
             log.deploy_exits.append(took)
             note(f"deploy: SIGTERM {old.name}, exited in {took:.2f} s; {new.name} serves")
         elif action == "zombie":
-            victim = rng.choice(cluster.workers)
+            victim, _ = _busy_worker(cluster, ids, rng)
             victim.signal_group(signal.SIGSTOP)
             note(f"SIGSTOP {victim.name} for {config.zombie_pause:.1f} s")
             time.sleep(config.zombie_pause)  # past the lease TTL: that is the point

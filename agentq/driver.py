@@ -143,6 +143,8 @@ class Driver:
                 store=store, thread_id=thread_id, step=step, node=node, token=token,
                 state=state, pending=pending, cursors=cursors, resume_value=resume_value,
                 max_artifact_bytes=settings.max_artifact_bytes,
+                confirm_lease=lambda: store.renew(thread_id, self.owner, token,
+                                                  settings.lease_ttl),
             )  # fmt: skip
             try:
                 outcome = self._call(node, run, meta.input if step == 0 else None)
@@ -157,6 +159,12 @@ class Driver:
                 logger.error("%s", exc)
                 return None
             except FencingError:
+                raise
+            except store.transient_errors:
+                # The store, not the node, failed: the thread stays running and its lease
+                # runs out, then recovery resumes it (a crash, bounded by max_crashes).
+                logger.warning("thread %s: store unreachable during step %d; leaving the "
+                               "thread to recovery", thread_id, step)
                 raise
             except Exception as exc:
                 return self._fail_or_retry(token, step, attempts, exc)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import uuid
 from collections.abc import Callable
 from typing import Any, Final
 
@@ -62,6 +63,7 @@ class Run:
         cursors: dict[str, Any],
         resume_value: Any,
         max_artifact_bytes: int,
+        confirm_lease: Callable[[], None],
     ) -> None:
         self.thread_id = thread_id
         self.step = step
@@ -73,6 +75,7 @@ class Run:
         self.artifacts = Artifacts(store, thread_id, max_artifact_bytes)
         self._store = store
         self._token = token
+        self._confirm_lease = confirm_lease
         self._calls = 0
 
     @property
@@ -105,7 +108,11 @@ class Run:
 
         ``key`` defaults to the step and the call's position in the node (deterministic:
         a re-run node makes the same calls in the same order); pass the model's tool-call
-        id when there is one. ``idempotent``/``reconcile``/``shared`` override the policy
+        id when there is one. ``fn`` receives the key as ``idempotency_key`` and the lease's
+        fencing token as ``fencing_token`` if it has parameters of those names: a service
+        that keeps the highest token it saw per thread can refuse a worker that was frozen
+        between its claim and the call, which nothing on this side can stop.
+        ``idempotent``/``reconcile``/``shared`` override the policy
         declared with :func:`agentq.tool` (see :class:`~agentq.effects.ToolPolicy`).
         """
         declared = policy_of(fn)
@@ -117,7 +124,10 @@ class Run:
         self._calls += 1
         key = key if key is not None else f"step{self.step}.call{self._calls}"
         store, thread_id = self._store, self.thread_id
-        claim = store.claim_effect(thread_id, key, self._token, shared=policy.shared)
+        # Names this call, so that a claim resent after a lost reply is known as ours.
+        claim_id = uuid.uuid4().hex
+        claim = store.claim_effect(thread_id, key, self._token, shared=policy.shared,
+                                   claim_id=claim_id)
         if claim.outcome == "done":
             return claim.effect.result
         if claim.outcome == "unknown":
@@ -133,15 +143,22 @@ class Run:
                     key=key,
                     tool=name,
                 )
-            store.claim_effect(thread_id, key, self._token, shared=policy.shared, takeover=True)
+            store.claim_effect(thread_id, key, self._token, shared=policy.shared, takeover=True,
+                               claim_id=claim_id)
             if policy.reconcile is not None:
                 found = policy.reconcile(key, *args, **kwargs)
                 if found is not DID_NOT_RUN:
                     store.complete_effect(thread_id, key, self._token, found,
                                           shared=policy.shared)
                     return found
-        if "idempotency_key" in inspect.signature(fn).parameters:
+        parameters = inspect.signature(fn).parameters
+        if "idempotency_key" in parameters:
             kwargs["idempotency_key"] = key
+        if "fencing_token" in parameters:
+            kwargs["fencing_token"] = self._token
+        # A worker paused since its claim may have been replaced meanwhile: renewing the
+        # lease here, as late as possible, stops it before the effect rather than after.
+        self._confirm_lease()
         result = fn(*args, **kwargs)
         store.complete_effect(thread_id, key, self._token, result, shared=policy.shared)
         return result

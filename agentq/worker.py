@@ -17,7 +17,7 @@ from types import FrameType
 from typing import Any
 
 from celery import bootsteps
-from celery.signals import worker_process_init
+from celery.signals import worker_process_init, worker_shutdown, worker_shutting_down
 
 from agentq.sweeper import Sweeper
 
@@ -39,6 +39,24 @@ def _install_drain_handler(**_: Any) -> None:
     signal.signal(DRAIN_SIGNAL, _on_drain_signal)
 
 
+@worker_shutdown.connect  # type: ignore[untyped-decorator]
+def _drained(**_: Any) -> None:
+    # The worker is gone; another one started in this process (tests, embedded use) must
+    # not inherit the hand-over.
+    draining.clear()
+
+
+def _relay_drain(worker: Any) -> int:
+    """Ask this process's running agents and the pool's processes to hand over."""
+    draining.set()
+    processes = (worker.pool.info or {}).get("processes", []) if worker.pool else []
+    for pid in processes:
+        if pid != os.getpid():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, DRAIN_SIGNAL)
+    return len(processes)
+
+
 class AgentqWorkerStep(bootsteps.StartStopStep):  # type: ignore[misc]
     """Runs the sweeper in the worker's main process and relays shutdown to the pool."""
 
@@ -47,25 +65,36 @@ class AgentqWorkerStep(bootsteps.StartStopStep):  # type: ignore[misc]
     def __init__(self, worker: Any, **kwargs: Any) -> None:
         super().__init__(worker, **kwargs)
         self.sweeper: Sweeper | None = None
+        self._on_signal: Any = None
 
     def start(self, worker: Any) -> None:
         draining.clear()  # a worker started again in the same process works normally
         self.sweeper = Sweeper(worker.app)
         self.sweeper.start()
 
+        # Sent from inside the SIGTERM handler: relaying here rather than in close(),
+        # which waits for the event loop to wake, lets no agent start another step.
+        def on_signal(sender: Any = None, **_: Any) -> None:
+            if sender == worker.hostname:
+                _relay_drain(worker)
+
+        self._on_signal = on_signal
+        worker_shutting_down.connect(on_signal, weak=False)
+
     def close(self, worker: Any) -> None:
-        # Called first on shutdown, before the pool waits for running tasks.
-        draining.set()
-        processes = (worker.pool.info or {}).get("processes", []) if worker.pool else []
-        for pid in processes:
-            if pid != os.getpid():
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, DRAIN_SIGNAL)
+        # Every shutdown passes here (also one not started by a signal), before the pool
+        # waits for running tasks.
+        relayed = _relay_drain(worker)
         logger.info("worker shutting down: asked %d pool processes to hand over their "
-                    "threads", len(processes))
+                    "threads", relayed)
 
     def stop(self, worker: Any) -> None:
+        if self._on_signal is not None:
+            worker_shutting_down.disconnect(self._on_signal)
         if self.sweeper is not None:
             self.sweeper.stop()
 
-    terminate = stop
+    def terminate(self, worker: Any) -> None:
+        # A cold shutdown sends no worker_shutdown: clear the hand-over here instead.
+        self.stop(worker)
+        draining.clear()

@@ -43,6 +43,10 @@ class Store(ABC):
     """How many checkpoints of a thread are kept; older ones are deleted by ``commit``."""
     max_checkpoint_bytes: int
     """The encoded size over which ``commit`` refuses a checkpoint."""
+    transient_errors: tuple[type[BaseException], ...] = ()
+    """Errors that mean the store could not be reached (a restart, a timeout): nothing was
+    decided, so a driver that meets one leaves the thread to lease recovery instead of
+    failing it."""
 
     def __init__(
         self,
@@ -239,7 +243,14 @@ class Store(ABC):
 
     @abstractmethod
     def claim_effect(
-        self, thread_id: str, key: str, token: int, *, shared: bool = False, takeover: bool = False
+        self,
+        thread_id: str,
+        key: str,
+        token: int,
+        *,
+        shared: bool = False,
+        takeover: bool = False,
+        claim_id: str = "",
     ) -> Claim:
         """Claim the idempotency record ``key`` of the thread (``shared=True``: the global
         record, across threads).
@@ -247,6 +258,10 @@ class Store(ABC):
         A new record is created ``pending`` under ``token`` and the outcome is ``claimed``.
         A ``done`` record answers ``done`` with its result. A ``pending`` one answers
         ``unknown``, or with ``takeover=True`` passes to ``token`` and answers ``claimed``.
+        ``claim_id`` names this one call: the same claim sent again (a client retrying
+        after its reply was lost) answers ``claimed`` again rather than ``unknown``, since
+        no effect can have run in between.
+
         Raises :class:`~agentq.errors.StaleToken` when ``token`` is not the thread's
         current one. Atomic (for ``shared`` records on Redis Cluster the token check and the
         claim are two steps, because they live in different slots).

@@ -168,6 +168,8 @@ class RedisStore(Store):
     :class:`redis.cluster.RedisCluster` client is used in cluster mode.
     """
 
+    transient_errors = (redis.ConnectionError, redis.TimeoutError)
+
     def __init__(
         self,
         client: RedisClient,
@@ -761,12 +763,19 @@ class RedisStore(Store):
             )
 
     def claim_effect(
-        self, thread_id: str, key: str, token: int, *, shared: bool = False, takeover: bool = False
+        self,
+        thread_id: str,
+        key: str,
+        token: int,
+        *,
+        shared: bool = False,
+        takeover: bool = False,
+        claim_id: str = "",
     ) -> Claim:
         keys = self._effect_keys(thread_id, key, shared=shared)
         self._check_fence_apart(thread_id, token, shared)
         code, holder, result = self._scripts["claim_effect"](
-            keys=keys, args=[token, "1" if takeover else "0"]
+            keys=keys, args=[token, "1" if takeover else "0", claim_id]
         )
         self._raise_refusal(thread_id, token, code, holder, None)
         if code == 2:

@@ -60,7 +60,7 @@ from agentq.store.base import (
 
 BUSY_TIMEOUT: Final = 30.0
 """Seconds a write waits for another process's transaction before giving up."""
-SCHEMA_VERSION: Final = 1
+SCHEMA_VERSION: Final = 2
 _URL_PREFIX: Final = "sqlite:///"
 _GC_BATCH: Final = 500
 _LEASED: Final = frozenset({Status.QUEUED, Status.RETRYING, Status.RUNNING})
@@ -85,7 +85,8 @@ _SCHEMA: Final = (
     "CREATE TABLE IF NOT EXISTS checkpoints (thread_id TEXT NOT NULL, step INTEGER NOT NULL, "
     "data BLOB NOT NULL, PRIMARY KEY (thread_id, step))",
     'CREATE TABLE IF NOT EXISTS effects (scope TEXT NOT NULL, "key" TEXT NOT NULL, '
-    'state TEXT NOT NULL, token INTEGER NOT NULL, result BLOB, PRIMARY KEY (scope, "key"))',
+    'state TEXT NOT NULL, token INTEGER NOT NULL, result BLOB, claim TEXT, '
+    'PRIMARY KEY (scope, "key"))',
     "CREATE TABLE IF NOT EXISTS artifacts (thread_id TEXT NOT NULL, digest TEXT NOT NULL, "
     "data BLOB NOT NULL, PRIMARY KEY (thread_id, digest))",
     "CREATE TABLE IF NOT EXISTS leases (name TEXT PRIMARY KEY, owner TEXT NOT NULL, "
@@ -106,6 +107,9 @@ class SQLiteStore(Store):
     prefork) opens its own connection on first use: SQLite connections must not cross
     ``fork()``.
     """
+
+    # "database is locked" past the busy timeout, or the disk gone: retry later.
+    transient_errors = (sqlite3.OperationalError,)
 
     def __init__(
         self,
@@ -173,6 +177,8 @@ class SQLiteStore(Store):
                     )
                 for statement in _SCHEMA:
                     db.execute(statement)
+                if version == 1:  # version 2 names each claim, to recognise a resent one
+                    db.execute("ALTER TABLE effects ADD COLUMN claim TEXT")
                 db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         except sqlite3.DatabaseError as exc:
             db.close()
@@ -567,7 +573,14 @@ class SQLiteStore(Store):
     # -- effects -------------------------------------------------------------------------
 
     def claim_effect(
-        self, thread_id: str, key: str, token: int, *, shared: bool = False, takeover: bool = False
+        self,
+        thread_id: str,
+        key: str,
+        token: int,
+        *,
+        shared: bool = False,
+        takeover: bool = False,
+        claim_id: str = "",
     ) -> Claim:
         validate_thread_id(thread_id)
         validate_effect_key(key, thread_id)
@@ -575,11 +588,14 @@ class SQLiteStore(Store):
         with self._write() as db:
             self._fenced(db, thread_id, token)
             found = _read_effect(db, thread_id, scope, key)
-            if found is None or (found.state == "pending" and takeover):
+            resent = found is not None and found.state == "pending" and claim_id != "" and (
+                found.token == token and _claim_of(db, scope, key) == claim_id
+            )
+            if found is None or (found.state == "pending" and takeover) or resent:
                 db.execute(
-                    'INSERT OR REPLACE INTO effects (scope, "key", state, token) '
-                    "VALUES (?, ?, 'pending', ?)",
-                    (scope, key, token),
+                    'INSERT OR REPLACE INTO effects (scope, "key", state, token, claim) '
+                    "VALUES (?, ?, 'pending', ?, ?)",
+                    (scope, key, token, claim_id),
                 )
                 return Claim("claimed", Effect(key, "pending", token))
         return Claim("done" if found.state == "done" else "unknown", found)
@@ -819,3 +835,10 @@ def _load(db: sqlite3.Connection, thread_id: str, step: int, data: bytes) -> Che
         for field, length in lengths.items()
     }  # fmt: skip
     return build_checkpoint(thread_id, envelope, items, step=step)
+
+
+def _claim_of(db: sqlite3.Connection, scope: str, key: str) -> str | None:
+    row = db.execute(
+        'SELECT claim FROM effects WHERE scope = ? AND "key" = ?', (scope, key)
+    ).fetchone()
+    return None if row is None else row[0]

@@ -3,9 +3,10 @@
 
 The machinery lives in :mod:`tests.support.chaos`, shared with ``python -m bench.chaos``.
 
-Known agentq bug this test can hit by chance (a SIGSTOP landing between a claim and the
-effect): ``notify:call-notify-N ran 2 times``; ``test_zombie_effect.py`` reproduces it
-deterministically. Bugs it can only hit rarely are in ``test_store_faults.py``.
+A known limit this test could hit by chance, now only if a SIGSTOP lands inside a
+``reconcile`` tool between the lease check before the call and the call itself:
+``notify:call-notify-N ran 2 times``; ``test_zombie_effect.py`` reproduces it
+deterministically. Store faults it can only hit rarely are in ``test_store_faults.py``.
 """
 
 from __future__ import annotations

@@ -82,12 +82,6 @@ def env(tmp_path: Path) -> Iterator[Env]:
         server.stop()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "agentq bug: a resent claim_effect (redis-py retries a command whose reply was lost, "
-    "e.g. redis-server killed after executing it) finds its own pending claim and answers "
-    "'unknown', so a tool without a policy stops the thread as needs_attention although no "
-    "worker died and the tool never ran"
-))
 def test_a_lost_reply_to_a_claim_is_not_taken_for_a_dead_worker(env: Env) -> None:
     env.proxy.lose_reply_to = env.sha("claim_effect")
     result = env.agent.run("t1")
@@ -98,12 +92,6 @@ def test_a_lost_reply_to_a_claim_is_not_taken_for_a_dead_worker(env: Env) -> Non
     assert result == {"sent": "a@example.com"}
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "agentq bug: a store ConnectionError raised inside a node (run.tool's complete_effect) "
-    "is handled as the node's own failure: the driver marks the thread failed, for good, as "
-    "soon as the store answers again, where a ConnectionError from commit() leaves it "
-    "running for lease recovery"
-))
 def test_a_store_outage_inside_a_tool_call_leaves_the_thread_to_recovery(env: Env) -> None:
     env.proxy.drop = env.sha("complete_effect")  # the store is unreachable for this call only
     with contextlib.suppress(redis.ConnectionError):

@@ -31,9 +31,10 @@ def cluster(tmp_path: Path) -> Iterator[ChaosCluster]:
 
 
 @pytest.mark.xfail(strict=True, reason=(
-    "agentq bug (at-most-once): a worker frozen between claim_effect and a reconcile "
-    "tool's effect makes the call after another driver reconciled 'did not run' and made "
-    "it; nothing fences the frozen worker's call itself"
+    "known limit (README, 'Limits'): a worker frozen inside a reconcile tool, after its "
+    "lease was confirmed and before the call leaves, makes the call after another driver "
+    "reconciled 'did not run' and made it; only a service that checks fencing_token or "
+    "the idempotency key can refuse it"
 ))
 def test_a_frozen_claim_holder_does_not_repeat_a_reconciled_effect(
     cluster: ChaosCluster,

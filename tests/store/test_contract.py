@@ -565,3 +565,16 @@ def test_fork_and_delete_cover_the_logs(store: Store) -> None:
     store.delete_thread("t2")
     store.delete_thread("t1")
     assert snapshot(store) == empty
+
+
+def test_a_resent_claim_is_still_ours(store: Store) -> None:
+    """What a client does when a claim's reply is lost after the claim was made."""
+    token = started(store)
+    assert store.claim_effect("t1", "k", token, claim_id="call-a").outcome == "claimed"
+    assert store.claim_effect("t1", "k", token, claim_id="call-a").outcome == "claimed"
+    assert store.claim_effect("t1", "k", token, claim_id="call-b").outcome == "unknown"
+    assert store.claim_effect("t1", "k", token).outcome == "unknown"
+    store.release("t1", "w1", token)
+    newer = store.acquire("t1", "w2", TTL)
+    # the same id under another token is a new driver, not a resend
+    assert store.claim_effect("t1", "k", newer, claim_id="call-a").outcome == "unknown"

@@ -1,7 +1,8 @@
 -- Claims an idempotency record.
 -- KEYS[1]: effect record, [2]: meta (omitted for a shared record on Redis Cluster),
 -- [3]: the thread's set of owned keys (thread-scoped records only).
--- ARGV[1]: token, [2]: '1' to take over a pending record.
+-- ARGV[1]: token, [2]: '1' to take over a pending record, [3]: the claim's id ('' for
+-- none): a pending record holding the same id is this very claim, resent.
 -- Returns {1, token, nil} claimed; {2, token, result} done; {3, token, nil} unknown
 -- outcome; {-1, fence, nil} stale token; {-3, 0, nil} unknown thread.
 if #KEYS >= 2 then
@@ -14,10 +15,14 @@ local state = redis.call('HGET', KEYS[1], 'state')
 if state == 'done' then
   return {2, tonumber(redis.call('HGET', KEYS[1], 'token')), redis.call('HGET', KEYS[1], 'result')}
 end
+if state == 'pending' and ARGV[3] ~= '' and redis.call('HGET', KEYS[1], 'claim') == ARGV[3]
+    and redis.call('HGET', KEYS[1], 'token') == ARGV[1] then
+  return {1, tonumber(ARGV[1]), 0}
+end
 if state == 'pending' and ARGV[2] ~= '1' then
   return {3, tonumber(redis.call('HGET', KEYS[1], 'token')), 0}
 end
-redis.call('HSET', KEYS[1], 'state', 'pending', 'token', ARGV[1],
+redis.call('HSET', KEYS[1], 'state', 'pending', 'token', ARGV[1], 'claim', ARGV[3],
   'claimed_at', tostring(now_seconds()))
 if #KEYS >= 3 then
   redis.call('SADD', KEYS[3], KEYS[1])

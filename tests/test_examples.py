@@ -4,13 +4,19 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
 import uuid
 from pathlib import Path
 
 import pytest
 import yaml
+from celery import Celery
 from celery.contrib.testing.worker import start_worker
 
+import agentq
+from agentq import AgentTask, Done, Run
+from agentq.app import runtime_of
+from agentq.doctor import celery_findings
 from tests.support.redis_server import RedisServer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,3 +56,27 @@ def test_compose_file_runs_redis_with_durable_settings() -> None:
     assert "-E" in worker["command"].split()  # Flower needs task events
     assert worker["environment"]["AGENTQ_STORE"].startswith("redis://redis:6379/")
     assert os.path.exists(ROOT / "examples" / "support_agent.py")
+
+
+def test_deploy_guide_settings_pass_doctor() -> None:
+    guide = (ROOT / "examples" / "deploy_survival.md").read_text()
+    config = re.search(r"```python\n(.*?)```", guide, re.S)
+    assert config is not None
+    settings: dict[str, object] = {}
+    exec(compile(config.group(1), "celeryconfig.py", "exec"), {}, settings)
+    app = Celery("deploy", set_as_current=False)
+    app.conf.update(settings)
+    agentq.init_app(app)
+    app.register_task(_GuideAgent())
+    assert settings["agentq_lease_ttl"] == runtime_of(app).settings.lease_ttl
+    assert celery_findings(app, runtime_of(app).settings) == []
+    app.conf.worker_prefetch_multiplier = 4  # and the check is not empty by construction
+    assert [f.setting for f in celery_findings(app, runtime_of(app).settings)] == [
+        "worker_prefetch_multiplier"]
+
+
+class _GuideAgent(AgentTask):
+    name = "deploy_guide_agent"
+
+    def start(self, run: Run) -> Done:
+        return Done(None)

@@ -1,8 +1,8 @@
-# The two commands a newcomer needs: `make test` (and, later, `make demo`).
+# The two commands a newcomer needs: `make demo` and `make test`.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test lint bench install
+.PHONY: demo test lint bench bench-quick install
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -23,4 +23,8 @@ test: lint
 	$(PY) -m pytest
 
 bench: install
-	$(PY) -m bench.store
+	$(PY) -m bench
+
+# Every benchmark at a small size: proves they run, measures nothing worth quoting.
+bench-quick: install
+	$(PY) -m bench --quick

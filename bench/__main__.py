@@ -7,7 +7,7 @@ Run from the repository root::
     python -m bench --only steps,codec
 
 Each row is a number measured against a baseline taken in the same run (or an absolute
-figure), with the issue's target where it set one: printed with a verdict, never asserted.
+figure), with our target where there is one: printed with a verdict, never asserted.
 After the table, one ``ratio <name> <value>`` / ``figure <name> <value>`` line per row.
 
 The benchmarks (each also runs alone as ``python -m bench.<name> [--quick]``):

@@ -1,8 +1,8 @@
 """What every benchmark in the suite reports, and how it is printed.
 
 A benchmark returns :class:`Result` rows: each is one number measured against a baseline
-taken in the same run (a ``ratio``), or one absolute number (a ``figure``), with the target
-the issue set, if any. Targets are printed with a verdict, never asserted. The table is for
+taken in the same run (a ``ratio``), or one absolute number (a ``figure``), with its target
+if it has one. Targets are printed with a verdict, never asserted. The table is for
 people; the ``ratio <name> <value>`` / ``figure <name> <value>`` lines after it are for
 machines (a row that could not run prints ``skipped`` or ``error`` as its value).
 """

@@ -21,7 +21,8 @@ key                                        type    contents
                                                    renamed to its checkpoint key, or deleted
                                                    if the commit is refused
 ``P thread:{T}:lock``                      string  ``<token>:<owner>``, expires with the lease
-``P thread:{T}:effect:<key>``              hash    state (pending/done), token, result
+``P thread:{T}:effect:<key>``              hash    state (pending/done), token, result, and
+                                                   while pending the id of the claim
 ``P thread:{T}:artifact:<sha256>``         string  an artifact's bytes, content-addressed
 ``P thread:{T}:log:<field>``               list    the items of an append-only state field,
                                                    each msgpack; snapshots record a length

@@ -627,7 +627,8 @@ class SQLiteStore(Store):
                     thread_id=thread_id,
                 )
             db.execute(
-                "UPDATE effects SET state = 'done', result = ? WHERE scope = ? AND \"key\" = ?",
+                "UPDATE effects SET state = 'done', result = ?, claim = NULL "
+                'WHERE scope = ? AND "key" = ?',
                 (data, scope, key),
             )
 

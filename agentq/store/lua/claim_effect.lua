@@ -22,8 +22,7 @@ end
 if state == 'pending' and ARGV[2] ~= '1' then
   return {3, tonumber(redis.call('HGET', KEYS[1], 'token')), 0}
 end
-redis.call('HSET', KEYS[1], 'state', 'pending', 'token', ARGV[1], 'claim', ARGV[3],
-  'claimed_at', tostring(now_seconds()))
+redis.call('HSET', KEYS[1], 'state', 'pending', 'token', ARGV[1], 'claim', ARGV[3])
 if #KEYS >= 3 then
   redis.call('SADD', KEYS[3], KEYS[1])
 end

@@ -21,6 +21,7 @@ end
 if state ~= 'pending' or holder ~= ARGV[1] then
   return {-5, tonumber(holder), 0}
 end
-redis.call('HSET', KEYS[1], 'state', 'done', 'result', ARGV[2],
-  'done_at', tostring(now_seconds()))
+redis.call('HSET', KEYS[1], 'state', 'done', 'result', ARGV[2])
+-- A done record is answered from its state; the claim's id only served while pending.
+redis.call('HDEL', KEYS[1], 'claim')
 return {1, tonumber(ARGV[1]), 0}

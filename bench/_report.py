@@ -162,7 +162,7 @@ def size(nbytes: float) -> str:
 # -- the machine ------------------------------------------------------------------------------
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -195,7 +195,7 @@ def machine_line() -> str:
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else cores
     load = " ".join(f"{value:.2f}" for value in os.getloadavg())
     return (
-        f"machine: cpu={_cpu_model()!r} cores={cores} (usable {usable}) "
+        f"machine: cpu={cpu_model()!r} cores={cores} (usable {usable}) "
         f"python={platform.python_version()} redis-server={_redis_version()} "
         f"redis-py={redis.__version__} celery={celery.__version__} "
         f"msgpack={'.'.join(map(str, msgpack.version))} loadavg={load}"

@@ -46,6 +46,7 @@ from agentq.langgraph import AgentqSaver
 from agentq.store.redis import RedisStore
 from agentq.store.sqlite import SQLiteStore
 from bench._redis import PrivateRedis
+from bench._report import quantile
 
 MESSAGES = 50
 DEFAULT_SAMPLES = 1000
@@ -128,9 +129,8 @@ def rotate(ops: list[Callable[[], None]], samples: int, warmup: int) -> list[lis
     return timings
 
 
-def quantile(ns: list[int], q: float) -> float:
-    ordered = sorted(ns)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))] / 1000
+def quantile_us(ns: list[int], q: float) -> float:
+    return quantile(ns, q) / 1000
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -175,10 +175,11 @@ def main(argv: list[str] | None = None) -> int:
         print("-" * len(header))
         ratios: list[tuple[str, float]] = []
         for op, timings in (("put", puts), ("get_tuple", gets)):
-            base = quantile(timings[0], 0.5)
+            base = quantile_us(timings[0], 0.5)
             for subject, ns in zip(subjects, timings, strict=True):
-                median = quantile(ns, 0.5)
-                print(f"{op:<10} {subject.name:<14} {median:>10.1f} {quantile(ns, 0.95):>10.1f} "
+                median = quantile_us(ns, 0.5)
+                p95 = quantile_us(ns, 0.95)
+                print(f"{op:<10} {subject.name:<14} {median:>10.1f} {p95:>10.1f} "
                       f"{median / base:>16.2f}")  # fmt: skip
                 if subject.name != "sqlite_saver":
                     backend = subject.name.removeprefix("agentq_")

@@ -23,14 +23,11 @@ import importlib.util
 import os
 import platform
 import random
-import signal
 import sys
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 import redis
@@ -39,6 +36,7 @@ from agentq.codec import encode_checkpoint
 from agentq.records import Checkpoint
 from agentq.store.redis import RedisStore
 from bench._redis import PrivateRedis
+from bench._report import cpu_model, quantile, terminate_as_interrupt
 
 SIZES: tuple[tuple[str, int], ...] = (("1k", 1024), ("10k", 10 * 1024), ("100k", 100 * 1024))
 TARGET_COMMIT = 1.25
@@ -107,9 +105,7 @@ class Series:
     ns: list[int]
 
     def quantile(self, q: float) -> float:
-        ordered = sorted(self.ns)
-        index = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
-        return ordered[index] / 1000
+        return quantile(self.ns, q) / 1000
 
     @property
     def median(self) -> float:
@@ -150,16 +146,6 @@ def interleaved(
 # -- machine description ----------------------------------------------------------------------
 
 
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown"
-
-
 def _filesystem(path: Path) -> str:
     best, kind = "", "?"
     try:
@@ -185,7 +171,7 @@ def machine_line(client: redis.Redis, directory: Path) -> str:
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else cores
     load = " ".join(f"{value:.2f}" for value in os.getloadavg())
     return (
-        f"machine: cpu={_cpu_model()!r} cores={cores} (usable {usable}) "
+        f"machine: cpu={cpu_model()!r} cores={cores} (usable {usable}) "
         f"python={platform.python_version()} redis-server={info['redis_version']} "
         f"redis-py={redis.__version__} hiredis={hiredis_text} "
         f"aof=always on {_filesystem(directory)} loadavg={load}"
@@ -292,20 +278,6 @@ def print_table(rows: list[Row], encoded: dict[str, int]) -> None:
             )
 
 
-@contextmanager
-def _terminate_as_interrupt() -> Iterator[None]:
-    """Let SIGTERM unwind like Ctrl-C, so the server is stopped in ``finally``."""
-
-    def handler(signum: int, frame: FrameType | None) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m bench.store",
@@ -338,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
     warmup = args.warmup if args.warmup is not None else max(20, args.samples // 10)
 
     started = time.monotonic()
-    with _terminate_as_interrupt(), PrivateRedis() as server:
+    with terminate_as_interrupt(), PrivateRedis() as server:
         assert server.directory is not None
         client = server.client()
         try:

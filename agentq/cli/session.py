@@ -6,12 +6,11 @@ import os
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from agentq.app import init_app, runtime_of
+from agentq.app import Runtime, init_app, runtime_of
 from agentq.errors import ThreadNotFound
 from agentq.keys import validate_thread_id
 from agentq.records import ThreadMeta
 from agentq.settings import Settings
-from agentq.store import open_store
 from agentq.store.base import Store
 
 
@@ -95,14 +94,8 @@ class Session:
             settings = self.settings
             if isinstance(settings.store, str):
                 _refuse_missing_sqlite_file(settings.store)
-            if self.app is not None:
-                self._store = runtime_of(self.app).store
-            else:
-                assert isinstance(settings.store, str)
-                self._store = open_store(
-                    settings.store, prefix=settings.prefix, keep_last=settings.keep_last,
-                    max_checkpoint_bytes=settings.max_checkpoint_bytes,
-                )  # fmt: skip
+            runtime = runtime_of(self.app) if self.app is not None else Runtime(settings)
+            self._store = runtime.store
         return self._store
 
     @property

@@ -20,7 +20,7 @@ from typing import Any, Final
 from agentq.errors import LeaseHeld, StaleToken, StoreConfigError, ThreadNotFound
 from agentq.langgraph.backend import Backend
 from agentq.langgraph.records import Row, StoredCheckpoint, decode_refs
-from agentq.store.sqlite import BUSY_TIMEOUT, SQLiteStore
+from agentq.store.sqlite import BUSY_TIMEOUT, SQLiteStore, immediate_transaction
 
 _SCHEMA: Final = (
     "CREATE TABLE IF NOT EXISTS lg_checkpoints (thread_id TEXT NOT NULL, ns TEXT NOT NULL, "
@@ -63,7 +63,7 @@ class SQLiteBackend(Backend):
                                  check_same_thread=False)  # fmt: skip
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA synchronous=FULL")
-            with _transaction(db):
+            with immediate_transaction(db):
                 for statement in _SCHEMA:
                     db.execute(statement)
         except sqlite3.Error as exc:
@@ -87,7 +87,7 @@ class SQLiteBackend(Backend):
 
     @contextmanager
     def _write(self, thread_id: str, token: int | None) -> Iterator[sqlite3.Connection]:
-        with self._locked() as db, _transaction(db):
+        with self._locked() as db, immediate_transaction(db):
             _check_fence(db, thread_id, token)
             yield db
 
@@ -235,19 +235,6 @@ class SQLiteBackend(Backend):
             if self._db is not None and self._pid == os.getpid():
                 self._db.close()
             self._db = None
-
-
-@contextmanager
-def _transaction(db: sqlite3.Connection) -> Iterator[None]:
-    # IMMEDIATE takes the write lock first, so the fence read and the write are one step.
-    db.execute("BEGIN IMMEDIATE")
-    try:
-        yield
-        db.execute("COMMIT")
-    except BaseException:
-        if db.in_transaction:
-            db.execute("ROLLBACK")
-        raise
 
 
 def _check_fence(db: sqlite3.Connection, thread_id: str, token: int | None) -> None:

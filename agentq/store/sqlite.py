@@ -168,7 +168,7 @@ class SQLiteStore(Store):
         try:
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA synchronous=FULL")
-            with _transaction(db):
+            with immediate_transaction(db):
                 (version,) = db.execute("PRAGMA user_version").fetchone()
                 if version > SCHEMA_VERSION:
                     raise StoreConfigError(
@@ -209,7 +209,7 @@ class SQLiteStore(Store):
 
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
-        with self._locked() as db, _transaction(db):
+        with self._locked() as db, immediate_transaction(db):
             yield db
 
     def _fenced(self, db: sqlite3.Connection, thread_id: str, token: int) -> sqlite3.Row:
@@ -697,7 +697,7 @@ class SQLiteStore(Store):
 
 
 @contextmanager
-def _transaction(db: sqlite3.Connection) -> Iterator[None]:
+def immediate_transaction(db: sqlite3.Connection) -> Iterator[None]:
     # IMMEDIATE takes the write lock up front: a deferred transaction that later tries to
     # write can fail with SQLITE_BUSY without the busy timeout ever applying.
     db.execute("BEGIN IMMEDIATE")

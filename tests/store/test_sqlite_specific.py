@@ -99,13 +99,15 @@ def test_acknowledged_checkpoints_survive_sigkill(tmp_path: Path) -> None:
     for _ in range(3):  # each round resumes where the killed one left off
         with SQLiteStore(path) as store:
             token = store.acquire("t1", "w1", 3600)
-        child = _python(COMMITTER, path, token, PAD)
         start = len(acked)
-        while len(acked) < start + 40:
-            acked.append(int(_line(child.stdout)))
-        child.send_signal(signal.SIGKILL)
-        rest, _ = child.communicate()
-        acked += [int(line) for line in rest.split()]
+        with _python(COMMITTER, path, token, PAD) as child:  # closes the pipes, then waits
+            while len(acked) < start + 40:
+                acked.append(int(_line(child.stdout)))
+            child.send_signal(signal.SIGKILL)
+            # Read through the same buffered stream: communicate() reads the raw pipe and would
+            # skip lines readline() has already pulled into the buffer.
+            assert child.stdout is not None
+            acked += [int(line) for line in child.stdout.read().split()]
         assert child.returncode == -signal.SIGKILL
 
         with SQLiteStore(path, keep_last=100_000) as store:

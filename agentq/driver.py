@@ -29,7 +29,7 @@ from agentq.outcomes import Done, Interrupt, Interrupted
 from agentq.records import Checkpoint, Status, ThreadMeta
 from agentq.run import NO_VALUE, Run
 from agentq.settings import Settings
-from agentq.store.base import Store
+from agentq.store.base import UNSET, Store
 
 if TYPE_CHECKING:
     from agentq.task import AgentTask
@@ -172,7 +172,7 @@ class Driver:
                 checkpoint, status, extra = self._next(step, node, run, outcome, token)
                 cancel = store.commit(
                     thread_id, token, checkpoint, status=status,
-                    due_in=settings.lease_ttl if status == Status.RUNNING else None,
+                    due_in=UNSET if status == Status.RUNNING else None,
                     release_owner=None if status == Status.RUNNING else self.owner,
                     logs=logs.lengths(step, run.state), **extra,
                 )  # fmt: skip

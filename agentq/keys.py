@@ -17,17 +17,17 @@ key                                        type    contents
                                                    (msgpack list of the latest checkpoint's
                                                    append-only fields; absent if none)
 ``P thread:{T}:staged``                    string  the snapshot of a commit in flight: SET
-                                                   (``PX`` 60 s) in the commit's MULTI, then
-                                                   renamed to its checkpoint key, or deleted
-                                                   if the commit is refused
+                                                   in the commit's MULTI, then renamed to its
+                                                   checkpoint key, or deleted if the commit
+                                                   is refused
 ``P thread:{T}:lock``                      string  ``<token>:<owner>``, expires with the lease
 ``P thread:{T}:effect:<key>``              hash    state (pending/done), token, result, and
                                                    while pending the id of the claim
 ``P thread:{T}:artifact:<sha256>``         string  an artifact's bytes, content-addressed
 ``P thread:{T}:log:<field>``               list    the items of an append-only state field,
                                                    each msgpack; snapshots record a length
-``P thread:{T}:logs``                      hash    field -> its log's length at the latest
-                                                   checkpoint
+``P thread:{T}:logs``                      set     the fields that have a log, added when
+                                                   each log is created
 ``P thread:{T}:owned``                     set     every effect and artifact key of the
                                                    thread, so that deleting it finds them
 ``P effect:{<key>}``                       hash    a global (cross-thread) effect record
@@ -37,9 +37,10 @@ key                                        type    contents
 =========================================  ======  ===========================================
 
 ``P`` is the configured prefix (``agentq:`` by default). Leases expire through ``PX`` on
-the lock keys, and a staged snapshot through ``PX`` should its commit never run (it exists
-only within one MULTI otherwise); no other key has a Redis TTL: finished threads are removed
-by ``gc()``, which also keeps the indexes consistent.
+the lock keys; no other key has a Redis TTL: finished threads are removed by ``gc()``, which
+also keeps the indexes consistent. A staged snapshot exists only within one MULTI, unless
+its script never ran (a server that lost its scripts and then the connection): the thread's
+next commit overwrites it, deleting the thread deletes it.
 """
 
 from __future__ import annotations

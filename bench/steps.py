@@ -32,6 +32,7 @@ import redis
 
 from agentq.logs import AppendOnlyFields
 from agentq.records import Checkpoint
+from agentq.store.base import UNSET
 from agentq.store.redis import RedisStore
 from bench import _chat
 from bench._redis import PrivateRedis
@@ -87,7 +88,7 @@ class Thread:
         start = time.perf_counter_ns()
         logs = self.logs.lengths(self.step, self.state) if self.logs is not None else None
         check = time.perf_counter_ns() - start
-        self.store.commit(self.thread_id, self.token, self._checkpoint(), due_in=3600,
+        self.store.commit(self.thread_id, self.token, self._checkpoint(), due_in=UNSET,
                           logs=logs)
         if self.logs is not None:
             self.logs.committed(self.state)

@@ -34,6 +34,7 @@ import redis
 
 from agentq.codec import encode_checkpoint
 from agentq.records import Checkpoint
+from agentq.store.base import UNSET
 from agentq.store.redis import RedisStore
 from bench._redis import PrivateRedis
 from bench._report import cpu_model, quantile, terminate_as_interrupt
@@ -221,7 +222,8 @@ def bench_size(
     def commit() -> None:
         nonlocal step
         step += 1
-        store.commit(thread_id, token, _checkpoint(state, step, token), due_in=30)
+        # As the driver commits a step: the due time stays with the lease.
+        store.commit(thread_id, token, _checkpoint(state, step, token), due_in=UNSET)
 
     set_ns, commit_ns = interleaved(raw_set, commit, samples, warmup, block)
 

@@ -174,7 +174,7 @@ class Store(ABC):
         checkpoint: Checkpoint,
         *,
         status: Status = Status.RUNNING,
-        due_in: float | None = None,
+        due_in: float | _Unset | None = None,
         result: Any = UNSET,
         interrupt: Any = UNSET,
         release_owner: str | None = None,
@@ -190,7 +190,8 @@ class Store(ABC):
         snapshot, the latest pointer, the meta (status, step, node; attempts and crashes
         reset to 0; a consumed resume value removed; ``result`` and the ``interrupt``
         payload stored if given, else no interrupt), the status and due indexes (due in
-        ``due_in`` seconds, or out of the due index when ``None``) and prunes checkpoints
+        ``due_in`` seconds, out of the due index when ``None``, as it was when ``UNSET``:
+        a running thread's due time follows its lease) and prunes checkpoints
         beyond ``keep_last``; with ``release_owner`` it also releases that owner's lease.
         On any refusal no key changes. Encoding errors are raised before anything is written.
 

@@ -63,8 +63,6 @@ from agentq.store.base import (
 RedisClient = redis.Redis | RedisCluster
 Arg = bytes | str | int | float
 
-STAGED_TTL_MS = 60_000
-"""How long a staged snapshot outlives a commit that never ran its script (milliseconds)."""
 MAX_REMEMBERED_HEADS = 10_000
 """How many threads' latest steps a store remembers to read ``latest()`` with one ``MGET``."""
 
@@ -130,6 +128,13 @@ def _exchange(connection: Any, packed: bytes, count: int) -> list[Any]:
         except ResponseError as error:
             replies.append(error)
     return replies
+
+
+def _due_arg(due_in: float | _Unset | None) -> Arg:
+    """commit.lua's due argument: seconds, '' to clear, 'keep' to leave it."""
+    if isinstance(due_in, _Unset):
+        return "keep"
+    return "" if due_in is None else due_in
 
 
 def _log_fields(logs: Mapping[str, int]) -> bytes:
@@ -506,7 +511,7 @@ class RedisStore(Store):
         checkpoint: Checkpoint,
         *,
         status: Status = Status.RUNNING,
-        due_in: float | None = None,
+        due_in: float | _Unset | None = None,
         result: Any = UNSET,
         interrupt: Any = UNSET,
         release_owner: str | None = None,
@@ -531,7 +536,7 @@ class RedisStore(Store):
             staged,
             encoded.snapshot,
             [f"{base}meta", f"{base}latest", f"{base}checkpoint:{step}", f"{base}lock", staged],
-            [token, step, status.value, "" if due_in is None else due_in,
+            [token, step, status.value, _due_arg(due_in),
              f"{token}:{release_owner}" if release_owner else "", self.keep_last,
              checkpoint.node or "", *blobs, _log_fields(logs or {}), *log_args],
         )
@@ -550,7 +555,7 @@ class RedisStore(Store):
         whole transaction again (the staged key is simply overwritten)."""
         script = self._scripts["commit"]
         index_keys, index_args = self._index_keys()
-        stage = ("SET", staged, snapshot, "PX", STAGED_TTL_MS)
+        stage = ("SET", staged, snapshot)
         run = ("EVALSHA", script.sha, len(keys) + len(index_keys), *keys, *index_keys,
                *index_args, *args)  # fmt: skip
         for attempt in range(2):

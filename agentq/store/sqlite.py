@@ -461,7 +461,7 @@ class SQLiteStore(Store):
         checkpoint: Checkpoint,
         *,
         status: Status = Status.RUNNING,
-        due_in: float | None = None,
+        due_in: float | _Unset | None = None,
         result: Any = UNSET,
         interrupt: Any = UNSET,
         release_owner: str | None = None,
@@ -473,7 +473,9 @@ class SQLiteStore(Store):
             thread_id, checkpoint, limit=self.max_checkpoint_bytes, logs=logs
         )
         data = encoded.snapshot
-        extra = {} if result is UNSET else {"result": _value(result, "result", thread_id, step)}
+        extra: dict[str, Any] = {}
+        if result is not UNSET:
+            extra["result"] = _value(result, "result", thread_id, step)
         pause = None if interrupt is UNSET else _value(interrupt, "interrupt", thread_id, step)
         with self._write() as db:
             row = self._fenced(db, thread_id, token)
@@ -500,11 +502,12 @@ class SQLiteStore(Store):
             db.execute(
                 "DELETE FROM checkpoints WHERE thread_id = ? AND step < ?", (thread_id, first)
             )
+            if not isinstance(due_in, _Unset):
+                extra["due_at"] = None if due_in is None else now + due_in
             # The driver has acted on the resume value and interrupt it read: they are spent.
             _update(db, thread_id, now, status=Status(status).value, step=step,
                     node=checkpoint.node, attempts=0, crashes=0, first=first, resume=None,
-                    interrupt=pause, due_at=None if due_in is None else now + due_in,
-                    **extra)  # fmt: skip
+                    interrupt=pause, **extra)  # fmt: skip
             if release_owner is not None:
                 _release(db, thread_id, release_owner, token)
             return bool(row["cancel"])

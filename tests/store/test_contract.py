@@ -26,7 +26,7 @@ from agentq.errors import (
     UnsupportedVersion,
 )
 from agentq.records import Checkpoint, Status
-from agentq.store.base import Store
+from agentq.store.base import UNSET, Store
 from tests.store.raw import overwrite_checkpoint, snapshot
 from tests.support.redis_server import wait_until
 
@@ -201,6 +201,15 @@ def test_done_commit_stores_result_releases_lease_and_leaves_due_index(store: St
     meta = store.meta("t1")
     assert meta is not None and meta.status == Status.DONE and meta.result == {"answer": 42}
     assert store.acquire("t1", "w2", TTL) > token  # the lease was released
+    assert store.due() == []
+
+
+def test_running_commit_can_leave_the_due_time_to_the_lease(store: Store) -> None:
+    store.open_thread("t1", task="agent", start_grace=3600)
+    token = store.acquire("t1", "w1", 0.05)
+    store.commit("t1", token, cp(0, token), due_in=UNSET)
+    assert wait_until(lambda: store.due(), timeout=5, what="due entry")[0][0] == "t1"
+    store.commit("t1", token, cp(1, token), due_in=TTL)
     assert store.due() == []
 
 

@@ -1,12 +1,13 @@
 -- Writes checkpoint n if the token is current and the latest step is n-1.
 -- The snapshot is not an argument: the caller SETs it to the staged key first, in the same
 -- MULTI, so its bytes never pass through Lua. This script moves it into place with RENAME,
--- or deletes it on any refusal.
+-- or deletes it on any refusal. Every write here is also appended to the AOF, where with
+-- appendfsync always its bytes cost time: a step writes nothing it does not have to.
 -- KEYS[1]: meta, [2]: latest, [3]: checkpoint n, [4]: lock, [5]: staged snapshot,
 -- [due index].
 -- ARGV[1]: status prefix or '', [2] token, [3] n, [4] status, [5] due in seconds ('' for
--- none), [6] '<token>:<owner>' to release or '', [7] keep_last, [8] node ('' for none),
--- [9] result (msgpack; '' leaves it as it is), [10] interrupt (msgpack; '' removes it),
+-- none, 'keep' to leave it), [6] '<token>:<owner>' to release or '', [7] keep_last,
+-- [8] node ('' for none), [9] result (msgpack; '' leaves it as it is), [10] interrupt (msgpack; '' removes it),
 -- [11] the names of the append-only fields (msgpack; '' for none), [12] how many logs
 -- follow, each as (field, length before, count, count items).
 -- The thread id and key prefix are read from KEYS[1].
@@ -58,18 +59,18 @@ for _ = 1, tonumber(ARGV[12]) do
 end
 -- The first write: it fails, before any other, if the staged snapshot is missing.
 redis.call('RENAME', staged, KEYS[3])
-redis.call('PERSIST', KEYS[3])
 redis.call('SET', KEYS[2], step)
 for _, log in ipairs(logs) do
+  if log.before == 0 then
+    redis.call('SADD', base .. 'logs', log.field)
+  end
   -- unpack() is bounded by Lua's stack, so long appends go in slices.
   for from = log.first, log.first + log.count - 1, 1000 do
     redis.call('RPUSH', log.key, unpack(ARGV, from, math.min(from + 999, log.first + log.count - 1)))
   end
-  redis.call('HSET', base .. 'logs', log.field, log.before + log.count)
 end
 local now = now_seconds()
--- One HSET and at most one HDEL, of the meta fields that change: every write here is also
--- appended to the AOF, and with appendfsync always its bytes cost time.
+-- One HSET and at most one HDEL, of the meta fields that change.
 local set = {meta, 'updated_at', tostring(now), 'step', step}
 local del = {meta}
 if current[4] ~= ARGV[4] then
@@ -112,7 +113,9 @@ if ARGV[6] ~= '' and redis.call('GET', KEYS[4]) == ARGV[6] then
   redis.call('DEL', KEYS[4])
 end
 local due = 'clear'
-if ARGV[5] ~= '' then
+if ARGV[5] == 'keep' then
+  due = 'keep'
+elseif ARGV[5] ~= '' then
   due = now + tonumber(ARGV[5])
 end
 local thread_id = string.match(meta, '{([^}]*)}')

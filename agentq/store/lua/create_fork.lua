@@ -28,7 +28,7 @@ for _ = 1, tonumber(ARGV[10]) do
   for from = i + 2, i + 1 + count, 1000 do
     redis.call('RPUSH', ARGV[8] .. 'log:' .. field, unpack(ARGV, from, math.min(from + 999, i + 1 + count)))
   end
-  redis.call('HSET', ARGV[8] .. 'logs', field, count)
+  redis.call('SADD', ARGV[8] .. 'logs', field)
   i = i + 2 + count
 end
 redis.call('SET', KEYS[2], ARGV[4])

@@ -23,7 +23,7 @@ end
 for _, key in ipairs(redis.call('SMEMBERS', KEYS[4])) do
   redis.call('DEL', key)
 end
-for _, field in ipairs(redis.call('HKEYS', ARGV[5] .. 'logs')) do
+for _, field in ipairs(redis.call('SMEMBERS', ARGV[5] .. 'logs')) do
   redis.call('DEL', ARGV[5] .. 'log:' .. field)
 end
 redis.call('DEL', ARGV[5] .. 'logs', ARGV[5] .. 'staged')

@@ -7,10 +7,10 @@ if not n then
   return nil
 end
 local reply = {n, redis.call('GET', ARGV[1] .. n)}
-local lengths = redis.call('HGETALL', ARGV[2] .. 'logs')
-for j = 1, #lengths, 2 do
-  reply[#reply + 1] = lengths[j]
-  reply[#reply + 1] = redis.call('LRANGE', ARGV[2] .. 'log:' .. lengths[j], 0,
-    tonumber(lengths[j + 1]) - 1)
+-- Only a commit appends to a log, in the step that moves latest: at the latest step every
+-- log is whole.
+for _, field in ipairs(redis.call('SMEMBERS', ARGV[2] .. 'logs')) do
+  reply[#reply + 1] = field
+  reply[#reply + 1] = redis.call('LRANGE', ARGV[2] .. 'log:' .. field, 0, -1)
 end
 return reply

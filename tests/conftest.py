@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 import shutil
 from collections.abc import Iterator
 
@@ -9,6 +10,30 @@ from tests.support.redis_server import RedisServer, running_redis
 
 if shutil.which("redis-server") is None:
     pytest.exit("redis-server is not on PATH; install it (apt-get install redis-server)", 3)
+
+
+CHAOS_SIZE = {"threads": 30, "steps": 10}
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    # Here rather than in tests/chaos: pytest only asks the conftests it loads at startup,
+    # and this one is loaded whichever tests are named.
+    group = parser.getgroup("chaos", "agentq chaos test (tests/chaos/test_chaos.py)")
+    for name, default in CHAOS_SIZE.items():
+        group.addoption(f"--chaos-{name}", type=int, default=None,
+                        help=f"{name} (default {default}, or $AGENTQ_CHAOS_{name.upper()})")
+
+
+@pytest.fixture
+def chaos_size(request: pytest.FixtureRequest) -> tuple[int, int]:
+    """``(threads, steps)`` of the chaos test: CI runs the default, a local run may ask
+    for more, e.g. ``pytest tests/chaos --chaos-threads 100 --chaos-steps 12``."""
+    threads, steps = (
+        request.config.getoption(f"--chaos-{name}")
+        or int(os.environ.get(f"AGENTQ_CHAOS_{name.upper()}", default))
+        for name, default in CHAOS_SIZE.items()
+    )
+    return threads, steps
 
 
 @pytest.fixture(scope="session")

@@ -6,6 +6,7 @@ step in flight, and tool calls run at most once per idempotency key.
 
 from agentq.app import init_app
 from agentq.effects import DID_NOT_RUN, tool
+from agentq.function_agent import FunctionAgent, agent
 from agentq.outcomes import Done, Interrupt
 from agentq.records import Checkpoint, Claim, Effect, Status, ThreadMeta
 from agentq.run import NO_VALUE, Run
@@ -20,10 +21,12 @@ __all__ = [
     "Claim",
     "Done",
     "Effect",
+    "FunctionAgent",
     "Interrupt",
     "Run",
     "Status",
     "ThreadMeta",
+    "agent",
     "init_app",
     "open_store",
     "tool",

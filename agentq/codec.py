@@ -277,6 +277,7 @@ def build_checkpoint(
             task=envelope["task"],
             token=int(envelope["token"]),
             created_at=float(envelope["at"]),
+            logs=dict(envelope.get("logs") or {}),
         )
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise CorruptCheckpoint(

@@ -20,6 +20,7 @@ from agentq.errors import (
     CodecError,
     FencingError,
     LeaseHeld,
+    LogConflict,
     NeedsAttention,
     UnknownNode,
 )
@@ -127,7 +128,8 @@ class Driver:
             state, pending, cursors = latest.state, latest.pending, latest.cursors
         resume_value = meta.resume_value if meta.resumed else NO_VALUE
         attempts = meta.attempts
-        logs = AppendOnlyFields(thread_id, self.task.append_only, state)
+        logs = AppendOnlyFields(thread_id, self.task.append_only, state,
+                                logged=latest.logs if latest is not None else ())
         while True:
             if beat.lost.is_set():
                 logger.warning("thread %s: lease lost before step %d; stopping", thread_id, step)
@@ -176,7 +178,10 @@ class Driver:
                     release_owner=None if status == Status.RUNNING else self.owner,
                     logs=logs.lengths(step, run.state), **extra,
                 )  # fmt: skip
-            except (CodecError, UnknownNode, AppendOnlyViolation) as exc:
+            # Not a race (fence and step were checked first): a log that does not match
+            # the thread's declaration, e.g. a field made append-only again after it was
+            # dropped. Failing says so, where leaving it would loop through recovery.
+            except (CodecError, UnknownNode, AppendOnlyViolation, LogConflict) as exc:
                 return self._fail_or_retry(token, step, attempts, exc)  # output can't be kept
             logs.committed(run.state)
             self.task.on_step(thread_id, step, node, checkpoint.node)

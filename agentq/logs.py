@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from typing import Any
 
 from agentq.errors import AppendOnlyViolation
@@ -16,11 +16,25 @@ class AppendOnlyFields:
     after checking that the committed ones are unchanged: an item edited in place after
     it was stored would otherwise be silently lost, since its log entry is never
     rewritten. The copies are private, so an in-place edit cannot hide from the check.
+
+    ``logged`` names the fields whose items ``state`` holds from a log. Any other field
+    (the thread began before the field was declared append-only) counts as having
+    nothing in its log yet: the next commit writes it whole, and from then on only what
+    is appended.
     """
 
-    def __init__(self, thread_id: str, fields: Iterable[str], state: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        thread_id: str,
+        fields: Iterable[str],
+        state: dict[str, Any],
+        logged: Collection[str],
+    ) -> None:
         self.thread_id = thread_id
-        self._committed = {field: copy.deepcopy(state.get(field, [])) for field in fields}
+        self._committed = {
+            field: copy.deepcopy(state.get(field, [])) if field in logged else []
+            for field in fields
+        }
 
     def lengths(self, step: int, state: dict[str, Any]) -> dict[str, int]:
         """The committed length of each field, for ``commit(logs=...)``; raises

@@ -35,7 +35,9 @@ class Checkpoint:
     ``step`` and ``node`` are the program counter (``node`` is ``None`` once the thread has
     finished); ``state`` is the user's accumulated state; ``pending`` the tool calls decided
     but not yet recorded; ``cursors`` progress through the outside world. ``token`` is the
-    fencing token of the worker that wrote it and ``created_at`` a Unix time.
+    fencing token of the worker that wrote it and ``created_at`` a Unix time. ``logs`` is
+    how it was stored, not part of it: the state fields kept in append-only logs, with
+    their lengths.
     """
 
     step: int
@@ -46,6 +48,7 @@ class Checkpoint:
     task: str = ""
     token: int = 0
     created_at: float = 0.0
+    logs: dict[str, int] = field(default_factory=dict, compare=False)
 
 
 @dataclass(frozen=True)

@@ -67,7 +67,8 @@ class Thread:
         store.commit(thread_id, thread.token, thread._checkpoint(), due_in=3600,
                      logs={"messages": 0} if append_only else None)
         if append_only:
-            thread.logs = AppendOnlyFields(thread_id, ("messages",), thread.state)
+            thread.logs = AppendOnlyFields(thread_id, ("messages",), thread.state,
+                                           logged=("messages",))
         return thread
 
     def _checkpoint(self) -> Checkpoint:

@@ -231,6 +231,36 @@ def test_editing_a_committed_append_only_item_fails_the_thread(env: Env) -> None
     assert env.store.latest("t1").state["log"] == ["started"]  # type: ignore[union-attr]
 
 
+def test_a_field_declared_append_only_later_keeps_older_threads_running(env: Env) -> None:
+    agent = env.agent("notes_agent")
+    agent.delay("t1", first="hello")
+    wait_until(lambda: agent.thread("t1").status == Status.WAITING, timeout=10,
+               what="waiting")
+    agent.append_only = ("notes",)  # what the next deploy declares
+    agent.resume("t1", "more")
+    assert agent.wait("t1", timeout=30) == ["hello", "asked", "more", "done"]
+    history = list(reversed(env.store.history("t1")))
+    assert [c.state["notes"] for c in history] == [
+        ["hello"], ["hello", "asked"], ["hello", "asked", "more"],
+        ["hello", "asked", "more", "done"]]
+    assert [c.logs for c in history] == [{}, {}, {"notes": 3}, {"notes": 4}]
+
+
+def test_a_log_that_does_not_match_the_thread_fails_it_instead_of_looping(env: Env) -> None:
+    agent = env.agent("notes_agent")
+    agent.append_only = ("notes",)
+    agent.delay("t1", first="hello")
+    wait_until(lambda: agent.thread("t1").status == Status.WAITING, timeout=10,
+               what="waiting")
+    assert isinstance(env.store, RedisStore)
+    env.store.client.rpush(env.store.keys.log("t1", "notes"), b"written by something else")
+    agent.resume("t1", "more")
+    with pytest.raises(ThreadStopped) as info:
+        agent.wait("t1", timeout=30)
+    assert info.value.status == "failed" and "LogConflict" in (info.value.error or "")
+    assert agent.thread("t1").crashes == 0
+
+
 def test_large_data_lives_in_artifacts_not_checkpoints(env: Env) -> None:
     agent = env.agent("report_agent")
     agent.delay("t1", pages=100_000)  # 500 KB: half the checkpoint limit on its own

@@ -167,6 +167,29 @@ class ApprovalAgent(AgentTask):
         return Done({"approved": run.state["approved"], "note": run.resume_value})
 
 
+class NotesAgent(AgentTask):
+    """Keeps a list of notes and waits for a human between two of them: a test can change
+    the agent's declaration (``append_only``) while a thread waits."""
+
+    name = "tests.notes_agent"
+
+    def start(self, run: Run, first: str) -> str:
+        run.state["notes"] = [first]
+        return "ask"
+
+    def ask(self, run: Run) -> Interrupt:
+        run.state["notes"].append("asked")
+        return Interrupt({"question": "next note?"}, resume_at="write")
+
+    def write(self, run: Run) -> str:
+        run.state["notes"].append(run.resume_value)
+        return "finish"
+
+    def finish(self, run: Run) -> Done:
+        run.state["notes"].append("done")
+        return Done(run.state["notes"])
+
+
 class CountingAgent(AgentTask):
     """Counts to ``n``, one step each; ``slow`` seconds per step (a real blocking wait on
     the ledger, so a test can cancel or hand over mid-run); an async node for the last."""
@@ -383,7 +406,7 @@ class ReportAgent(AgentTask):
         return Done({"size": len(data), "ref": run.state["report"]})
 
 
-AGENTS = (SupportAgent, ApprovalAgent, CountingAgent, BrokenAgent, ReportAgent)
+AGENTS = (SupportAgent, ApprovalAgent, NotesAgent, CountingAgent, BrokenAgent, ReportAgent)
 
 
 def make_app(*, broker: str, store: str, prefix: str, queue: str, ledger_url: str,

@@ -2,7 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test lint bench bench-quick install
+.PHONY: demo test lint bench bench-quick install services
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -12,6 +12,10 @@ $(VENV)/.installed: pyproject.toml
 
 install: $(VENV)/.installed
 
+# Redis and RabbitMQ for the tests and benchmarks (the demo needs neither).
+services:
+	bash scripts/services
+
 demo: install
 	$(VENV)/bin/agentq demo
 
@@ -19,12 +23,12 @@ lint: install
 	$(VENV)/bin/ruff check agentq tests $(wildcard bench)
 	$(VENV)/bin/mypy
 
-test: lint
+test: lint services
 	$(PY) -m pytest
 
-bench: install
+bench: install services
 	$(PY) -m bench
 
 # Every benchmark at a small size: proves they run, measures nothing worth quoting.
-bench-quick: install
+bench-quick: install services
 	$(PY) -m bench --quick

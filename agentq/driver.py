@@ -147,6 +147,7 @@ class Driver:
                 max_artifact_bytes=settings.max_artifact_bytes,
                 confirm_lease=lambda: store.renew(thread_id, self.owner, token,
                                                   settings.lease_ttl),
+                retryable=self.task.should_retry,
             )  # fmt: skip
             try:
                 outcome = self._call(node, run, meta.input if step == 0 else None)

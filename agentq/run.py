@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import inspect
+import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, Final
 
 from agentq.effects import DID_NOT_RUN, ToolPolicy, policy_of
-from agentq.errors import ArtifactTooLarge, NeedsAttention
+from agentq.errors import ArtifactTooLarge, InvalidArgument, NeedsAttention
 from agentq.outcomes import Interrupted
 from agentq.store.base import Store
 
@@ -20,6 +22,8 @@ class _NoValue:
 
 NO_VALUE: Final = _NoValue()
 """``run.resume_value`` when the thread was not resumed with a value."""
+
+logger = logging.getLogger("agentq")
 
 
 class Artifacts:
@@ -64,6 +68,7 @@ class Run:
         resume_value: Any,
         max_artifact_bytes: int,
         confirm_lease: Callable[[], None],
+        retryable: Callable[[BaseException], bool],
     ) -> None:
         self.thread_id = thread_id
         self.step = step
@@ -76,6 +81,7 @@ class Run:
         self._store = store
         self._token = token
         self._confirm_lease = confirm_lease
+        self._retryable = retryable
         self._calls = 0
 
     @property
@@ -114,7 +120,62 @@ class Run:
         between its claim and the call, which nothing on this side can stop.
         ``idempotent``/``reconcile``/``shared`` override the policy
         declared with :func:`agentq.tool` (see :class:`~agentq.effects.ToolPolicy`).
+
+        If ``fn`` raises an error the task retries (``retry_on``, ``should_retry``), the
+        call was refused before it took effect, as a rate limit is: its claim is dropped
+        and the retried node calls it again with the same key. Any other error leaves the
+        claim pending, since the effect may have happened; the tool's policy decides when
+        the node runs again. ``async def`` tools go through :meth:`atool`.
         """
+        if inspect.iscoroutinefunction(fn):
+            raise InvalidArgument(
+                f"tool {_name(fn)} is a coroutine function; in an async node call it with "
+                "await run.atool(...)",
+                thread_id=self.thread_id, step=self.step,
+            )  # fmt: skip
+        call = self._claim(fn, args, kwargs, key, idempotent, reconcile, shared)
+        if call.recorded is not NO_VALUE:
+            return call.recorded
+        try:
+            result = fn(*args, **call.kwargs)
+        except Exception as exc:
+            self._failed(call, exc)
+            raise
+        return self._record(call, result)
+
+    async def atool(
+        self,
+        fn: Callable[..., Awaitable[Any]],
+        *args: Any,
+        key: str | None = None,
+        idempotent: bool | None = None,
+        reconcile: Callable[..., Any] | None = None,
+        shared: bool | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        """:meth:`tool` for an ``async def`` tool, awaited in the node's event loop; the
+        claim, the policies and ``reconcile`` (a plain function) are the same."""
+        call = self._claim(fn, args, kwargs, key, idempotent, reconcile, shared)
+        if call.recorded is not NO_VALUE:
+            return call.recorded
+        try:
+            result = await fn(*args, **call.kwargs)
+        except Exception as exc:
+            self._failed(call, exc)
+            raise
+        return self._record(call, result)
+
+    def _claim(
+        self,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        key: str | None,
+        idempotent: bool | None,
+        reconcile: Callable[..., Any] | None,
+        shared: bool | None,
+    ) -> _Call:
+        """Claim the call's key; settle an outcome already recorded or left unknown."""
         declared = policy_of(fn)
         policy = ToolPolicy(
             idempotent=declared.idempotent if idempotent is None else idempotent,
@@ -123,16 +184,18 @@ class Run:
         )
         self._calls += 1
         key = key if key is not None else f"step{self.step}.call{self._calls}"
+        call = _Call(key, policy.shared, dict(kwargs))
         store, thread_id = self._store, self.thread_id
         # Names this call, so that a claim resent after a lost reply is known as ours.
         claim_id = uuid.uuid4().hex
         claim = store.claim_effect(thread_id, key, self._token, shared=policy.shared,
                                    claim_id=claim_id)
         if claim.outcome == "done":
-            return claim.effect.result
+            call.recorded = claim.effect.result
+            return call
         if claim.outcome == "unknown":
             if not (policy.idempotent or policy.reconcile):
-                name = getattr(fn, "__qualname__", repr(fn))
+                name = _name(fn)
                 raise NeedsAttention(
                     f"tool {name} with key {key!r} was started by an earlier worker that "
                     "died before recording its outcome, and it declares neither "
@@ -148,17 +211,46 @@ class Run:
             if policy.reconcile is not None:
                 found = policy.reconcile(key, *args, **kwargs)
                 if found is not DID_NOT_RUN:
-                    store.complete_effect(thread_id, key, self._token, found,
-                                          shared=policy.shared)
-                    return found
+                    call.recorded = self._record(call, found)
+                    return call
         parameters = inspect.signature(fn).parameters
         if "idempotency_key" in parameters:
-            kwargs["idempotency_key"] = key
+            call.kwargs["idempotency_key"] = key
         if "fencing_token" in parameters:
-            kwargs["fencing_token"] = self._token
+            call.kwargs["fencing_token"] = self._token
         # A worker paused since its claim may have been replaced meanwhile: renewing the
         # lease here, as late as possible, stops it before the effect rather than after.
         self._confirm_lease()
-        result = fn(*args, **kwargs)
-        store.complete_effect(thread_id, key, self._token, result, shared=policy.shared)
+        return call
+
+    def _record(self, call: _Call, result: Any) -> Any:
+        self._store.complete_effect(self.thread_id, call.key, self._token, result,
+                                    shared=call.shared)
         return result
+
+    def _failed(self, call: _Call, exc: Exception) -> None:
+        if not self._retryable(exc):
+            return
+        try:
+            self._store.release_effect(self.thread_id, call.key, self._token,
+                                       shared=call.shared)
+        except Exception:
+            # The tool's own error is the one to report; a claim left pending only makes
+            # the retried call ask its policy.
+            logger.warning("thread %s: could not drop the claim of %r after %r",
+                           self.thread_id, call.key, exc, exc_info=True)
+
+
+@dataclass
+class _Call:
+    """One tool call between its claim and its record."""
+
+    key: str
+    shared: bool
+    kwargs: dict[str, Any]
+    recorded: Any = NO_VALUE
+    """The outcome already recorded (a replay) or reconciled, else ``NO_VALUE``."""
+
+
+def _name(fn: Callable[..., Any]) -> str:
+    return getattr(fn, "__qualname__", repr(fn))

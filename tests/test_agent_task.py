@@ -261,6 +261,40 @@ def test_a_log_that_does_not_match_the_thread_fails_it_instead_of_looping(env: E
     assert agent.thread("t1").crashes == 0
 
 
+def test_a_tool_refused_by_a_rate_limit_runs_again_on_the_retry(env: Env) -> None:
+    agent = env.agent("flaky_tool_agent")
+    agent.delay("t1", mode="rate_limit")
+    assert agent.wait("t1", timeout=30) == "charged 5"
+    assert env.ledger.tool_calls("t1") == {"charge": 2}
+    assert env.ledger.effects("t1") == {"charge": "5"}
+
+
+def test_a_tool_that_fails_otherwise_is_not_run_again_blindly(env: Env) -> None:
+    agent = env.agent("flaky_tool_agent")
+    agent.delay("t1", mode="timeout")
+    with pytest.raises(ThreadStopped) as info:
+        agent.wait("t1", timeout=30)
+    assert info.value.status == "failed" and "TimeoutError" in (info.value.error or "")
+    assert env.store.effect("t1", "charge-1").state == "pending"  # type: ignore[union-attr]
+    agent.retry_thread("t1")
+    with pytest.raises(ThreadStopped) as info:  # did the charge go through? a human says
+        agent.wait("t1", timeout=30)
+    assert info.value.status == "needs_attention" and "charge-1" in (info.value.error or "")
+    assert env.ledger.tool_calls("t1") == {"charge": 1}
+    assert env.ledger.effects("t1") == {"charge": "5"}
+
+
+def test_async_tools_are_awaited_under_their_claim(env: Env) -> None:
+    agent = env.agent("flaky_tool_agent")
+    agent.delay("t1", mode="async")
+    assert agent.wait("t1", timeout=30) == "charged 5"
+    assert env.store.effect("t1", "charge-1").result == "charged 5"  # type: ignore[union-attr]
+    agent.delay("t2", mode="async_as_sync")
+    with pytest.raises(ThreadStopped) as info:
+        agent.wait("t2", timeout=30)
+    assert "run.atool" in (info.value.error or "") and env.ledger.tool_calls("t2") == {}
+
+
 def test_large_data_lives_in_artifacts_not_checkpoints(env: Env) -> None:
     agent = env.agent("report_agent")
     agent.delay("t1", pages=100_000)  # 500 KB: half the checkpoint limit on its own

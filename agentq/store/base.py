@@ -277,6 +277,16 @@ class Store(ABC):
         Atomic."""
 
     @abstractmethod
+    def release_effect(
+        self, thread_id: str, key: str, token: int, *, shared: bool = False
+    ) -> None:
+        """Drop the claim ``token`` holds on ``key``: its call was refused before it could
+        take effect (a rate limit), so the next claim runs it again instead of finding
+        its outcome unknown. Refused with :class:`~agentq.errors.StaleToken` unless
+        ``token`` is current and holds the claim pending; a record already gone is left
+        so. Atomic."""
+
+    @abstractmethod
     def effect(self, thread_id: str, key: str, *, shared: bool = False) -> Effect | None:
         """Return the idempotency record, or ``None``."""
 

@@ -69,7 +69,7 @@ MAX_REMEMBERED_HEADS = 10_000
 _SCRIPTS = (
     "index", "open_thread", "acquire", "renew", "release", "commit", "set_status",
     "latest", "delete_thread", "create_fork", "claim_effect", "complete_effect", "claim_due",
-    "reopen", "request_cancel", "put_artifact", "lease_sweeper",
+    "reopen", "request_cancel", "put_artifact", "lease_sweeper", "release_effect",
 )  # fmt: skip
 
 
@@ -804,11 +804,25 @@ class RedisStore(Store):
                 thread_id=thread_id,
             )
         if code == -5:
-            raise StaleToken(
-                f"effect {key!r} is not pending under token {token} (holder: {holder}); "
-                "another driver owns it now",
-                thread_id=thread_id,
-            )
+            raise self._not_holder(thread_id, key, token, holder)
+
+    def release_effect(
+        self, thread_id: str, key: str, token: int, *, shared: bool = False
+    ) -> None:
+        keys = self._effect_keys(thread_id, key, shared=shared)
+        self._check_fence_apart(thread_id, token, shared)
+        code, holder, _ = self._scripts["release_effect"](keys=keys, args=[token])
+        self._raise_refusal(thread_id, token, code, holder, None)
+        if code == -5:
+            raise self._not_holder(thread_id, key, token, holder)
+
+    @staticmethod
+    def _not_holder(thread_id: str, key: str, token: int, holder: int) -> StaleToken:
+        return StaleToken(
+            f"effect {key!r} is not pending under token {token} (holder: {holder}); "
+            "another driver owns it now",
+            thread_id=thread_id,
+        )
 
     def effect(self, thread_id: str, key: str, *, shared: bool = False) -> Effect | None:
         record = _fields(self.client.hgetall(self._effect_keys(thread_id, key, shared=shared)[0]))

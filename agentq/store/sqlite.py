@@ -635,6 +635,25 @@ class SQLiteStore(Store):
                 (data, scope, key),
             )
 
+    def release_effect(
+        self, thread_id: str, key: str, token: int, *, shared: bool = False
+    ) -> None:
+        validate_thread_id(thread_id)
+        validate_effect_key(key, thread_id)
+        scope = "" if shared else thread_id
+        with self._write() as db:
+            self._fenced(db, thread_id, token)
+            found = _read_effect(db, thread_id, scope, key)
+            if found is None:
+                return  # already dropped: the same release again
+            if found.state != "pending" or found.token != token:
+                raise StaleToken(
+                    f"effect {key!r} is {found.state} under token {found.token}, not claimed by "
+                    f"token {token}; another driver took it over: leave it",
+                    thread_id=thread_id,
+                )
+            db.execute('DELETE FROM effects WHERE scope = ? AND "key" = ?', (scope, key))
+
     def effect(self, thread_id: str, key: str, *, shared: bool = False) -> Effect | None:
         validate_thread_id(thread_id)
         validate_effect_key(key, thread_id)

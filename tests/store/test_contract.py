@@ -319,6 +319,25 @@ def test_pending_effect_from_a_dead_owner_can_be_taken_over(store: Store) -> Non
     assert store.effect("t1", "email").result == "sent"  # type: ignore[union-attr]
 
 
+@pytest.mark.parametrize("shared", [False, True])
+def test_a_released_claim_runs_again_under_the_next_token(store: Store, shared: bool) -> None:
+    old = started(store)
+    store.claim_effect("t1", "quote", old, shared=shared)
+    store.release_effect("t1", "quote", old, shared=shared)
+    assert store.effect("t1", "quote", shared=shared) is None
+    store.release_effect("t1", "quote", old, shared=shared)  # resent: nothing left to drop
+    store.release("t1", "w1", old)
+    new = store.acquire("t1", "w2", TTL)
+    assert store.claim_effect("t1", "quote", new, shared=shared).outcome == "claimed"
+    with pytest.raises(StaleToken):  # the old driver cannot drop the new one's claim
+        store.release_effect("t1", "quote", old, shared=shared)
+    store.complete_effect("t1", "quote", new, 12, shared=shared)
+    with pytest.raises(StaleToken):  # nor can anyone drop a recorded outcome
+        store.release_effect("t1", "quote", new, shared=shared)
+    recorded = store.effect("t1", "quote", shared=shared)
+    assert recorded is not None and (recorded.state, recorded.result) == ("done", 12)
+
+
 def test_shared_effects_span_threads(store: Store) -> None:
     a = started(store, "a")
     b = started(store, "b")

@@ -190,6 +190,46 @@ class NotesAgent(AgentTask):
         return Done(run.state["notes"])
 
 
+class FlakyToolAgent(AgentTask):
+    """Calls a plain tool (neither idempotent nor reconcilable) whose first call fails as
+    ``mode`` says: ``rate_limit`` (a ``retry_on`` error: refused before any effect) or
+    ``timeout`` (any other error: the effect may have happened); ``async`` and
+    ``async_as_sync`` call an ``async def`` tool, the right way and the wrong way."""
+
+    name = "tests.flaky_tool_agent"
+    retry_on = (RateLimitError,)
+
+    def start(self, run: Run, mode: str) -> str:
+        run.state["mode"] = mode
+        return "pay_async" if mode.startswith("async") else "pay"
+
+    def pay(self, run: Run) -> Done:
+        ledger, mode = ledger_of(self), run.state["mode"]
+
+        def charge(amount: int) -> str:
+            calls = ledger.client.hincrby(ledger.key("calls", run.thread_id), "charge", 1)
+            if calls == 1 and mode == "rate_limit":
+                raise RateLimitError("0")
+            ledger.client.hincrby(ledger.key("effects", run.thread_id), "charge", amount)
+            if calls == 1 and mode == "timeout":
+                raise TimeoutError("the payment API did not answer")
+            return f"charged {amount}"
+
+        return Done(run.tool(charge, 5, key="charge-1"))
+
+    async def pay_async(self, run: Run) -> Done:
+        ledger = ledger_of(self)
+
+        async def charge(amount: int) -> str:
+            await asyncio.sleep(0)
+            ledger.client.hincrby(ledger.key("calls", run.thread_id), "charge", 1)
+            return f"charged {amount}"
+
+        if run.state["mode"] == "async_as_sync":
+            return Done(run.tool(charge, 5, key="charge-1"))
+        return Done(await run.atool(charge, 5, key="charge-1"))
+
+
 class CountingAgent(AgentTask):
     """Counts to ``n``, one step each; ``slow`` seconds per step (a real blocking wait on
     the ledger, so a test can cancel or hand over mid-run); an async node for the last."""
@@ -406,7 +446,8 @@ class ReportAgent(AgentTask):
         return Done({"size": len(data), "ref": run.state["report"]})
 
 
-AGENTS = (SupportAgent, ApprovalAgent, NotesAgent, CountingAgent, BrokenAgent, ReportAgent)
+AGENTS = (SupportAgent, ApprovalAgent, NotesAgent, FlakyToolAgent, CountingAgent, BrokenAgent,
+          ReportAgent)
 
 
 def make_app(*, broker: str, store: str, prefix: str, queue: str, ledger_url: str,

@@ -45,19 +45,23 @@ next commit overwrites it, deleting the thread deletes it.
 
 from __future__ import annotations
 
+import unicodedata
 from dataclasses import dataclass
 
 from agentq.errors import InvalidThreadId
 
 MAX_THREAD_ID_LENGTH = 200
 MAX_EFFECT_KEY_LENGTH = 500
+_FORBIDDEN = {"Cc": "the control character", "Zl": "the line separator",
+              "Zp": "the paragraph separator"}  # fmt: skip
 
 
 def validate_thread_id(thread_id: object) -> str:
     """Return ``thread_id`` if it is a usable thread id, else raise :class:`InvalidThreadId`.
 
     Braces would break the hash tag (and could address another thread's keys), control
-    characters break logs and terminals, and an unbounded id bloats every key.
+    characters and line separators break logs and terminals, and an unbounded id bloats
+    every key.
     """
     if not isinstance(thread_id, str):
         raise InvalidThreadId(
@@ -94,10 +98,14 @@ def _check_name(value: str, what: str, limit: int, *, thread_id: str | None) -> 
             "tags, so remove them",
             thread_id=None,
         )
-    if any(ord(ch) < 32 or ord(ch) == 127 for ch in value):
-        raise InvalidThreadId(
-            f"{what} {value!r} contains a control character; remove it", thread_id=None
-        )
+    # C1 controls (U+0080-U+009F, e.g. U+009B, a terminal escape introducer) and the Unicode
+    # line and paragraph separators forge log lines and terminal output just as C0 ones do.
+    for ch in value:
+        kind = _FORBIDDEN.get(unicodedata.category(ch))
+        if kind:
+            raise InvalidThreadId(
+                f"{what} {value!r} contains {kind} U+{ord(ch):04X}; remove it", thread_id=None
+            )
 
 
 @dataclass(frozen=True)

@@ -85,28 +85,126 @@ def _unpack(data: bytes) -> Any:
     return msgpack.unpackb(data, ext_hook=_ext_hook, raw=False, strict_map_key=False)
 
 
+_INT_MIN = -(2**63)
+_INT_MAX = 2**64 - 1
+_PLAIN_DATA = (
+    "store plain data (dict, list, str, int, float, bool, None, bytes, tuple, set, datetime) "
+    "or convert it first, e.g. model objects with .model_dump()"
+)
+
+
+@dataclass(frozen=True)
+class _Problem:
+    path: str
+    type_name: str
+    message: str | None
+    """Why it cannot be stored and the fix, when the type alone does not say."""
+
+
+@dataclass(frozen=True)
+class _Where:
+    """A place in a value, linked to its parent: the path string is built only if needed."""
+
+    parent: _Where | None
+    segment: str
+
+    def path(self) -> str:
+        parts: list[str] = []
+        node: _Where | None = self
+        while node is not None:
+            parts.append(node.segment)
+            node = node.parent
+        return "".join(reversed(parts))
+
+
 def find_unencodable(value: Any, path: str) -> tuple[str, str] | None:
     """Return ``(path, type name)`` of the first value below ``value`` that cannot be stored."""
-    if isinstance(value, _PLAIN):
-        return None
-    if isinstance(value, Mapping):
-        for key, item in value.items():
-            if not isinstance(key, (*_PLAIN, tuple)):
-                return f"{path}[{key!r}] (a key)", type(key).__name__
-            found = find_unencodable(item, f"{path}.{key}" if isinstance(key, str) else
-                                     f"{path}[{key!r}]")
-            if found:
-                return found
-        return None
-    if isinstance(value, (list, tuple, set, frozenset)):
-        for index, item in enumerate(value):
-            found = find_unencodable(item, f"{path}[{index}]")
-            if found:
-                return found
-        return None
-    if isinstance(value, (dt.datetime, dt.date)):
-        return None
-    return path, type(value).__name__
+    problem = _find_problem(value, path)
+    return (problem.path, problem.type_name) if problem else None
+
+
+def _find_problem(value: Any, path: str) -> _Problem | None:
+    # Iterative, in msgpack's order: a value nested thousands deep (or containing itself)
+    # is exactly what made packing fail, and must not overflow the stack here as well.
+    # Containers already searched are skipped: one shared many times must not make the
+    # search exponential where packing stopped at the first too-deep path.
+    stack: list[tuple[Any, _Where, bool]] = [(value, _Where(None, path), False)]
+    on_path: set[int] = set()
+    clean: set[int] = set()
+    while stack:
+        item, where, leaving = stack.pop()
+        if leaving:
+            on_path.discard(id(item))
+            clean.add(id(item))
+            continue
+        if id(item) in clean:
+            continue
+        problem = _scalar_problem(item, where)
+        if problem is not None:
+            return problem
+        children = _children(item, where)
+        if children is None:
+            if isinstance(item, (*_PLAIN, dt.datetime, dt.date)):
+                continue
+            return _Problem(where.path(), type(item).__name__, None)
+        if id(item) in on_path:
+            return _Problem(
+                where.path(), type(item).__name__,
+                f"{where.path()}: this {type(item).__name__} contains itself, and a cycle "
+                "cannot be stored; store a copy without the cycle, or an id of the item",
+            )  # fmt: skip
+        on_path.add(id(item))
+        stack.append((item, where, True))
+        stack.extend((child, at, False) for child, at in reversed(children))
+    return None
+
+
+def _children(item: Any, where: _Where) -> list[tuple[Any, _Where]] | None:
+    """The items of a container with where they are (a map's keys too), else ``None``."""
+    if isinstance(item, Mapping):
+        children = []
+        for key, child in item.items():
+            shown = _show(key)
+            children.append((key, _Where(where, f"[{shown}] (a key)")))
+            segment = f".{key}" if isinstance(key, str) else f"[{shown}]"
+            children.append((child, _Where(where, segment)))
+        return children
+    if isinstance(item, (list, tuple, set, frozenset)):
+        return [(child, _Where(where, f"[{i}]")) for i, child in enumerate(item)]
+    return None
+
+
+def _scalar_problem(item: Any, where: _Where) -> _Problem | None:
+    if isinstance(item, int) and not isinstance(item, bool) and not _INT_MIN <= item <= _INT_MAX:
+        return _Problem(
+            where.path(), type(item).__name__,
+            f"{where.path()}: an int of {item.bit_length()} bits cannot be stored, ints must "
+            "fit in 64 bits (-2**63 to 2**64-1); store it as a string, str(n), and convert it "
+            "back with int() when reading it",
+        )  # fmt: skip
+    if isinstance(item, str):
+        try:
+            item.encode()
+        except UnicodeEncodeError as exc:
+            return _Problem(
+                where.path(), type(item).__name__,
+                f"{where.path()}: str holds a lone surrogate U+{ord(item[exc.start]):04X}, "
+                "which is not valid UTF-8 and cannot be stored; repair the text, e.g. "
+                "text.encode('utf-8', 'replace').decode()",
+            )  # fmt: skip
+    return None
+
+
+def _show(key: Any) -> str:
+    try:
+        return repr(key)
+    except ValueError:  # an int too long for repr (sys.set_int_max_str_digits)
+        return f"<{type(key).__name__}>"
+
+
+# RecursionError: tuples and sets are packed by nested calls, so deep nesting of them
+# exhausts Python's stack before msgpack's own depth limit (a ValueError) is reached.
+_PACK_ERRORS = (TypeError, ValueError, OverflowError, RecursionError)
 
 
 def encode_value(value: Any, *, what: str, thread_id: str | None, step: int | None) -> bytes:
@@ -114,17 +212,27 @@ def encode_value(value: Any, *, what: str, thread_id: str | None, step: int | No
     :class:`UnserializableState` naming the path ``what`` to the offending item."""
     try:
         return _pack(value)
-    except (TypeError, ValueError, OverflowError) as exc:
-        found = find_unencodable(value, what) or (what, type(value).__name__)
-        path, type_name = found
-        raise UnserializableState(
-            f"{path}: {type_name} cannot be stored in a checkpoint ({exc}); store plain data "
-            "(dict, list, str, int, float, bool, None, bytes, tuple, set, datetime) or convert "
-            "it first, e.g. model objects with .model_dump()",
-            path=path,
-            thread_id=thread_id,
-            step=step,
-        ) from exc
+    except _PACK_ERRORS as exc:
+        raise _unserializable(value, what, exc, thread_id=thread_id, step=step) from exc
+
+
+def _unserializable(
+    value: Any, what: str, exc: BaseException, *, thread_id: str | None, step: int | None
+) -> UnserializableState:
+    problem = _find_problem(value, what)
+    if problem is None and (isinstance(exc, RecursionError) or "recursion" in str(exc)):
+        problem = _Problem(
+            what, type(value).__name__,
+            f"{what}: nested too deeply to store; flatten it, e.g. a list of records that "
+            "refer to their parent by id",
+        )  # fmt: skip
+    if problem is None:
+        problem = _Problem(what, type(value).__name__, None)
+    message = problem.message or (
+        f"{problem.path}: {problem.type_name} cannot be stored in a checkpoint ({exc}); "
+        + _PLAIN_DATA
+    )
+    return UnserializableState(message, path=problem.path, thread_id=thread_id, step=step)
 
 
 def decode_value(data: bytes, *, what: str, thread_id: str | None, step: int | None) -> Any:
@@ -147,6 +255,14 @@ class EncodedCheckpoint:
 
     snapshot: bytes
     appended: dict[str, list[bytes]]
+
+
+# The user's fields first: a bad value is far likelier there than in the bookkeeping.
+_ENVELOPE_PATHS = (
+    ("state", "state"), ("pending", "pending"), ("cursors", "cursors"),
+    ("step", "checkpoint.step"), ("node", "checkpoint.node"), ("task", "checkpoint.task"),
+    ("token", "checkpoint.token"), ("at", "checkpoint.created_at"),
+)  # fmt: skip
 
 
 def encode_checkpoint(
@@ -187,10 +303,12 @@ def encode_checkpoint(
         envelope["logs"] = {field: len(state[field]) for field in logs}
     try:
         data = _pack(envelope)
-    except (TypeError, ValueError, OverflowError):
-        for field in ("state", "pending", "cursors"):
-            encode_value(envelope[field], what=field, thread_id=thread_id, step=checkpoint.step)
-        raise
+    except _PACK_ERRORS as exc:
+        for field, what in _ENVELOPE_PATHS:
+            encode_value(envelope[field], what=what, thread_id=thread_id, step=checkpoint.step)
+        raise _unserializable(
+            envelope, "checkpoint", exc, thread_id=thread_id, step=checkpoint.step
+        ) from exc
     appended = {
         field: [
             encode_value(item, what=f"state.{field}[{index}]", thread_id=thread_id,

@@ -22,6 +22,7 @@ from agentq.errors import (
     LeaseHeld,
     LogConflict,
     NeedsAttention,
+    RetryNotDue,
     UnknownNode,
 )
 from agentq.heartbeat import Heartbeat
@@ -87,6 +88,10 @@ class Driver:
             token = store.acquire(thread_id, self.owner, self.settings.lease_ttl)
         except LeaseHeld:
             logger.info("thread %s is driven by another worker; leaving it", thread_id)
+            return None
+        except RetryNotDue as exc:
+            logger.info("thread %s retries in %.1f s; leaving it until then", thread_id,
+                        exc.seconds)
             return None
         try:
             with Heartbeat(store, thread_id, self.owner, token, self.settings.lease_ttl) as beat:

@@ -98,6 +98,15 @@ class LeaseHeld(FencingError):
         super().__init__(message, thread_id=thread_id)
 
 
+class RetryNotDue(AgentqError):
+    """Raised when acquiring a ``retrying`` thread before its retry time: a message sent
+    early (a repeated ``delay``, a redelivery) must not cut a provider's Retry-After short."""
+
+    def __init__(self, message: str, *, thread_id: str, seconds: float):
+        self.seconds = seconds
+        super().__init__(message, thread_id=thread_id)
+
+
 class LeaseLost(FencingError):
     """Raised when renewing or releasing a lease that expired or passed to another worker."""
 

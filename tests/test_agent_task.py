@@ -80,6 +80,7 @@ def test_rate_limit_waits_for_retry_after_then_finishes(env: Env) -> None:
     wait_until(lambda: agent.thread("t1").status == Status.RETRYING, timeout=10,
                what="retrying status")
     assert agent.thread("t1").attempts == 1
+    agent.delay("t1")  # sent again during the wait: it must not cut the wait short
     assert agent.wait("t1", timeout=30) == "Refunded 0 EUR."
     times = [float(t) for t in env.ledger.client.lrange(env.ledger.key("model-times", "t1"),
                                                         0, -1)]

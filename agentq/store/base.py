@@ -21,7 +21,7 @@ from collections.abc import Collection, Mapping
 from typing import Any, Final, Self
 
 from agentq.codec import DEFAULT_MAX_CHECKPOINT_BYTES, decode_value
-from agentq.errors import InvalidArgument
+from agentq.errors import InvalidArgument, RetryNotDue
 from agentq.records import Checkpoint, Claim, Effect, Finding, Status, ThreadMeta
 
 DEFAULT_KEEP_LAST: Final = 20
@@ -151,7 +151,9 @@ class Store(ABC):
         An owner may re-acquire its own live lease (and gets a new token). A ``queued``,
         ``retrying`` or ``running`` thread becomes ``running`` and is due when the lease
         expires. Raises :class:`~agentq.errors.LeaseHeld` while another owner's lease is
-        live and :class:`~agentq.errors.ThreadNotFound` for an unknown thread. Atomic.
+        live, :class:`~agentq.errors.RetryNotDue` for a ``retrying`` thread before the time
+        its ``set_status`` scheduled, and :class:`~agentq.errors.ThreadNotFound` for an
+        unknown thread. Atomic.
         """
 
     @abstractmethod
@@ -220,7 +222,8 @@ class Store(ABC):
     ) -> None:
         """Change the thread's status without a new checkpoint (a retry being scheduled, a
         failure, an interrupt), fenced by ``token`` like ``commit``. Meta values left
-        ``UNSET`` stay as they are. Atomic."""
+        ``UNSET`` stay as they are. A thread set ``retrying`` with ``due_in`` cannot be
+        acquired before then. Atomic."""
 
     @abstractmethod
     def latest(self, thread_id: str) -> Checkpoint | None:
@@ -343,6 +346,14 @@ META_FIELDS: Final = (
 )  # fmt: skip
 """The fields of a thread's meta, as both backends store them. ``first`` is the oldest step
 still stored; ``input``, ``result``, ``interrupt`` and ``resume`` hold msgpack bytes."""
+
+
+def retry_not_due(thread_id: str, seconds: float) -> RetryNotDue:
+    return RetryNotDue(
+        f"the thread retries in {seconds:.1f} s (its rate limit's wait); leave it, recovery "
+        "sends it then",
+        thread_id=thread_id, seconds=seconds,
+    )  # fmt: skip
 
 
 def meta_from_fields(thread_id: str, fields: Mapping[str, Any]) -> ThreadMeta:

@@ -58,6 +58,7 @@ from agentq.store.base import (
     _Unset,
     check_ttl,
     meta_from_fields,
+    retry_not_due,
 )
 
 RedisClient = redis.Redis | RedisCluster
@@ -479,6 +480,8 @@ class RedisStore(Store):
                 thread_id=thread_id,
                 ttl_ms=int(value),
             )
+        if code == -8:
+            raise retry_not_due(thread_id, int(value) / 1000)
         return int(value)
 
     def renew(self, thread_id: str, owner: str, token: int, ttl: float) -> None:

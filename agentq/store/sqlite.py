@@ -56,11 +56,12 @@ from agentq.store.base import (
     _Unset,
     check_ttl,
     meta_from_fields,
+    retry_not_due,
 )
 
 BUSY_TIMEOUT: Final = 30.0
 """Seconds a write waits for another process's transaction before giving up."""
-SCHEMA_VERSION: Final = 2
+SCHEMA_VERSION: Final = 3
 _URL_PREFIX: Final = "sqlite:///"
 _GC_BATCH: Final = 500
 _LEASED: Final = frozenset({Status.QUEUED, Status.RETRYING, Status.RUNNING})
@@ -78,7 +79,7 @@ _META_COLUMNS: Final = ", ".join(f'"{name}"' for name in META_FIELDS)
 _SCHEMA: Final = (
     "CREATE TABLE IF NOT EXISTS threads (thread_id TEXT PRIMARY KEY, "
     + ", ".join(f'"{name}" {_META_TYPES[name]}' for name in META_FIELDS)
-    + ", lock_owner TEXT, lock_token INTEGER, lock_expires REAL, due_at REAL)",
+    + ", lock_owner TEXT, lock_token INTEGER, lock_expires REAL, due_at REAL, retry_at REAL)",
     "CREATE INDEX IF NOT EXISTS threads_due ON threads(due_at) WHERE due_at IS NOT NULL",
     "CREATE INDEX IF NOT EXISTS threads_status ON threads(status, updated_at)",
     "CREATE INDEX IF NOT EXISTS threads_updated ON threads(updated_at)",
@@ -179,6 +180,8 @@ class SQLiteStore(Store):
                     db.execute(statement)
                 if version == 1:  # version 2 names each claim, to recognise a resent one
                     db.execute("ALTER TABLE effects ADD COLUMN claim TEXT")
+                if version in (1, 2):  # version 3 keeps when a retrying thread may run
+                    db.execute("ALTER TABLE threads ADD COLUMN retry_at REAL")
                 db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         except sqlite3.DatabaseError as exc:
             db.close()
@@ -402,11 +405,14 @@ class SQLiteStore(Store):
         with self._write() as db:
             now = time.time()
             row = db.execute(
-                "SELECT status, fence, lock_owner, lock_expires FROM threads WHERE thread_id = ?",
+                "SELECT status, fence, lock_owner, lock_expires, retry_at FROM threads "
+                "WHERE thread_id = ?",
                 (thread_id,),
             ).fetchone()
             if row is None:
                 raise ThreadNotFound(_NOT_FOUND, thread_id=thread_id)
+            if row["status"] == Status.RETRYING.value and (row["retry_at"] or 0) > now:
+                raise retry_not_due(thread_id, row["retry_at"] - now)
             expires = row["lock_expires"]
             if row["lock_owner"] not in (None, owner) and expires is not None and expires > now:
                 ttl_ms = max(1, math.ceil((expires - now) * 1000))
@@ -537,6 +543,8 @@ class SQLiteStore(Store):
         with self._write() as db:
             self._fenced(db, thread_id, token)
             now = time.time()
+            if due_in is not None and values["status"] == Status.RETRYING.value:
+                values["retry_at"] = now + due_in  # acquire() refuses the thread until then
             _update(db, thread_id, now, due_at=None if due_in is None else now + due_in, **values)
             if release_owner is not None:
                 _release(db, thread_id, release_owner, token)

@@ -17,6 +17,7 @@ from agentq.errors import (
     LeaseHeld,
     LeaseLost,
     LogConflict,
+    RetryNotDue,
     StaleToken,
     StepConflict,
     ThreadExists,
@@ -211,6 +212,19 @@ def test_running_commit_can_leave_the_due_time_to_the_lease(store: Store) -> Non
     assert wait_until(lambda: store.due(), timeout=5, what="due entry")[0][0] == "t1"
     store.commit("t1", token, cp(1, token), due_in=TTL)
     assert store.due() == []
+
+
+def test_a_retrying_thread_cannot_be_acquired_before_its_retry_time(store: Store) -> None:
+    token = started(store)
+    store.set_status("t1", token, Status.RETRYING, due_in=30, release_owner="w1")
+    before = snapshot(store)
+    with pytest.raises(RetryNotDue) as info:
+        store.acquire("t1", "w2", TTL)
+    assert 29 < info.value.seconds <= 30
+    assert snapshot(store) == before  # no token handed out, nothing changed
+    store.set_status("t1", token, Status.RETRYING, due_in=0)
+    assert store.acquire("t1", "w2", TTL) == token + 1
+    assert store.meta("t1").status == Status.RUNNING  # type: ignore[union-attr]
 
 
 def test_set_status_is_fenced_and_schedules(store: Store) -> None:

@@ -14,8 +14,8 @@ from typing import IO
 
 import pytest
 
-from agentq.errors import StoreConfigError
-from agentq.records import Checkpoint
+from agentq.errors import RetryNotDue, StoreConfigError
+from agentq.records import Checkpoint, Status
 from agentq.store.base import META_FIELDS
 from agentq.store.sqlite import SQLiteStore
 
@@ -246,6 +246,24 @@ def test_a_file_that_is_not_a_database_is_refused(tmp_path: Path) -> None:
     with pytest.raises(StoreConfigError, match=r"notes\.txt"):
         SQLiteStore(path)
     assert path.read_bytes() == b"not a database, " * 100
+
+
+def test_a_version_2_database_is_upgraded_in_place(tmp_path: Path) -> None:
+    path = tmp_path / "agentq.db"
+    with SQLiteStore(path) as store:
+        store.open_thread("t1", task="agent")
+        token = store.acquire("t1", "w1", 60)
+        store.commit("t1", token, Checkpoint(step=0, node="n", token=token))
+    with sqlite3.connect(path) as db:  # what agentq wrote before retry times were kept
+        db.execute("ALTER TABLE threads DROP COLUMN retry_at")
+        db.execute("PRAGMA user_version = 2")
+    with SQLiteStore(path) as store:
+        assert store.latest("t1") == Checkpoint(step=0, node="n", token=token)
+        store.set_status("t1", token, Status.RETRYING, due_in=30, release_owner="w1")
+        with pytest.raises(RetryNotDue):
+            store.acquire("t1", "w2", 60)
+    with sqlite3.connect(path) as db:
+        assert db.execute("PRAGMA user_version").fetchone() == (3,)
 
 
 def test_newer_schema_is_refused(tmp_path: Path) -> None:

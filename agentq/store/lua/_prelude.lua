@@ -57,6 +57,10 @@ local function update_thread(meta, lock, thread_id, new_status, due_in, release,
   local due = 'clear'
   if due_in ~= '' then
     due = now + tonumber(due_in)
+    if new_status == 'retrying' then
+      -- acquire.lua refuses the thread until then, on this server's clock.
+      redis.call('HSET', meta, 'retry_at', tostring(due))
+    end
   end
   return index(thread_id, old_status, new_status, due, now)
 end

@@ -2,9 +2,17 @@
 -- KEYS[1]: lock, [2]: meta, [due index].
 -- ARGV[1]: status prefix or '', [2] thread id, [3] owner, [4] ttl in ms.
 -- Returns {1, token, ops}; {-1, remaining ms, 0} while another owner holds it;
--- {-2, 0, 0} for an unknown thread.
-if redis.call('EXISTS', KEYS[2]) == 0 then
+-- {-2, 0, 0} for an unknown thread; {-8, ms until its retry time, 0} for a retrying
+-- thread sent early.
+local status = redis.call('HGET', KEYS[2], 'status')
+if not status then
   return {-2, 0, 0}
+end
+if status == 'retrying' then
+  local wait = tonumber(redis.call('HGET', KEYS[2], 'retry_at') or '0') - now_seconds()
+  if wait > 0 then
+    return {-8, math.ceil(wait * 1000), 0}
+  end
 end
 local current = redis.call('GET', KEYS[1])
 if current then
@@ -15,7 +23,6 @@ if current then
 end
 local token = redis.call('HINCRBY', KEYS[2], 'fence', 1)
 redis.call('SET', KEYS[1], token .. ':' .. ARGV[3], 'PX', ARGV[4])
-local status = redis.call('HGET', KEYS[2], 'status')
 local ops = 0
 if status == 'queued' or status == 'retrying' or status == 'running' then
   local now = now_seconds()

@@ -1,0 +1,186 @@
+"""Values agentq cannot keep are refused with the exact place and the fix, before any write."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agentq.codec import decode_checkpoint, encode_checkpoint, encode_value
+from agentq.errors import InvalidThreadId, UnserializableState
+from agentq.keys import validate_effect_key, validate_thread_id
+from agentq.records import Checkpoint
+from agentq.store.sqlite import SQLiteStore
+from tests.store.raw import snapshot
+
+TTL = 30.0
+
+
+def cp(step: int, token: int, **state: Any) -> Checkpoint:
+    return Checkpoint(step=step, node=f"node{step}", state=dict(state), token=token, task="agent")
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[SQLiteStore]:
+    with SQLiteStore(tmp_path / "agentq.db", keep_last=5) as backend:
+        yield backend
+
+
+@pytest.fixture
+def token(store: SQLiteStore) -> int:
+    store.open_thread("t1", task="agent", input={"q": "hi"})
+    return store.acquire("t1", "w1", TTL)
+
+
+# -- thread ids and effect keys ----------------------------------------------------------
+
+# C1 controls (U+009B introduces a terminal escape, as ESC [ does), NEL, and the Unicode
+# line and paragraph separators: each can forge a log line or a terminal's output.
+BAD_CHARACTERS = ["\x80", "\x85", "\x9b", "\x9f", "\u2028", "\u2029", "\x1b", "\x7f"]
+
+
+@pytest.mark.parametrize("char", BAD_CHARACTERS, ids=lambda c: f"U+{ord(c):04X}")
+def test_a_thread_id_with_a_control_or_separator_is_refused_by_code_point(char: str) -> None:
+    with pytest.raises(InvalidThreadId) as info:
+        validate_thread_id(f"order-{char}[31mFAKE")
+    assert f"U+{ord(char):04X}" in str(info.value) and "remove it" in str(info.value)
+
+
+@pytest.mark.parametrize("char", BAD_CHARACTERS, ids=lambda c: f"U+{ord(c):04X}")
+def test_an_effect_key_with_a_control_or_separator_is_refused(char: str) -> None:
+    with pytest.raises(InvalidThreadId, match=f"effect key .* U\\+{ord(char):04X}"):
+        validate_effect_key(f"charge{char}", "t1")
+
+
+@pytest.mark.parametrize("thread_id", ["ordre-é", "用户-42", "a b", "nbsp\xa0id", "emoji-🙂"])
+def test_printable_unicode_thread_ids_are_still_accepted(thread_id: str) -> None:
+    assert validate_thread_id(thread_id) == thread_id
+
+
+def test_the_store_refuses_such_ids_before_creating_anything(
+    store: SQLiteStore, token: int
+) -> None:
+    before = snapshot(store)
+    with pytest.raises(InvalidThreadId, match="U\\+2028"):
+        store.open_thread("t\u20282", task="agent")
+    with pytest.raises(InvalidThreadId, match="U\\+0085"):
+        store.claim_effect("t1", "charge\x85card", token)
+    assert snapshot(store) == before
+
+
+# -- ints beyond 64 bits -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("state", "path"),
+    [
+        ({"big": 2**64}, "state.big"),
+        ({"ok": 1, "small": -(2**63) - 1}, "state.small"),
+        ({"rows": [{"id": 1}, {"id": 10**30}]}, "state.rows[1].id"),
+        ({"pair": (1, 2**100)}, "state.pair[1]"),
+        ({"by_id": {2**64: "x"}}, "state.by_id[18446744073709551616] (a key)"),
+    ],
+)
+def test_an_oversized_int_names_its_path_and_the_fix(state: dict[str, Any], path: str) -> None:
+    with pytest.raises(UnserializableState) as info:
+        encode_checkpoint("t1", cp(1, 1, **state))
+    assert info.value.path == path
+    message = str(info.value)
+    assert f"{path}: " in message and "64 bits" in message and "string" in message
+
+
+def test_ints_at_the_64_bit_limits_are_kept() -> None:
+    state = {"max": 2**64 - 1, "min": -(2**63)}
+    encoded = encode_checkpoint("t1", cp(0, 1, **state))
+    assert decode_checkpoint("t1", encoded.snapshot).state == state
+
+
+def test_an_oversized_int_in_a_stored_value_names_its_path() -> None:
+    with pytest.raises(UnserializableState) as info:
+        encode_value({"n": 2**64}, what="input", thread_id="t1", step=None)
+    assert info.value.path == "input.n" and "64 bits" in str(info.value)
+
+
+# -- nothing unstorable escapes as a bare TypeError or OverflowError -------------------------
+
+
+@pytest.mark.parametrize(
+    ("fields", "path"),
+    [
+        ({"step": 2**64}, "checkpoint.step"),
+        ({"token": -(2**64)}, "checkpoint.token"),
+        ({"node": object()}, "checkpoint.node"),
+        ({"task": object()}, "checkpoint.task"),
+    ],
+)
+def test_bad_checkpoint_fields_raise_unserializable_state(
+    fields: dict[str, Any], path: str
+) -> None:
+    checkpoint = Checkpoint(**{"step": 0, "node": "n", "token": 1, "task": "agent", **fields})
+    with pytest.raises(UnserializableState) as info:
+        encode_checkpoint("t1", checkpoint)
+    assert info.value.path == path
+
+
+def test_a_lone_surrogate_names_its_path() -> None:
+    with pytest.raises(UnserializableState) as info:
+        encode_checkpoint("t1", cp(1, 1, notes=["fine", "bad \udc80 text"]))
+    assert info.value.path == "state.notes[1]" and "U+DC80" in str(info.value)
+
+
+def test_a_value_that_contains_itself_names_where_the_cycle_closes() -> None:
+    loop: list[Any] = []
+    loop.append({"back": loop})
+    with pytest.raises(UnserializableState) as info:
+        encode_checkpoint("t1", cp(1, 1, loop=loop))
+    assert info.value.path == "state.loop[0].back" and "contains itself" in str(info.value)
+
+
+@pytest.mark.parametrize("container", [list, tuple])
+def test_nesting_too_deep_to_store_is_refused_not_crashed(container: type) -> None:
+    value: Any = 1
+    for _ in range(5000):
+        value = container([value])
+    with pytest.raises(UnserializableState) as info:
+        encode_checkpoint("t1", cp(1, 1, deep=value))
+    assert info.value.path == "state" and "nested too deeply" in str(info.value)
+
+
+# -- a refused commit leaves the store as it was ---------------------------------------------
+
+
+def test_a_refused_commit_leaves_the_stored_thread_unchanged(
+    store: SQLiteStore, token: int
+) -> None:
+    first = cp(0, token, total=10, rows=[1, 2])
+    store.commit("t1", token, first)
+    before = snapshot(store)
+    with pytest.raises(UnserializableState) as info:
+        store.commit("t1", token, cp(1, token, total=2**64, rows=[1, 2, 3]))
+    assert info.value.path == "state.total"
+    assert (info.value.thread_id, info.value.step) == ("t1", 1)
+    assert store.latest("t1") == first
+    assert store.meta("t1").step == 0  # type: ignore[union-attr]
+    assert snapshot(store) == before
+    # the thread is not wedged: the corrected step commits
+    store.commit("t1", token, cp(1, token, total="18446744073709551616", rows=[1, 2, 3]))
+    assert store.latest("t1").state["total"] == "18446744073709551616"  # type: ignore[union-attr]
+
+
+def test_a_refused_result_or_log_item_leaves_the_store_unchanged(
+    store: SQLiteStore, token: int
+) -> None:
+    first = cp(0, token, messages=["hi"])
+    store.commit("t1", token, first, logs={"messages": 0})
+    before = snapshot(store)
+    with pytest.raises(UnserializableState) as info:
+        store.commit("t1", token, cp(1, token, messages=["hi", {"n": 2**70}]),
+                     logs={"messages": 1})  # fmt: skip
+    assert info.value.path == "state.messages[1].n"
+    with pytest.raises(UnserializableState) as info:
+        store.commit("t1", token, cp(1, token, messages=["hi"]), result={"id": 2**64})
+    assert info.value.path == "result.id"
+    assert snapshot(store) == before
+    assert store.latest("t1") == first

@@ -78,6 +78,9 @@ class ThreadMeta:
     resume_value: Any = None
     resumed: bool = False
     cancel_requested: bool = False
+    options: dict[str, Any] = field(default_factory=dict)
+    """The Celery routing options the thread was first sent with (queue, priority, ...),
+    reused for every later send."""
 
 
 @dataclass(frozen=True)

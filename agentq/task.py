@@ -18,6 +18,21 @@ from agentq.worker import draining
 
 logger = logging.getLogger("agentq")
 
+ROUTING_OPTIONS = ("queue", "exchange", "routing_key", "priority")
+"""The ``apply_async`` options a thread keeps for every later send: where its messages
+go. One-shot options (``countdown``, ``eta``, ``task_id``, ...) apply to one message."""
+
+
+def _routing(options: dict[str, Any]) -> dict[str, Any]:
+    kept = {}
+    for name in ROUTING_OPTIONS:
+        value = options.get(name)
+        # A kombu Queue or Exchange object is kept by name, as Celery routes by name.
+        value = value if isinstance(value, (str, int)) else getattr(value, "name", None)
+        if value is not None:
+            kept[name] = value
+    return kept
+
 
 class AgentTask(Task):  # type: ignore[misc]
     """Subclass it, give it a ``name`` and nodes, register it with ``app.register_task``.
@@ -58,8 +73,10 @@ class AgentTask(Task):  # type: ignore[misc]
         self, args: Any = None, kwargs: Any = None, **options: Any
     ) -> Any:
         """Start thread ``args[0]`` with ``kwargs`` as the entry node's input (kept in the
-        store, not the message) and send it with the usual Celery ``options``. An existing
-        thread keeps its first input and is only re-sent."""
+        store, not the message) and send it with the usual Celery ``options``. Its routing
+        options (``queue``, ``exchange``, ``routing_key``, ``priority``) are kept too, so
+        recovery, hand-overs and resumes send it the same way. An existing thread keeps
+        its first input and options and is only re-sent."""
         if not args or len(args) != 1:
             raise InvalidThreadId(
                 f"{self.name} takes exactly one positional argument, the thread id (got "
@@ -69,13 +86,16 @@ class AgentTask(Task):  # type: ignore[misc]
         delay = float(options.get("countdown") or 0)
         self.agentq.store.open_thread(
             thread_id, task=self.name, input=dict(kwargs) if kwargs else None,
-            start_grace=delay + self.agentq.settings.start_grace,
+            start_grace=delay + self.agentq.settings.start_grace, options=_routing(options),
         )  # fmt: skip
         return super().apply_async((thread_id,), None, **options)
 
     def enqueue(self, thread_id: str, **options: Any) -> Any:
-        """Send a message for a thread the store already holds."""
-        return super().apply_async((thread_id,), None, **options)
+        """Send a message for a thread the store already holds, routed as it was first
+        sent unless ``options`` say otherwise."""
+        meta = self.agentq.store.meta(validate_thread_id(thread_id))
+        kept = meta.options if meta is not None else {}
+        return super().apply_async((thread_id,), None, **{**kept, **options})
 
     # -- hooks -------------------------------------------------------------------------------
 

@@ -48,6 +48,43 @@ def env(redis_server: RedisServer) -> Iterator[Env]:
     app.close()
 
 
+@pytest.fixture
+def routed_env(redis_server: RedisServer) -> Iterator[tuple[Env, str]]:
+    """A worker that consumes only a queue of its own, not the app's default queue."""
+    prefix = f"rt{uuid.uuid4().hex[:8]}:"
+    queue = f"agentq-test-{prefix}routed"
+    app = make_app(broker=BROKER, store=redis_server.url, prefix=prefix,
+                   queue=f"agentq-test-{prefix}default", ledger_url=redis_server.url,
+                   lease_ttl=3, sweep_interval=0.2, start_grace=5, backoff_base=0.1)
+    ledger = Ledger(redis_server.url, prefix.rstrip(":"))
+    with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False,
+                      shutdown_timeout=30, queues=[queue]):
+        yield Env(app, ledger), queue
+    ledger.client.close()
+    app._agentq_runtime.store.close()
+    app.close()
+
+
+def test_a_thread_keeps_its_queue_for_every_later_send(
+    routed_env: tuple[Env, str],
+) -> None:
+    env, queue = routed_env
+    support, approval = env.agent("support_agent"), env.agent("approval_agent")
+    # The retry is re-sent by the sweeper; nobody consumes the default queue.
+    support.apply_async(("t1",), {"question": "hi", "refunds": 0, "rate_limits": 1,
+                                  "retry_after": 0}, queue=queue)
+    assert support.wait("t1", timeout=30) == "Refunded 0 EUR."
+    assert support.thread("t1").options == {"queue": queue}
+    approval.apply_async(("t2",), {"amount": 5}, queue=queue)
+    wait_until(lambda: approval.thread("t2").status == Status.WAITING, timeout=10,
+               what="waiting")
+    approval.resume("t2", {"approved": True})
+    wait_until(lambda: approval.thread("t2").interrupt == {"question": "anything else?"},
+               timeout=10, what="second interrupt")
+    approval.resume("t2", "thanks")
+    assert approval.wait("t2", timeout=10) == {"approved": True, "note": "thanks"}
+
+
 def test_a_thread_runs_to_done_with_one_checkpoint_per_node(env: Env) -> None:
     agent = env.agent("support_agent")
     agent.delay("t1", question="refund my order", refunds=2)

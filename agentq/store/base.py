@@ -65,11 +65,18 @@ class Store(ABC):
 
     @abstractmethod
     def open_thread(
-        self, thread_id: str, *, task: str, input: Any = None, start_grace: float = 30.0
+        self,
+        thread_id: str,
+        *,
+        task: str,
+        input: Any = None,
+        start_grace: float = 30.0,
+        options: Mapping[str, Any] | None = None,
     ) -> tuple[ThreadMeta, bool]:
         """Create the thread as ``queued`` unless it exists; return its meta and whether it
         was created. A new thread is due ``start_grace`` seconds from now, so a lost
-        message is re-sent by recovery. An existing thread is returned unchanged.
+        message is re-sent by recovery, and keeps ``options`` (how to send it) in its meta.
+        An existing thread is returned unchanged.
 
         Atomic.
         """
@@ -342,7 +349,7 @@ def check_ttl(thread_id: str, ttl: float) -> int:
 META_FIELDS: Final = (
     "status", "step", "node", "task", "attempts", "crashes", "fence", "first",
     "error", "created_at", "updated_at", "input", "result", "interrupt", "resume",
-    "cancel",
+    "cancel", "options",
 )  # fmt: skip
 """The fields of a thread's meta, as both backends store them. ``first`` is the oldest step
 still stored; ``input``, ``result``, ``interrupt`` and ``resume`` hold msgpack bytes."""
@@ -393,4 +400,5 @@ def meta_from_fields(thread_id: str, fields: Mapping[str, Any]) -> ThreadMeta:
         resume_value=blob("resume"),
         resumed=fields.get("resume") not in (None, b""),
         cancel_requested=text("cancel") == "1",
+        options=blob("options") or {},
     )

@@ -307,16 +307,24 @@ class RedisStore(Store):
     # -- threads -------------------------------------------------------------------------
 
     def open_thread(
-        self, thread_id: str, *, task: str, input: Any = None, start_grace: float = 30.0
+        self,
+        thread_id: str,
+        *,
+        task: str,
+        input: Any = None,
+        start_grace: float = 30.0,
+        options: Mapping[str, Any] | None = None,
     ) -> tuple[ThreadMeta, bool]:
         validate_thread_id(thread_id)
-        blob = b"" if input is None else encode_value(
-            input, what="input", thread_id=thread_id, step=None
-        )
+        blobs = [
+            b"" if value is None else encode_value(value, what=name, thread_id=thread_id,
+                                                   step=None)
+            for name, value in (("input", input), ("options", options or None))
+        ]  # fmt: skip
         created, flat, _ = self._run(
             "open_thread",
             [self.keys.meta(thread_id)],
-            [thread_id, task, blob, start_grace],
+            [thread_id, task, blobs[0], start_grace, blobs[1]],
             indexed=True,
         )
         return self._meta(thread_id, _hash_to_fields(flat)), bool(created)

@@ -72,7 +72,7 @@ _META_TYPES: Final = {
     "crashes": "INTEGER NOT NULL DEFAULT 0", "fence": "INTEGER NOT NULL DEFAULT 0",
     "first": "INTEGER", "error": "TEXT", "created_at": "REAL NOT NULL",
     "updated_at": "REAL NOT NULL", "input": "BLOB", "result": "BLOB", "interrupt": "BLOB",
-    "resume": "BLOB", "cancel": "INTEGER NOT NULL DEFAULT 0",
+    "resume": "BLOB", "cancel": "INTEGER NOT NULL DEFAULT 0", "options": "BLOB",
 }  # fmt: skip
 # Indexing by META_FIELDS makes a field added to the contract fail here, at import.
 _META_COLUMNS: Final = ", ".join(f'"{name}"' for name in META_FIELDS)
@@ -180,8 +180,9 @@ class SQLiteStore(Store):
                     db.execute(statement)
                 if version == 1:  # version 2 names each claim, to recognise a resent one
                     db.execute("ALTER TABLE effects ADD COLUMN claim TEXT")
-                if version in (1, 2):  # version 3 keeps when a retrying thread may run
-                    db.execute("ALTER TABLE threads ADD COLUMN retry_at REAL")
+                if version in (1, 2):  # version 3: when a retrying thread may run, and how
+                    db.execute("ALTER TABLE threads ADD COLUMN retry_at REAL")  # to send it
+                    db.execute("ALTER TABLE threads ADD COLUMN options BLOB")
                 db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         except sqlite3.DatabaseError as exc:
             db.close()
@@ -233,16 +234,25 @@ class SQLiteStore(Store):
     # -- threads -------------------------------------------------------------------------
 
     def open_thread(
-        self, thread_id: str, *, task: str, input: Any = None, start_grace: float = 30.0
+        self,
+        thread_id: str,
+        *,
+        task: str,
+        input: Any = None,
+        start_grace: float = 30.0,
+        options: Mapping[str, Any] | None = None,
     ) -> tuple[ThreadMeta, bool]:
         validate_thread_id(thread_id)
         data = _value(input, "input", thread_id, None)
+        sending = _value(options or None, "options", thread_id, None)
         with self._write() as db:
             now = time.time()
             created = db.execute(
                 "INSERT INTO threads (thread_id, status, step, task, created_at, updated_at, "
-                "input, due_at) VALUES (?, ?, -1, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
-                (thread_id, Status.QUEUED.value, task, now, now, data, now + start_grace),
+                "input, due_at, options) VALUES (?, ?, -1, ?, ?, ?, ?, ?, ?) "
+                "ON CONFLICT DO NOTHING",
+                (thread_id, Status.QUEUED.value, task, now, now, data, now + start_grace,
+                 sending),
             ).rowcount
             meta = _read_meta(db, thread_id)
         assert meta is not None

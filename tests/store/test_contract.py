@@ -56,6 +56,14 @@ def test_open_thread_creates_once_and_keeps_input(store: Store) -> None:
     assert again.task == "agent" and again.input == {"q": ("a", 1)}
 
 
+def test_open_thread_keeps_its_first_send_options(store: Store) -> None:
+    meta, _ = store.open_thread("t1", task="agent", options={"queue": "gpu", "priority": 3})
+    assert meta.options == {"queue": "gpu", "priority": 3}
+    store.open_thread("t1", task="agent", options={"queue": "cpu"})
+    assert store.meta("t1").options == {"queue": "gpu", "priority": 3}  # type: ignore[union-attr]
+    assert store.open_thread("t2", task="agent")[0].options == {}
+
+
 def test_meta_of_unknown_thread_is_none(store: Store) -> None:
     assert store.meta("nobody") is None
     assert store.latest("nobody") is None

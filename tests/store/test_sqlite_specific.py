@@ -202,7 +202,7 @@ def test_thread_columns_are_the_shared_meta_fields(tmp_path: Path) -> None:
     SQLiteStore(tmp_path / "agentq.db").close()
     with sqlite3.connect(tmp_path / "agentq.db") as db:
         columns = [row[1] for row in db.execute("PRAGMA table_info(threads)")]
-    lease = ["lock_owner", "lock_token", "lock_expires", "due_at"]
+    lease = ["lock_owner", "lock_token", "lock_expires", "due_at", "retry_at"]
     assert columns == ["thread_id", *META_FIELDS, *lease]
 
 
@@ -256,12 +256,15 @@ def test_a_version_2_database_is_upgraded_in_place(tmp_path: Path) -> None:
         store.commit("t1", token, Checkpoint(step=0, node="n", token=token))
     with sqlite3.connect(path) as db:  # what agentq wrote before retry times were kept
         db.execute("ALTER TABLE threads DROP COLUMN retry_at")
+        db.execute("ALTER TABLE threads DROP COLUMN options")
         db.execute("PRAGMA user_version = 2")
     with SQLiteStore(path) as store:
         assert store.latest("t1") == Checkpoint(step=0, node="n", token=token)
         store.set_status("t1", token, Status.RETRYING, due_in=30, release_owner="w1")
         with pytest.raises(RetryNotDue):
             store.acquire("t1", "w2", 60)
+        store.open_thread("t2", task="agent", options={"queue": "gpu"})
+        assert store.meta("t2").options == {"queue": "gpu"}  # type: ignore[union-attr]
     with sqlite3.connect(path) as db:
         assert db.execute("PRAGMA user_version").fetchone() == (3,)
 

@@ -1,7 +1,7 @@
 -- Creates a thread as 'queued' unless it exists.
 -- KEYS[1]: meta, [due index].
 -- ARGV[1]: status prefix or '', [2] thread id, [3] task name, [4] input (msgpack, '' for
--- none), [5] start grace in seconds.
+-- none), [5] start grace in seconds, [6] send options (msgpack, '' for none).
 -- Returns {created 0|1, meta as a flat HGETALL list, index ops}.
 local meta = KEYS[1]
 if redis.call('EXISTS', meta) == 1 then
@@ -12,6 +12,9 @@ redis.call('HSET', meta, 'status', 'queued', 'step', -1, 'task', ARGV[3], 'attem
   'crashes', 0, 'fence', 0, 'first', 0, 'created_at', tostring(now), 'updated_at', tostring(now))
 if ARGV[4] ~= '' then
   redis.call('HSET', meta, 'input', ARGV[4])
+end
+if ARGV[6] ~= '' then
+  redis.call('HSET', meta, 'options', ARGV[6])
 end
 local ops = index(ARGV[2], '', 'queued', now + tonumber(ARGV[5]), now)
 return {1, redis.call('HGETALL', meta), ops}

@@ -20,6 +20,7 @@ from agentq.errors import (
     UnsupportedVersion,
 )
 from agentq.records import Checkpoint
+from agentq.unstorable import unserializable
 
 FORMAT_VERSION = 2
 """The newest envelope version this agentq reads. Version 2 adds append-only logs; a
@@ -32,8 +33,6 @@ _EXT_SET = 2
 _EXT_FROZENSET = 3
 _EXT_DATETIME = 4
 _EXT_DATE = 5
-
-_PLAIN = (str, bytes, int, float, bool, type(None))
 
 
 def _default(obj: object) -> Any:
@@ -85,123 +84,6 @@ def _unpack(data: bytes) -> Any:
     return msgpack.unpackb(data, ext_hook=_ext_hook, raw=False, strict_map_key=False)
 
 
-_INT_MIN = -(2**63)
-_INT_MAX = 2**64 - 1
-_PLAIN_DATA = (
-    "store plain data (dict, list, str, int, float, bool, None, bytes, tuple, set, datetime) "
-    "or convert it first, e.g. model objects with .model_dump()"
-)
-
-
-@dataclass(frozen=True)
-class _Problem:
-    path: str
-    type_name: str
-    message: str | None
-    """Why it cannot be stored and the fix, when the type alone does not say."""
-
-
-@dataclass(frozen=True)
-class _Where:
-    """A place in a value, linked to its parent: the path string is built only if needed."""
-
-    parent: _Where | None
-    segment: str
-
-    def path(self) -> str:
-        parts: list[str] = []
-        node: _Where | None = self
-        while node is not None:
-            parts.append(node.segment)
-            node = node.parent
-        return "".join(reversed(parts))
-
-
-def find_unencodable(value: Any, path: str) -> tuple[str, str] | None:
-    """Return ``(path, type name)`` of the first value below ``value`` that cannot be stored."""
-    problem = _find_problem(value, path)
-    return (problem.path, problem.type_name) if problem else None
-
-
-def _find_problem(value: Any, path: str) -> _Problem | None:
-    # Iterative, in msgpack's order: a value nested thousands deep (or containing itself)
-    # is exactly what made packing fail, and must not overflow the stack here as well.
-    # Containers already searched are skipped: one shared many times must not make the
-    # search exponential where packing stopped at the first too-deep path.
-    stack: list[tuple[Any, _Where, bool]] = [(value, _Where(None, path), False)]
-    on_path: set[int] = set()
-    clean: set[int] = set()
-    while stack:
-        item, where, leaving = stack.pop()
-        if leaving:
-            on_path.discard(id(item))
-            clean.add(id(item))
-            continue
-        if id(item) in clean:
-            continue
-        problem = _scalar_problem(item, where)
-        if problem is not None:
-            return problem
-        children = _children(item, where)
-        if children is None:
-            if isinstance(item, (*_PLAIN, dt.datetime, dt.date)):
-                continue
-            return _Problem(where.path(), type(item).__name__, None)
-        if id(item) in on_path:
-            return _Problem(
-                where.path(), type(item).__name__,
-                f"{where.path()}: this {type(item).__name__} contains itself, and a cycle "
-                "cannot be stored; store a copy without the cycle, or an id of the item",
-            )  # fmt: skip
-        on_path.add(id(item))
-        stack.append((item, where, True))
-        stack.extend((child, at, False) for child, at in reversed(children))
-    return None
-
-
-def _children(item: Any, where: _Where) -> list[tuple[Any, _Where]] | None:
-    """The items of a container with where they are (a map's keys too), else ``None``."""
-    if isinstance(item, Mapping):
-        children = []
-        for key, child in item.items():
-            shown = _show(key)
-            children.append((key, _Where(where, f"[{shown}] (a key)")))
-            segment = f".{key}" if isinstance(key, str) else f"[{shown}]"
-            children.append((child, _Where(where, segment)))
-        return children
-    if isinstance(item, (list, tuple, set, frozenset)):
-        return [(child, _Where(where, f"[{i}]")) for i, child in enumerate(item)]
-    return None
-
-
-def _scalar_problem(item: Any, where: _Where) -> _Problem | None:
-    if isinstance(item, int) and not isinstance(item, bool) and not _INT_MIN <= item <= _INT_MAX:
-        return _Problem(
-            where.path(), type(item).__name__,
-            f"{where.path()}: an int of {item.bit_length()} bits cannot be stored, ints must "
-            "fit in 64 bits (-2**63 to 2**64-1); store it as a string, str(n), and convert it "
-            "back with int() when reading it",
-        )  # fmt: skip
-    if isinstance(item, str):
-        try:
-            item.encode()
-        except UnicodeEncodeError as exc:
-            return _Problem(
-                where.path(), type(item).__name__,
-                f"{where.path()}: str holds a lone surrogate U+{ord(item[exc.start]):04X}, "
-                "which is not valid UTF-8 and cannot be stored; repair the text, e.g. "
-                "text.encode('utf-8', 'replace').decode()",
-            )  # fmt: skip
-    return None
-
-
-def _show(key: Any) -> str:
-    try:
-        return repr(key)
-    except ValueError:  # an int too long for repr (sys.set_int_max_str_digits)
-        return f"<{type(key).__name__}>"
-
-
 # RecursionError: tuples and sets are packed by nested calls, so deep nesting of them
 # exhausts Python's stack before msgpack's own depth limit (a ValueError) is reached.
 _PACK_ERRORS = (TypeError, ValueError, OverflowError, RecursionError)
@@ -213,26 +95,7 @@ def encode_value(value: Any, *, what: str, thread_id: str | None, step: int | No
     try:
         return _pack(value)
     except _PACK_ERRORS as exc:
-        raise _unserializable(value, what, exc, thread_id=thread_id, step=step) from exc
-
-
-def _unserializable(
-    value: Any, what: str, exc: BaseException, *, thread_id: str | None, step: int | None
-) -> UnserializableState:
-    problem = _find_problem(value, what)
-    if problem is None and (isinstance(exc, RecursionError) or "recursion" in str(exc)):
-        problem = _Problem(
-            what, type(value).__name__,
-            f"{what}: nested too deeply to store; flatten it, e.g. a list of records that "
-            "refer to their parent by id",
-        )  # fmt: skip
-    if problem is None:
-        problem = _Problem(what, type(value).__name__, None)
-    message = problem.message or (
-        f"{problem.path}: {problem.type_name} cannot be stored in a checkpoint ({exc}); "
-        + _PLAIN_DATA
-    )
-    return UnserializableState(message, path=problem.path, thread_id=thread_id, step=step)
+        raise unserializable(value, what, exc, thread_id=thread_id, step=step) from exc
 
 
 def decode_value(data: bytes, *, what: str, thread_id: str | None, step: int | None) -> Any:
@@ -306,7 +169,7 @@ def encode_checkpoint(
     except _PACK_ERRORS as exc:
         for field, what in _ENVELOPE_PATHS:
             encode_value(envelope[field], what=what, thread_id=thread_id, step=checkpoint.step)
-        raise _unserializable(
+        raise unserializable(
             envelope, "checkpoint", exc, thread_id=thread_id, step=checkpoint.step
         ) from exc
     appended = {

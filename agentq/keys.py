@@ -100,6 +100,8 @@ def _check_name(value: str, what: str, limit: int, *, thread_id: str | None) -> 
         )
     # C1 controls (U+0080-U+009F, e.g. U+009B, a terminal escape introducer) and the Unicode
     # line and paragraph separators forge log lines and terminal output just as C0 ones do.
+    if value.isprintable():  # one C-speed scan for the usual id; the loop says which
+        return
     for ch in value:
         kind = _FORBIDDEN.get(unicodedata.category(ch))
         if kind:

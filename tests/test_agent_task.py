@@ -111,6 +111,17 @@ def test_sending_a_thread_again_never_runs_it_twice(env: Env) -> None:
     assert int(env.ledger.client.get(env.ledger.key("steps", "t1"))) == 3
 
 
+def test_a_step_longer_than_the_lease_keeps_it_by_heartbeats(env: Env) -> None:
+    agent = env.agent("counting_agent")
+    agent.delay("t1", n=1, slow=4.5)  # one blocking step of 1.5 x lease_ttl (3 s)
+    assert agent.wait("t1", timeout=30) == 1
+    meta = agent.thread("t1")
+    # No second driver took the thread over (it would have taken fence 2 and run the
+    # step again) while the sweeper looked every 0.2 s.
+    assert (meta.fence, meta.crashes) == (1, 0)
+    assert int(env.ledger.client.get(env.ledger.key("steps", "t1"))) == 1
+
+
 def test_rate_limit_waits_for_retry_after_then_finishes(env: Env) -> None:
     agent = env.agent("support_agent")
     agent.delay("t1", question="hi", refunds=0, rate_limits=1, retry_after=2)

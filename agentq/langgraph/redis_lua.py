@@ -13,7 +13,9 @@ from __future__ import annotations
 
 from typing import Final
 
-PRELUDE: Final = r"""
+PRELUDE: Final = r"""--!df flags=allow-undeclared-keys
+-- (Dragonfly's flag, a comment elsewhere: the scripts address keys built from a thread's
+-- key prefix beside those in KEYS.)
 -- Fencing, shared by every write: token '' is a writer outside a graph task.
 local function refused(meta, lock, token)
   if token == '' then

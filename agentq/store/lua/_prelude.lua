@@ -1,3 +1,6 @@
+--!df flags=allow-undeclared-keys
+-- (Dragonfly's flag, a comment elsewhere: the scripts address keys built from the
+-- thread's key prefix, such as the checkpoints they prune, beside those in KEYS.)
 -- Shared by every script that moves a thread between statuses or in the due index.
 --
 -- Convention for those scripts: ARGV[1] is the status-index key prefix and the due index

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from agentq.records import Finding
@@ -39,6 +40,13 @@ def celery_findings(app: Any, settings: Settings) -> list[Finding]:
             "a worker reserves several agent messages while one runs; a deploy then holds "
             "threads back until their grace runs out.",
             "set worker_prefetch_multiplier = 1",
+        ))  # fmt: skip
+    if os.environ.get("REMAP_SIGTERM"):
+        findings.append(Finding(
+            "REMAP_SIGTERM", os.environ["REMAP_SIGTERM"],
+            "SIGTERM becomes a cold shutdown: a deploy kills running nodes instead of "
+            "handing their threads over after the current one.",
+            "unset REMAP_SIGTERM in the workers' environment",
         ))  # fmt: skip
     if conf.task_always_eager:
         findings.append(Finding(

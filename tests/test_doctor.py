@@ -1,0 +1,68 @@
+"""``agentq doctor``'s Celery checks: each setting that defeats recovery is named with its
+fix, and a configuration as the deploy guide recommends has none."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+from celery import Celery
+
+import agentq
+from agentq import AgentTask
+from agentq.app import runtime_of
+from agentq.doctor import celery_findings
+
+
+class _Agent(AgentTask):
+    name = "doctor_agent"
+
+
+def _findings(configure: Callable[[Celery], None] = lambda app: None) -> list[str]:
+    app = Celery("doctor", broker="redis://127.0.0.1:6379/0", set_as_current=False)
+    app.conf.update(worker_prefetch_multiplier=1, agentq_lease_ttl=30, agentq_sweep_interval=1)
+    configure(app)
+    agentq.init_app(app, store="sqlite:///unused.db")
+    app.register_task(_Agent())
+    return [f.setting for f in celery_findings(app, runtime_of(app).settings)]
+
+
+def _unsafe_agent(app: Celery) -> None:
+    class Unsafe(AgentTask):
+        name = "unsafe_agent"
+        acks_late = False
+        reject_on_worker_lost = False
+
+    app.register_task(Unsafe())
+
+
+def test_a_recommended_configuration_has_nothing_to_fix(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("REMAP_SIGTERM", raising=False)
+    assert _findings() == []
+
+
+@pytest.mark.parametrize(("configure", "setting"), [
+    (lambda app: app.conf.update(broker_transport_options={"visibility_timeout": 10}),
+     "broker_transport_options.visibility_timeout"),
+    (lambda app: app.conf.update(agentq_sweep_interval=60), "agentq_sweep_interval"),
+    (lambda app: app.conf.update(worker_prefetch_multiplier=4), "worker_prefetch_multiplier"),
+    (lambda app: app.conf.update(task_always_eager=True), "task_always_eager"),
+])  # fmt: skip
+def test_each_dangerous_setting_is_named(
+    monkeypatch: pytest.MonkeyPatch, configure: Callable[[Celery], None], setting: str
+) -> None:
+    monkeypatch.delenv("REMAP_SIGTERM", raising=False)
+    assert _findings(configure) == [setting]
+
+
+def test_agent_tasks_that_ack_early_are_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("REMAP_SIGTERM", raising=False)
+    assert _findings(_unsafe_agent) == [
+        "unsafe_agent.acks_late", "unsafe_agent.reject_on_worker_lost"]
+
+
+def test_a_remapped_sigterm_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("REMAP_SIGTERM", "SIGQUIT")
+    assert _findings() == ["REMAP_SIGTERM"]

@@ -428,21 +428,29 @@ def test_corrupt_checkpoint_is_refused_and_the_previous_one_still_loads(store: S
     store.commit("t1", token, cp(0, token, n=0))
     store.commit("t1", token, cp(1, token, n=1))
     overwrite_checkpoint(store, "t1", 1, b"\xc1 not msgpack")
+    before = snapshot(store)
     with pytest.raises(CorruptCheckpoint) as info:
         store.latest("t1")
     assert info.value.step == 1 and info.value.thread_id == "t1"
+    assert snapshot(store) == before  # reading it repaired or removed nothing
     assert store.checkpoint("t1", 0).state == {"n": 0}
     overwrite_checkpoint(store, "t1", 1, msgpack.packb([1, 2]))
     with pytest.raises(CorruptCheckpoint):
         store.checkpoint("t1", 1)
 
 
-def test_future_format_version_is_refused(store: Store) -> None:
+def test_future_format_version_is_refused_and_the_previous_one_still_loads(
+    store: Store,
+) -> None:
     token = started(store)
-    store.commit("t1", token, cp(0, token))
-    overwrite_checkpoint(store, "t1", 0, msgpack.packb({"v": 99, "step": 0}))
+    store.commit("t1", token, cp(0, token, n=0))
+    store.commit("t1", token, cp(1, token, n=1))
+    overwrite_checkpoint(store, "t1", 1, msgpack.packb({"v": 99, "step": 1}))
+    before = snapshot(store)
     with pytest.raises(UnsupportedVersion, match="upgrade agentq"):
         store.latest("t1")
+    assert snapshot(store) == before
+    assert store.checkpoint("t1", 0).state == {"n": 0}
 
 
 # -- control from outside the driver -----------------------------------------------------

@@ -122,15 +122,22 @@ class Session:
 
 
 def _load_app(path: str) -> Any:
+    from celery import Celery
     from celery.app.utils import find_app
 
     try:
-        return find_app(path)
+        app = find_app(path)
     except Exception as exc:  # user code: anything can go wrong on import
         raise CliError(
             f"cannot load the Celery app {path!r}: {type(exc).__name__}: {exc}; give it as "
             "module:attribute, importable from the current directory"
         ) from exc
+    if not isinstance(app, Celery):
+        raise CliError(
+            f"{path!r} is a {type(app).__name__}, not a Celery app; give the app as "
+            "module:attribute"
+        )
+    return app
 
 
 def _refuse_missing_sqlite_file(url: str) -> None:

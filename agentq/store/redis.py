@@ -20,6 +20,7 @@ import heapq
 from collections.abc import Collection, Mapping, Sequence
 from importlib.resources import files
 from typing import Any
+from urllib.parse import urlsplit
 
 import redis
 from redis.cluster import RedisCluster
@@ -212,9 +213,21 @@ class RedisStore(Store):
             raise StoreConfigError(
                 f"unsupported Redis URL {url!r}; use redis://, rediss:// or unix://"
             )
-        client: RedisClient = (
-            RedisCluster.from_url(url) if cluster else redis.Redis.from_url(url)
-        )
+        parts = urlsplit(url)
+        database = parts.path.strip("/") if parts.scheme != "unix" else ""
+        # redis-py falls back to database 0 for a path it cannot read: a typo would
+        # silently put the checkpoints in another database.
+        if database and not database.isdigit():
+            raise StoreConfigError(
+                f"the Redis URL's database {database!r} is not a number; write e.g. "
+                "redis://host:6379/1"
+            )
+        try:
+            client: RedisClient = (
+                RedisCluster.from_url(url) if cluster else redis.Redis.from_url(url)
+            )
+        except ValueError as exc:  # the message names the part, never the password
+            raise StoreConfigError(f"the Redis URL cannot be used: {exc}") from exc
         return cls(client, **options)
 
     # -- plumbing ------------------------------------------------------------------------

@@ -59,7 +59,8 @@ def _header(headers: Mapping[str, Any], name: str) -> str | None:
 
 def backoff(attempt: int, *, base: float, cap: float) -> float:
     """Exponential backoff with full jitter: uniform in [0, min(cap, base * 2**(attempt-1))]."""
-    return random.uniform(0, min(cap, base * 2 ** (attempt - 1)))
+    # Past 2**64 any base is beyond any cap; uncapped, 2**1024 overflows a float.
+    return random.uniform(0, min(cap, base * 2 ** min(attempt - 1, 64)))
 
 
 def retry_delay(exc: BaseException, attempt: int, *, base: float, cap: float) -> float:

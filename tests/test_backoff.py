@@ -158,6 +158,11 @@ def test_backoff_never_exceeds_the_cap(seeded: random.Random) -> None:
     assert max(drawn) > 4.9
 
 
+def test_backoff_stays_at_the_cap_however_many_attempts(seeded: random.Random) -> None:
+    drawn = [d for attempt in (1025, 10_000) for d in samples(attempt, base=1, cap=5, n=50)]
+    assert all(0 <= d <= 5 for d in drawn)
+
+
 # -- AgentTask.should_retry --------------------------------------------------------------------
 
 

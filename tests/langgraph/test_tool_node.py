@@ -1,0 +1,99 @@
+"""``tool_call`` inside LangChain tools run by LangGraph's ``ToolNode``, the usual way to run
+a model's tool calls, which runs the calls of one message in parallel threads: each effect
+is claimed and recorded under its own tool-call id."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Annotated, Any, TypedDict
+
+import pytest
+from celery import Celery
+from celery.contrib.testing.worker import start_worker
+from langchain_core.messages import AIMessage, AnyMessage, ToolMessage
+from langchain_core.tools import InjectedToolCallId, tool
+from langgraph.graph import END, START, StateGraph
+from langgraph.graph.message import add_messages
+from langgraph.prebuilt import ToolNode
+
+import agentq
+from agentq.langgraph import GraphTask, graph_task, tool_call
+from agentq.store.base import Store
+from tests.support.agents import Ledger
+from tests.support.redis_server import RedisServer
+
+BROKER = "redis://127.0.0.1:6379/0"
+ORDERS = ("A-1", "B-2", "C-3")
+
+
+class State(TypedDict):
+    messages: Annotated[list[AnyMessage], add_messages]
+
+
+def build(ledger: Ledger, thread_id: str) -> StateGraph[State]:
+    """model (three tool calls in one message) -> ToolNode -> model -> END."""
+
+    def pay(order: str, *, idempotency_key: str) -> dict[str, str]:
+        ledger.client.hincrby(ledger.key("calls", thread_id), idempotency_key, 1)
+        return {"refunded": order}
+
+    @tool
+    def refund(order: str, tool_call_id: Annotated[str, InjectedToolCallId]) -> str:
+        """Refund an order."""
+        return json.dumps(tool_call(tool_call_id, pay, order, idempotent=True))
+
+    def model(state: State) -> dict[str, Any]:
+        if any(isinstance(m, ToolMessage) for m in state["messages"]):
+            return {"messages": [AIMessage("All refunded.", id="ai-2")]}
+        calls = [{"id": f"call-{order}", "name": "refund", "args": {"order": order}}
+                 for order in ORDERS]  # fmt: skip
+        return {"messages": [AIMessage("", tool_calls=calls, id="ai-1")]}
+
+    def route(state: State) -> str:
+        last = state["messages"][-1]
+        return "tools" if isinstance(last, AIMessage) and last.tool_calls else END
+
+    builder = StateGraph(State)
+    builder.add_node("model", model)
+    builder.add_node("tools", ToolNode([refund]))
+    builder.add_edge(START, "model")
+    builder.add_conditional_edges("model", route, ["tools", END])
+    builder.add_edge("tools", "model")
+    return builder
+
+
+@pytest.fixture
+def env(
+    backend: str, redis_server: RedisServer, tmp_path: Path
+) -> Iterator[tuple[GraphTask, Ledger, Store]]:
+    prefix = f"tn{uuid.uuid4().hex[:8]}:"
+    store = redis_server.url if backend == "redis" else f"sqlite:///{tmp_path / 'agentq.db'}"
+    app = Celery("agentq-tool-node-tests", broker=BROKER, set_as_current=False)
+    app.conf.update(task_default_queue=f"agentq-test-{prefix}", worker_hijack_root_logger=False,
+                    broker_connection_retry_on_startup=True)
+    agentq.init_app(app, store=store, prefix=prefix, lease_ttl=3, sweep_interval=0.2,
+                    start_grace=5)
+    ledger = Ledger(redis_server.url, prefix.rstrip(":"))
+    task = graph_task(app, lambda: build(ledger, "t1"), name="tests.tool_node_graph")
+    with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False,
+                      shutdown_timeout=30):
+        yield task, ledger, app._agentq_runtime.store
+    app._agentq_runtime.store.close()
+
+
+def test_parallel_tool_calls_are_each_claimed_once(
+    env: tuple[GraphTask, Ledger, Store],
+) -> None:
+    task, ledger, store = env
+    task.delay("t1", {"messages": [("user", "refund all three")]})
+    result = task.wait("t1", timeout=30)
+    assert result["messages"][-1]["content"] == "All refunded."
+    keys = [f"call-{order}" for order in ORDERS]
+    assert ledger.tool_calls("t1") == dict.fromkeys(keys, 1)
+    for key, order in zip(keys, ORDERS, strict=True):
+        effect = store.effect("t1", key)
+        assert effect is not None and (effect.state, effect.result) == (
+            "done", {"refunded": order})

@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet -e '.[test,bench]'
 	touch $@
 
 install: $(VENV)/.installed

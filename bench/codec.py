@@ -24,8 +24,8 @@ reads agentq's bytes back to an equal state, and round-trips its own output fait
 - **msgspec + pre-pass**: a Python walk first turns tuples, sets and datetimes into
   ``msgspec.msgpack.Ext``, as identical output would require.
 
-ormsgpack and msgspec are not dependencies of agentq: a variant whose library is missing
-says "not installed" (``pip install ormsgpack msgspec`` to measure them).
+ormsgpack and msgspec are not dependencies of agentq, only of its ``bench`` extra (which
+``make bench`` installs): a variant whose library is missing says "not installed".
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
+from agentq.backoff import retry_after
 from agentq.effects import DID_NOT_RUN, ToolPolicy, policy_of
 from agentq.errors import ArtifactTooLarge, InvalidArgument, NeedsAttention
 from agentq.outcomes import Interrupted
@@ -121,11 +122,12 @@ class Run:
         ``idempotent``/``reconcile``/``shared`` override the policy
         declared with :func:`agentq.tool` (see :class:`~agentq.effects.ToolPolicy`).
 
-        If ``fn`` raises an error the task retries (``retry_on``, ``should_retry``), the
-        call was refused before it took effect, as a rate limit is: its claim is dropped
-        and the retried node calls it again with the same key. Any other error leaves the
-        claim pending, since the effect may have happened; the tool's policy decides when
-        the node runs again. ``async def`` tools go through :meth:`atool`.
+        If ``fn`` raises an error the task retries (``retry_on``, ``should_retry``) that
+        carries a ``Retry-After`` (a 429 or 503 from the tool's API), the call was refused
+        before it took effect: its claim is dropped and the retried node calls it again
+        with the same key. Any other error leaves the claim pending, a timeout included,
+        since the effect may have happened; the tool's policy decides when the node runs
+        again. ``async def`` tools go through :meth:`atool`.
         """
         if inspect.iscoroutinefunction(fn):
             raise InvalidArgument(
@@ -154,12 +156,15 @@ class Run:
         **kwargs: Any,
     ) -> Any:
         """:meth:`tool` for an ``async def`` tool, awaited in the node's event loop; the
-        claim, the policies and ``reconcile`` (a plain function) are the same."""
+        claim, the policies and ``reconcile`` (a plain function) are the same. A plain
+        function works too: its result is recorded as it is."""
         call = self._claim(fn, args, kwargs, key, idempotent, reconcile, shared)
         if call.recorded is not NO_VALUE:
             return call.recorded
         try:
-            result = await fn(*args, **call.kwargs)
+            result = fn(*args, **call.kwargs)
+            if inspect.isawaitable(result):
+                result = await result
         except Exception as exc:
             self._failed(call, exc)
             raise
@@ -184,10 +189,10 @@ class Run:
         )
         self._calls += 1
         key = key if key is not None else f"step{self.step}.call{self._calls}"
-        call = _Call(key, policy.shared, dict(kwargs))
-        store, thread_id = self._store, self.thread_id
         # Names this call, so that a claim resent after a lost reply is known as ours.
         claim_id = uuid.uuid4().hex
+        call = _Call(key, claim_id, policy.shared, dict(kwargs))
+        store, thread_id = self._store, self.thread_id
         claim = store.claim_effect(thread_id, key, self._token, shared=policy.shared,
                                    claim_id=claim_id)
         if claim.outcome == "done":
@@ -229,11 +234,13 @@ class Run:
         return result
 
     def _failed(self, call: _Call, exc: Exception) -> None:
-        if not self._retryable(exc):
+        # Only a refusal that names when to come back proves nothing happened: retry_on
+        # often lists timeouts too, and a timeout can come after the effect.
+        if not self._retryable(exc) or retry_after(exc) is None:
             return
         try:
             self._store.release_effect(self.thread_id, call.key, self._token,
-                                       shared=call.shared)
+                                       claim_id=call.claim_id, shared=call.shared)
         except Exception:
             # The tool's own error is the one to report; a claim left pending only makes
             # the retried call ask its policy.
@@ -246,6 +253,7 @@ class _Call:
     """One tool call between its claim and its record."""
 
     key: str
+    claim_id: str
     shared: bool
     kwargs: dict[str, Any]
     recorded: Any = NO_VALUE

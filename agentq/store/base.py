@@ -288,13 +288,14 @@ class Store(ABC):
 
     @abstractmethod
     def release_effect(
-        self, thread_id: str, key: str, token: int, *, shared: bool = False
+        self, thread_id: str, key: str, token: int, *, claim_id: str, shared: bool = False
     ) -> None:
-        """Drop the claim ``token`` holds on ``key``: its call was refused before it could
-        take effect (a rate limit), so the next claim runs it again instead of finding
-        its outcome unknown. Refused with :class:`~agentq.errors.StaleToken` unless
-        ``token`` is current and holds the claim pending; a record already gone is left
-        so. Atomic."""
+        """Drop the claim ``claim_id`` (made under ``token``) on ``key``: its call was
+        refused before it could take effect (a rate limit), so the next claim runs it
+        again instead of finding its outcome unknown. Refused with
+        :class:`~agentq.errors.StaleToken` unless ``token`` is current and that claim is
+        the pending one (tokens count per thread, a shared key is claimed by several); a
+        record already gone is left so. Atomic."""
 
     @abstractmethod
     def effect(self, thread_id: str, key: str, *, shared: bool = False) -> Effect | None:

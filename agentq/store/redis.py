@@ -831,11 +831,11 @@ class RedisStore(Store):
             raise self._not_holder(thread_id, key, token, holder)
 
     def release_effect(
-        self, thread_id: str, key: str, token: int, *, shared: bool = False
+        self, thread_id: str, key: str, token: int, *, claim_id: str, shared: bool = False
     ) -> None:
         keys = self._effect_keys(thread_id, key, shared=shared)
         self._check_fence_apart(thread_id, token, shared)
-        code, holder, _ = self._scripts["release_effect"](keys=keys, args=[token])
+        code, holder, _ = self._scripts["release_effect"](keys=keys, args=[token, claim_id])
         self._raise_refusal(thread_id, token, code, holder, None)
         if code == -5:
             raise self._not_holder(thread_id, key, token, holder)

@@ -654,20 +654,23 @@ class SQLiteStore(Store):
             )
 
     def release_effect(
-        self, thread_id: str, key: str, token: int, *, shared: bool = False
+        self, thread_id: str, key: str, token: int, *, claim_id: str, shared: bool = False
     ) -> None:
         validate_thread_id(thread_id)
         validate_effect_key(key, thread_id)
         scope = "" if shared else thread_id
         with self._write() as db:
             self._fenced(db, thread_id, token)
-            found = _read_effect(db, thread_id, scope, key)
+            found = db.execute(
+                'SELECT state, token, claim FROM effects WHERE scope = ? AND "key" = ?',
+                (scope, key),
+            ).fetchone()
             if found is None:
                 return  # already dropped: the same release again
-            if found.state != "pending" or found.token != token:
+            if (found["state"], found["token"], found["claim"]) != ("pending", token, claim_id):
                 raise StaleToken(
-                    f"effect {key!r} is {found.state} under token {found.token}, not claimed by "
-                    f"token {token}; another driver took it over: leave it",
+                    f"effect {key!r} is {found['state']} under token {found['token']}, not "
+                    f"this claim of token {token}; another driver took it over: leave it",
                     thread_id=thread_id,
                 )
             db.execute('DELETE FROM effects WHERE scope = ? AND "key" = ?', (scope, key))

@@ -344,20 +344,32 @@ def test_pending_effect_from_a_dead_owner_can_be_taken_over(store: Store) -> Non
 @pytest.mark.parametrize("shared", [False, True])
 def test_a_released_claim_runs_again_under_the_next_token(store: Store, shared: bool) -> None:
     old = started(store)
-    store.claim_effect("t1", "quote", old, shared=shared)
-    store.release_effect("t1", "quote", old, shared=shared)
+    store.claim_effect("t1", "quote", old, shared=shared, claim_id="c1")
+    store.release_effect("t1", "quote", old, claim_id="c1", shared=shared)
     assert store.effect("t1", "quote", shared=shared) is None
-    store.release_effect("t1", "quote", old, shared=shared)  # resent: nothing left to drop
+    # Resent after a lost reply: nothing left to drop.
+    store.release_effect("t1", "quote", old, claim_id="c1", shared=shared)
     store.release("t1", "w1", old)
     new = store.acquire("t1", "w2", TTL)
-    assert store.claim_effect("t1", "quote", new, shared=shared).outcome == "claimed"
+    assert store.claim_effect("t1", "quote", new, shared=shared,
+                              claim_id="c2").outcome == "claimed"
     with pytest.raises(StaleToken):  # the old driver cannot drop the new one's claim
-        store.release_effect("t1", "quote", old, shared=shared)
+        store.release_effect("t1", "quote", old, claim_id="c1", shared=shared)
     store.complete_effect("t1", "quote", new, 12, shared=shared)
     with pytest.raises(StaleToken):  # nor can anyone drop a recorded outcome
-        store.release_effect("t1", "quote", new, shared=shared)
+        store.release_effect("t1", "quote", new, claim_id="c2", shared=shared)
     recorded = store.effect("t1", "quote", shared=shared)
     assert recorded is not None and (recorded.state, recorded.result) == ("done", 12)
+
+
+def test_a_shared_claim_is_released_only_by_the_claim_that_made_it(store: Store) -> None:
+    a = started(store, "a")
+    b = started(store, "b")
+    assert a == b  # tokens count per thread: equal tokens prove nothing across threads
+    store.claim_effect("a", "invoice-7", a, shared=True, claim_id="by-a")
+    with pytest.raises(StaleToken):
+        store.release_effect("b", "invoice-7", b, claim_id="by-b", shared=True)
+    assert store.effect("a", "invoice-7", shared=True).state == "pending"  # type: ignore[union-attr]
 
 
 def test_shared_effects_span_threads(store: Store) -> None:

@@ -192,12 +192,13 @@ class NotesAgent(AgentTask):
 
 class FlakyToolAgent(AgentTask):
     """Calls a plain tool (neither idempotent nor reconcilable) whose first call fails as
-    ``mode`` says: ``rate_limit`` (a ``retry_on`` error: refused before any effect) or
-    ``timeout`` (any other error: the effect may have happened); ``async`` and
-    ``async_as_sync`` call an ``async def`` tool, the right way and the wrong way."""
+    ``mode`` says: ``rate_limit`` (a 429 with Retry-After: refused before any effect) or
+    ``timeout`` (after the effect; retried too, as ``retry_on`` lists timeouts for the
+    model's sake); ``async`` and ``async_as_sync`` call an ``async def`` tool, the right
+    way and the wrong way."""
 
     name = "tests.flaky_tool_agent"
-    retry_on = (RateLimitError,)
+    retry_on = (RateLimitError, TimeoutError)
 
     def start(self, run: Run, mode: str) -> str:
         run.state["mode"] = mode
@@ -225,8 +226,14 @@ class FlakyToolAgent(AgentTask):
             ledger.client.hincrby(ledger.key("calls", run.thread_id), "charge", 1)
             return f"charged {amount}"
 
+        def charge_now(amount: int) -> str:
+            ledger.client.hincrby(ledger.key("calls", run.thread_id), "charge", 1)
+            return f"charged {amount}"
+
         if run.state["mode"] == "async_as_sync":
             return Done(run.tool(charge, 5, key="charge-1"))
+        if run.state["mode"] == "async_plain":
+            return Done(await run.atool(charge_now, 5, key="charge-1"))
         return Done(await run.atool(charge, 5, key="charge-1"))
 
 

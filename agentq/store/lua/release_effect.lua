@@ -1,10 +1,10 @@
 -- Drops a pending claim whose call was refused before it could take effect.
 -- KEYS[1]: effect record, [2]: meta (omitted for a shared record on Redis Cluster),
 -- [3]: the thread's set of owned keys (thread-scoped records only).
--- ARGV[1]: token.
+-- ARGV[1]: token, [2]: the claim's id.
 -- Returns {1, token, 0} dropped, or already gone (a resend after a lost reply);
--- {-1, fence, 0} stale token; {-3, 0, 0} unknown thread; {-5, holder, 0} when not
--- pending under this token.
+-- {-1, fence, 0} stale token; {-3, 0, 0} unknown thread; {-5, holder, 0} when not this
+-- claim pending under this token (a shared key's holder may be another thread).
 if #KEYS >= 2 then
   local refused = refuse_stale(KEYS[2], ARGV[1])
   if refused then
@@ -16,7 +16,7 @@ if not state then
   return {1, tonumber(ARGV[1]), 0}
 end
 local holder = redis.call('HGET', KEYS[1], 'token')
-if state ~= 'pending' or holder ~= ARGV[1] then
+if state ~= 'pending' or holder ~= ARGV[1] or redis.call('HGET', KEYS[1], 'claim') ~= ARGV[2] then
   return {-5, tonumber(holder), 0}
 end
 redis.call('DEL', KEYS[1])

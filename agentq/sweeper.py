@@ -51,7 +51,7 @@ class Sweeper:
             if isinstance(task, AgentTask):
                 task.enqueue(thread_id)
             else:  # a task this process does not import: route it by name
-                self.app.send_task(meta.task, args=(thread_id,))
+                self.app.send_task(meta.task, args=(thread_id,), **meta.options)
             logger.info("thread %s (%s, step %d) re-sent", thread_id, meta.status.value,
                         meta.step)
             sent.append(thread_id)

@@ -72,7 +72,7 @@ def _reopen_and_send(session: Session, thread: str, from_statuses: Collection[St
     if isinstance(task, AgentTask):
         result = task.enqueue(thread)
     else:  # the task lives in the workers' code, not in this app: route it by name
-        result = app.send_task(meta.task, args=(thread,))
+        result = app.send_task(meta.task, args=(thread,), **meta.options)
     return {"thread_id": thread, "status": meta.status.value, "sent": result.id}
 
 

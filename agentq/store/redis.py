@@ -390,8 +390,8 @@ class RedisStore(Store):
         validate_thread_id(new_thread_id)
         pipe = self.client.pipeline(transaction=False)
         pipe.get(self.keys.checkpoint(thread_id, step))
-        pipe.hmget(self.keys.meta(thread_id), ["task", "input"])
-        data, (task, input_blob) = pipe.execute()
+        pipe.hmget(self.keys.meta(thread_id), ["task", "input", "options"])
+        data, (task, input_blob, options_blob) = pipe.execute()
         if data is None:
             raise CheckpointNotFound(
                 "cannot fork: the checkpoint is not stored (never written, or pruned by "
@@ -411,7 +411,7 @@ class RedisStore(Store):
              self.keys.checkpoint(new_thread_id, step)],
             [new_thread_id, data, step, source.node or "", _text(task or source.task),
              input_blob or "", self.keys.thread(new_thread_id), _log_fields(lengths),
-             *log_args],
+             options_blob or "", *log_args],
             indexed=True,
         )
         if not created:

@@ -285,7 +285,7 @@ class SQLiteStore(Store):
         validate_thread_id(new_thread_id)
         with self._write() as db:
             source = db.execute(
-                "SELECT c.data, t.task, t.input FROM checkpoints c JOIN threads t "
+                "SELECT c.data, t.task, t.input, t.options FROM checkpoints c JOIN threads t "
                 "ON t.thread_id = c.thread_id WHERE c.thread_id = ? AND c.step = ?",
                 (thread_id, step),
             ).fetchone()
@@ -296,9 +296,10 @@ class SQLiteStore(Store):
             try:
                 db.execute(
                     "INSERT INTO threads (thread_id, status, step, node, task, first, "
-                    "created_at, updated_at, input) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    "created_at, updated_at, input, options) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (new_thread_id, Status.WAITING.value, step, node, source["task"], step,
-                     now, now, source["input"]),
+                     now, now, source["input"], source["options"]),
                 )  # fmt: skip
             except sqlite3.IntegrityError:
                 raise ThreadExists(

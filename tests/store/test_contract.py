@@ -275,11 +275,13 @@ def test_history_pages_newest_first(store: Store) -> None:
 
 
 def test_fork_copies_a_checkpoint_into_a_new_thread(store: Store) -> None:
-    token = started(store)
+    store.open_thread("t1", task="agent", input={"q": "hi"}, options={"queue": "gpu"})
+    token = store.acquire("t1", "w1", TTL)
     for step in range(3):
         store.commit("t1", token, cp(step, token, n=step))
     meta = store.fork("t1", 1, "t1-fork")
     assert (meta.status, meta.step, meta.node) == (Status.WAITING, 1, "node1")
+    assert (meta.task, meta.input, meta.options) == ("agent", {"q": "hi"}, {"queue": "gpu"})
     assert store.latest("t1-fork") == store.checkpoint("t1", 1)
     assert store.latest("t1").step == 2  # type: ignore[union-attr]
     fork_token = store.acquire("t1-fork", "w2", TTL)

@@ -2,8 +2,9 @@
 -- KEYS[1]: meta, [2]: latest, [3]: checkpoint n, [due index].
 -- ARGV[1]: status prefix or '', [2] new thread id, [3] snapshot bytes, [4] n, [5] node
 -- ('' for none), [6] task name, [7] input (msgpack) or '', [8] the new thread's key
--- prefix, [9] the names of the append-only fields (msgpack; '' for none), [10] how many
--- append-only logs follow, each as (field, count, count items).
+-- prefix, [9] the names of the append-only fields (msgpack; '' for none), [10] the send
+-- options (msgpack; '' for none), [11] how many append-only logs follow, each as (field,
+-- count, count items).
 -- Returns {1, meta as a flat HGETALL list, ops}, or {0, 0, 0} if the id is taken.
 local meta = KEYS[1]
 if redis.call('EXISTS', meta) == 1 then
@@ -22,8 +23,11 @@ end
 if ARGV[9] ~= '' then
   redis.call('HSET', meta, 'log_fields', ARGV[9])
 end
-local i = 11
-for _ = 1, tonumber(ARGV[10]) do
+if ARGV[10] ~= '' then
+  redis.call('HSET', meta, 'options', ARGV[10])
+end
+local i = 12
+for _ = 1, tonumber(ARGV[11]) do
   local field, count = ARGV[i], tonumber(ARGV[i + 1])
   for from = i + 2, i + 1 + count, 1000 do
     redis.call('RPUSH', ARGV[8] .. 'log:' .. field, unpack(ARGV, from, math.min(from + 999, i + 1 + count)))

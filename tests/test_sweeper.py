@@ -1,0 +1,45 @@
+"""The sweeper in a process that does not import the agent (``agentq sweep`` beside the
+workers): it sends due threads by task name, routed as they were first sent."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+
+import pytest
+import redis
+from celery import Celery
+
+import agentq
+from agentq.store.base import Store
+from agentq.sweeper import Sweeper
+from tests.support.redis_server import RedisServer
+
+BROKER = "redis://127.0.0.1:6379/0"
+
+
+@pytest.fixture
+def app(redis_server: RedisServer) -> Iterator[Celery]:
+    app = Celery("agentq-sweeper-tests", broker=BROKER, set_as_current=False)
+    app.conf.task_default_queue = f"agentq-test-sweep-default-{uuid.uuid4().hex[:8]}"
+    agentq.init_app(app, store=redis_server.url, prefix=f"sw{uuid.uuid4().hex[:8]}:")
+    yield app
+    app._agentq_runtime.store.close()
+    app.close()
+
+
+def test_a_due_thread_of_an_unknown_task_is_sent_by_name_to_its_queue(app: Celery) -> None:
+    store: Store = app._agentq_runtime.store
+    queue = f"agentq-test-sweep-{uuid.uuid4().hex[:8]}"
+    store.open_thread("t1", task="elsewhere.agent", start_grace=0, options={"queue": queue})
+    broker = redis.Redis.from_url(BROKER)
+    try:
+        assert Sweeper(app).sweep_once() == ["t1"]
+        messages = broker.lrange(queue, 0, -1)  # kombu's Redis transport: a list per queue
+        assert len(messages) == 1
+        headers = json.loads(messages[0])["headers"]
+        assert (headers["task"], headers["argsrepr"]) == ("elsewhere.agent", "('t1',)")
+    finally:
+        broker.delete(queue, app.conf.task_default_queue)
+        broker.close()

@@ -44,8 +44,9 @@ def celery_findings(app: Any, settings: Settings) -> list[Finding]:
     if os.environ.get("REMAP_SIGTERM"):
         findings.append(Finding(
             "REMAP_SIGTERM", os.environ["REMAP_SIGTERM"],
-            "SIGTERM becomes a cold shutdown: a deploy kills running nodes instead of "
-            "handing their threads over after the current one.",
+            "set in this environment (run doctor where the workers run): SIGTERM becomes a "
+            "cold shutdown, and a deploy kills running nodes instead of handing their "
+            "threads over after the current one.",
             "unset REMAP_SIGTERM in the workers' environment",
         ))  # fmt: skip
     if conf.task_always_eager:

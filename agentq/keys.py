@@ -53,7 +53,8 @@ from agentq.errors import InvalidThreadId
 MAX_THREAD_ID_LENGTH = 200
 MAX_EFFECT_KEY_LENGTH = 500
 _FORBIDDEN = {"Cc": "the control character", "Zl": "the line separator",
-              "Zp": "the paragraph separator"}  # fmt: skip
+              "Zp": "the paragraph separator",
+              "Cs": "the lone surrogate"}  # fmt: skip
 
 
 def validate_thread_id(thread_id: object) -> str:
@@ -99,7 +100,8 @@ def _check_name(value: str, what: str, limit: int, *, thread_id: str | None) -> 
             thread_id=None,
         )
     # C1 controls (U+0080-U+009F, e.g. U+009B, a terminal escape introducer) and the Unicode
-    # line and paragraph separators forge log lines and terminal output just as C0 ones do.
+    # line and paragraph separators forge log lines and terminal output just as C0 ones do;
+    # a lone surrogate cannot be encoded as a key at all.
     if value.isprintable():  # one C-speed scan for the usual id; the loop says which
         return
     for ch in value:

@@ -57,13 +57,16 @@ for _ = 1, tonumber(ARGV[12]) do
   logs[#logs + 1] = log
   i = log.first + log.count
 end
--- The first write: it fails, before any other, if the staged snapshot is missing.
-redis.call('RENAME', staged, KEYS[3])
-redis.call('SET', KEYS[2], step)
+-- The writes that can fail (a key of another type, a missing staged snapshot) come first,
+-- so that a failure leaves nothing half-written: Lua does not roll back.
 for _, log in ipairs(logs) do
   if log.before == 0 then
     redis.call('SADD', base .. 'logs', log.field)
   end
+end
+redis.call('RENAME', staged, KEYS[3])
+redis.call('SET', KEYS[2], step)
+for _, log in ipairs(logs) do
   -- unpack() is bounded by Lua's stack, so long appends go in slices.
   for from = log.first, log.first + log.count - 1, 1000 do
     redis.call('RPUSH', log.key, unpack(ARGV, from, math.min(from + 999, log.first + log.count - 1)))

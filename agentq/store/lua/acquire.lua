@@ -2,16 +2,17 @@
 -- KEYS[1]: lock, [2]: meta, [due index].
 -- ARGV[1]: status prefix or '', [2] thread id, [3] owner, [4] ttl in ms.
 -- Returns {1, token, ops}; {-1, remaining ms, 0} while another owner holds it;
--- {-2, 0, 0} for an unknown thread; {-8, ms until its retry time, 0} for a retrying
--- thread sent early.
+-- {-2, 0, 0} for an unknown thread; {-8, ms until its retry time, ops} for a retrying
+-- thread sent early, whose due time goes back to its retry time (on Redis Cluster the
+-- sweeper claimed it on another node's clock, and pushed it a start grace ahead).
 local status = redis.call('HGET', KEYS[2], 'status')
 if not status then
   return {-2, 0, 0}
 end
 if status == 'retrying' then
-  local wait = tonumber(redis.call('HGET', KEYS[2], 'retry_at') or '0') - now_seconds()
-  if wait > 0 then
-    return {-8, math.ceil(wait * 1000), 0}
+  local at, now = tonumber(redis.call('HGET', KEYS[2], 'retry_at') or '0'), now_seconds()
+  if at > now then
+    return {-8, math.ceil((at - now) * 1000), index(ARGV[2], '', '', at, now)}
   end
 end
 local current = redis.call('GET', KEYS[1])

@@ -61,8 +61,9 @@ local function update_thread(meta, lock, thread_id, new_status, due_in, release,
   if due_in ~= '' then
     due = now + tonumber(due_in)
     if new_status == 'retrying' then
-      -- acquire.lua refuses the thread until then, on this server's clock.
-      redis.call('HSET', meta, 'retry_at', tostring(due))
+      -- acquire.lua refuses the thread until then, on this server's clock; every digit,
+      -- as acquire.lua puts it back in the due index.
+      redis.call('HSET', meta, 'retry_at', string.format('%.17g', due))
     end
   end
   return index(thread_id, old_status, new_status, due, now)

@@ -80,3 +80,12 @@ local function refuse_stale(meta, token)
   end
   return nil
 end
+
+-- The same for an effect script, whose KEYS[2] is the thread's meta, absent for a shared
+-- record on Redis Cluster (the caller checks the token just before, in another slot).
+local function refuse_stale_effect(token)
+  if #KEYS >= 2 then
+    return refuse_stale(KEYS[2], token)
+  end
+  return nil
+end

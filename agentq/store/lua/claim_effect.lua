@@ -5,11 +5,9 @@
 -- none): a pending record holding the same id is this very claim, resent.
 -- Returns {1, token, nil} claimed; {2, token, result} done; {3, token, nil} unknown
 -- outcome; {-1, fence, nil} stale token; {-3, 0, nil} unknown thread.
-if #KEYS >= 2 then
-  local refused = refuse_stale(KEYS[2], ARGV[1])
-  if refused then
-    return refused
-  end
+local refused = refuse_stale_effect(ARGV[1])
+if refused then
+  return refused
 end
 local state = redis.call('HGET', KEYS[1], 'state')
 if state == 'done' then

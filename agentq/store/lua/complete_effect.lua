@@ -3,11 +3,9 @@
 -- ARGV[1]: token, [2]: result bytes.
 -- Returns {1, token, 0}; {-1, fence, 0} stale token; {-3, 0, 0} unknown thread;
 -- {-4, 0, 0} no record; {-5, holder, 0} when not pending under this token.
-if #KEYS >= 2 then
-  local refused = refuse_stale(KEYS[2], ARGV[1])
-  if refused then
-    return refused
-  end
+local refused = refuse_stale_effect(ARGV[1])
+if refused then
+  return refused
 end
 local state = redis.call('HGET', KEYS[1], 'state')
 if not state then

@@ -5,11 +5,9 @@
 -- Returns {1, token, 0} dropped, or already gone (a resend after a lost reply);
 -- {-1, fence, 0} stale token; {-3, 0, 0} unknown thread; {-5, holder, 0} when not this
 -- claim pending under this token (a shared key's holder may be another thread).
-if #KEYS >= 2 then
-  local refused = refuse_stale(KEYS[2], ARGV[1])
-  if refused then
-    return refused
-  end
+local refused = refuse_stale_effect(ARGV[1])
+if refused then
+  return refused
 end
 local state = redis.call('HGET', KEYS[1], 'state')
 if not state then

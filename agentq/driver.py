@@ -142,7 +142,7 @@ class Driver:
             if self.should_stop():
                 store.set_status(thread_id, token, Status.QUEUED, due_in=0,
                                  release_owner=self.owner)
-                self.task.enqueue(thread_id)
+                self.task.resend(meta)
                 logger.info("thread %s: handed over before step %d (worker stopping)",
                             thread_id, step)
                 return None

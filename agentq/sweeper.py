@@ -49,7 +49,7 @@ class Sweeper:
                 continue
             task = self.app.tasks.get(meta.task)
             if isinstance(task, AgentTask):
-                task.enqueue(thread_id)
+                task.resend(meta)
             else:  # a task this process does not import: route it by name
                 self.app.send_task(meta.task, args=(thread_id,), **meta.options)
             logger.info("thread %s (%s, step %d) re-sent", thread_id, meta.status.value,

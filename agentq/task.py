@@ -94,8 +94,13 @@ class AgentTask(Task):  # type: ignore[misc]
         """Send a message for a thread the store already holds, routed as it was first
         sent unless ``options`` say otherwise."""
         meta = self.agentq.store.meta(validate_thread_id(thread_id))
-        kept = meta.options if meta is not None else {}
-        return super().apply_async((thread_id,), None, **{**kept, **options})
+        if meta is None:
+            return super().apply_async((thread_id,), None, **options)
+        return self.resend(meta, **options)
+
+    def resend(self, meta: ThreadMeta, **options: Any) -> Any:
+        """:meth:`enqueue` for a caller that holds the thread's meta already."""
+        return super().apply_async((meta.thread_id,), None, **{**meta.options, **options})
 
     # -- hooks -------------------------------------------------------------------------------
 
@@ -125,21 +130,21 @@ class AgentTask(Task):  # type: ignore[misc]
     def resume(self, thread_id: str, value: Any = None, **options: Any) -> Any:
         """Continue a ``waiting`` thread: ``value`` becomes ``run.resume_value`` (and what
         ``run.interrupt()`` returns)."""
-        self.agentq.store.reopen(
+        meta = self.agentq.store.reopen(
             validate_thread_id(thread_id), from_statuses={Status.WAITING}, resume_value=value,
             start_grace=self.agentq.settings.start_grace,
         )  # fmt: skip
-        return self.enqueue(thread_id, **options)
+        return self.resend(meta, **options)
 
     def retry_thread(self, thread_id: str, **options: Any) -> Any:
         """Run a ``failed`` or ``needs_attention`` thread again from its latest checkpoint
         (after fixing what stopped it). Named so because ``Task.retry`` is Celery's."""
-        self.agentq.store.reopen(
+        meta = self.agentq.store.reopen(
             validate_thread_id(thread_id),
             from_statuses={Status.FAILED, Status.NEEDS_ATTENTION},
             start_grace=self.agentq.settings.start_grace,
         )
-        return self.enqueue(thread_id, **options)
+        return self.resend(meta, **options)
 
     def cancel(self, thread_id: str) -> Status:
         """Cancel the thread: at once if idle, at the next step boundary if running."""

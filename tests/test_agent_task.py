@@ -33,15 +33,17 @@ class Env:
         return self.app.tasks[f"tests.{name}"]
 
 
-@pytest.fixture
-def env(redis_server: RedisServer) -> Iterator[Env]:
+@contextlib.contextmanager
+def running(redis_server: RedisServer, *, queues: list[str] | None = None) -> Iterator[Env]:
+    """An app on a private prefix and an in-process worker consuming ``queues`` (by
+    default the app's own default queue)."""
     prefix = f"at{uuid.uuid4().hex[:8]}:"
     app = make_app(broker=BROKER, store=redis_server.url, prefix=prefix,
                    queue=f"agentq-test-{prefix}", ledger_url=redis_server.url,
                    lease_ttl=3, sweep_interval=0.2, start_grace=5, backoff_base=0.1)
     ledger = Ledger(redis_server.url, prefix.rstrip(":"))
     with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False,
-                      shutdown_timeout=30):
+                      shutdown_timeout=30, queues=queues):
         yield Env(app, ledger)
     ledger.client.close()
     app._agentq_runtime.store.close()
@@ -49,20 +51,17 @@ def env(redis_server: RedisServer) -> Iterator[Env]:
 
 
 @pytest.fixture
+def env(redis_server: RedisServer) -> Iterator[Env]:
+    with running(redis_server) as env:
+        yield env
+
+
+@pytest.fixture
 def routed_env(redis_server: RedisServer) -> Iterator[tuple[Env, str]]:
     """A worker that consumes only a queue of its own, not the app's default queue."""
-    prefix = f"rt{uuid.uuid4().hex[:8]}:"
-    queue = f"agentq-test-{prefix}routed"
-    app = make_app(broker=BROKER, store=redis_server.url, prefix=prefix,
-                   queue=f"agentq-test-{prefix}default", ledger_url=redis_server.url,
-                   lease_ttl=3, sweep_interval=0.2, start_grace=5, backoff_base=0.1)
-    ledger = Ledger(redis_server.url, prefix.rstrip(":"))
-    with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False,
-                      shutdown_timeout=30, queues=[queue]):
-        yield Env(app, ledger), queue
-    ledger.client.close()
-    app._agentq_runtime.store.close()
-    app.close()
+    queue = f"agentq-test-routed-{uuid.uuid4().hex[:8]}"
+    with running(redis_server, queues=[queue]) as env:
+        yield env, queue
 
 
 def test_a_thread_keeps_its_queue_for_every_later_send(

@@ -70,7 +70,7 @@ def _reopen_and_send(session: Session, thread: str, from_statuses: Collection[St
                         start_grace=session.settings.start_grace)
     task = app.tasks.get(meta.task)
     if isinstance(task, AgentTask):
-        result = task.enqueue(thread)
+        result = task.resend(meta)
     else:  # the task lives in the workers' code, not in this app: route it by name
         result = app.send_task(meta.task, args=(thread,), **meta.options)
     return {"thread_id": thread, "status": meta.status.value, "sent": result.id}

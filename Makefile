@@ -20,7 +20,8 @@ demo: install
 	$(VENV)/bin/agentq demo
 
 lint: install
-	$(VENV)/bin/ruff check agentq tests $(wildcard bench)
+	$(VENV)/bin/ruff check agentq tests $(wildcard bench) examples
+	$(VENV)/bin/ruff format --check agentq tests $(wildcard bench) examples
 	$(VENV)/bin/mypy
 
 test: lint services

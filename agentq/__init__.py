@@ -4,14 +4,17 @@ Each step of an agent is committed as a checkpoint; a worker that dies loses at 
 step in flight, and tool calls run at most once per idempotency key.
 """
 
-from agentq.app import init_app
-from agentq.effects import DID_NOT_RUN, tool
-from agentq.function_agent import FunctionAgent, agent
+from agentq import _moved
+from agentq.celery.function_agent import FunctionAgent, agent
+from agentq.celery.runtime import init_app
+from agentq.celery.task import AgentTask
+from agentq.engine.run import NO_VALUE, Run
+from agentq.engine.tool_policy import DID_NOT_RUN, tool
 from agentq.outcomes import Done, Interrupt
 from agentq.records import Checkpoint, Claim, Effect, Status, ThreadMeta
-from agentq.run import NO_VALUE, Run
 from agentq.store import open_store
-from agentq.task import AgentTask
+
+_moved.install()
 
 __all__ = [
     "DID_NOT_RUN",

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, Final
 
-from agentq.codec import DEFAULT_MAX_CHECKPOINT_BYTES
 from agentq.errors import StoreConfigError
-from agentq.store.base import DEFAULT_KEEP_LAST, Store
 
 CONF_PREFIX = "agentq_"
+DEFAULT_KEEP_LAST: Final = 20
+DEFAULT_MAX_CHECKPOINT_BYTES: Final = 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -17,12 +17,12 @@ class Settings:
     """Every duration is in seconds.
 
     ``store`` is a URL (``redis://…``, ``rediss://…``, ``unix://…``, ``sqlite:///…``) or a
-    :class:`~agentq.store.base.Store`. A worker that dies is noticed when its lease runs
+    :class:`~agentq.store.contract.Store`. A worker that dies is noticed when its lease runs
     out, so ``lease_ttl`` bounds recovery time; it is renewed every ``lease_ttl / 3`` while
     a step runs, however long that step blocks.
     """
 
-    store: str | Store = "sqlite:///agentq.db"
+    store: str | object = "sqlite:///agentq.db"
     prefix: str = "agentq:"
     lease_ttl: float = 30.0
     start_grace: float = 30.0

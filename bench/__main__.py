@@ -55,7 +55,7 @@ Runner = Callable[[bool], list[Result]]
 
 def store_results(quick: bool) -> list[Result]:
     """The rows of :mod:`bench.store`, through its own functions (it stays the reference)."""
-    from agentq.store.redis import RedisStore
+    from agentq.store.redis.store import RedisStore
     from bench import store as bench_store
     from bench._redis import PrivateRedis
 
@@ -132,8 +132,7 @@ def external_runner(name: str) -> Runner | None:
         except ModuleNotFoundError as exc:  # e.g. langgraph, an optional extra
             if exc.name and exc.name.split(".")[0] in ("bench", "agentq"):
                 raise
-            return [skipped("figure", f"{name}_present", module_name,
-                            f"{exc.name} not installed")]  # fmt: skip
+            return [skipped("figure", f"{name}_present", module_name, f"{exc.name} not installed")]
         entry = getattr(module, "run", None)
         if callable(entry):
             results: list[Result] = entry(quick)
@@ -152,8 +151,9 @@ def external_runner(name: str) -> Runner | None:
         output = captured.getvalue()
         results = _parse_lines(output, module_name)
         if status not in (0, None) or not results:
-            raise RuntimeError(f"{module_name} exited with {status}; its output ended:\n"
-                               + output[-2000:])  # fmt: skip
+            raise RuntimeError(
+                f"{module_name} exited with {status}; its output ended:\n" + output[-2000:]
+            )
         return results
 
     return run
@@ -171,9 +171,10 @@ BENCHMARKS: dict[str, Runner] = {
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m bench", description=__doc__,
+        prog="python -m bench",
+        description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
-    )  # fmt: skip
+    )
     parser.add_argument("--quick", action="store_true", help="small sizes, for CI")
     parser.add_argument("--only", default="", help="comma-separated benchmark names")
     args = parser.parse_args(argv)
@@ -184,8 +185,9 @@ def main(argv: list[str] | None = None) -> int:
         wanted = args.only.split(",")
         unknown = set(wanted) - set(benchmarks)
         if unknown:
-            parser.error(f"unknown benchmark(s) {', '.join(sorted(unknown))}; "
-                         f"known: {', '.join(benchmarks)}")  # fmt: skip
+            parser.error(
+                f"unknown benchmark(s) {', '.join(sorted(unknown))}; known: {', '.join(benchmarks)}"
+            )
         benchmarks = {name: benchmarks[name] for name in wanted}
 
     print(machine_line(), flush=True)
@@ -196,8 +198,11 @@ def main(argv: list[str] | None = None) -> int:
         for name, runner in benchmarks.items():
             rows.append(name)
             if runner is None:
-                rows.append(skipped("figure", f"{name}_present", f"bench/{name}.py",
-                                    "module not present yet"))
+                rows.append(
+                    skipped(
+                        "figure", f"{name}_present", f"bench/{name}.py", "module not present yet"
+                    )
+                )
                 continue
             began = time.monotonic()
             print(f"bench: {name} ...", file=sys.stderr, flush=True)
@@ -208,10 +213,18 @@ def main(argv: list[str] | None = None) -> int:
             except Exception as exc:
                 failed = True
                 traceback.print_exc()
-                rows.append(Result("figure", f"{name}_error", None, f"bench.{name}",
-                                   note=f"error: {type(exc).__name__}: {exc}"[:120]))
-            print(f"bench: {name} took {time.monotonic() - began:.1f} s", file=sys.stderr,
-                  flush=True)  # fmt: skip
+                rows.append(
+                    Result(
+                        "figure",
+                        f"{name}_error",
+                        None,
+                        f"bench.{name}",
+                        note=f"error: {type(exc).__name__}: {exc}"[:120],
+                    )
+                )
+            print(
+                f"bench: {name} took {time.monotonic() - began:.1f} s", file=sys.stderr, flush=True
+            )
     mode = "quick" if args.quick else "full"
     print(f"elapsed {time.monotonic() - started:.1f} s ({mode} size)")
     report(rows)

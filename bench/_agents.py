@@ -158,7 +158,9 @@ def make_app(*, broker: str, store: str, ledger: str, prefix: str, queue: str) -
 def app_from_env() -> Celery:
     values = {name: os.environ[name] for name in ENV}
     return make_app(
-        broker=values["BENCH_BROKER"], store=values["BENCH_STORE"],
-        ledger=values["BENCH_LEDGER"], prefix=values["BENCH_PREFIX"],
+        broker=values["BENCH_BROKER"],
+        store=values["BENCH_STORE"],
+        ledger=values["BENCH_LEDGER"],
+        prefix=values["BENCH_PREFIX"],
         queue=values["BENCH_QUEUE"],
-    )  # fmt: skip
+    )

@@ -9,14 +9,45 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from agentq.codec import encode_value
+from agentq.codec.envelope import encode_value
 
 _WORDS = (
-    "the", "model", "calls", "a", "tool", "with", "arguments", "and", "reads", "result",
-    "before", "it", "answers", "user", "question", "about", "invoice", "order", "shipment",
-    "refund", "weather", "account", "balance", "search", "query", "document", "summary",
-    "paragraph", "citation", "source", "retry", "timeout", "context", "window", "budget",
-)  # fmt: skip
+    "the",
+    "model",
+    "calls",
+    "a",
+    "tool",
+    "with",
+    "arguments",
+    "and",
+    "reads",
+    "result",
+    "before",
+    "it",
+    "answers",
+    "user",
+    "question",
+    "about",
+    "invoice",
+    "order",
+    "shipment",
+    "refund",
+    "weather",
+    "account",
+    "balance",
+    "search",
+    "query",
+    "document",
+    "summary",
+    "paragraph",
+    "citation",
+    "source",
+    "retry",
+    "timeout",
+    "context",
+    "window",
+    "budget",
+)
 
 
 def text(seed: int, length: int) -> str:
@@ -40,9 +71,10 @@ def reply(i: int) -> dict[str, Any]:
     return {
         "role": "assistant",
         "content": text(i, 178),
-        "tool_calls": [{"id": f"call-{i}", "name": "search",
-                        "args": {"query": text(i + 1, 40), "limit": 5}}],
-    }  # fmt: skip
+        "tool_calls": [
+            {"id": f"call-{i}", "name": "search", "args": {"query": text(i + 1, 40), "limit": 5}}
+        ],
+    }
 
 
 def tool_result(i: int) -> dict[str, Any]:

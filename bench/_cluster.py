@@ -26,7 +26,7 @@ from typing import Any
 import redis
 from celery import Celery
 
-from agentq.store.redis import RedisStore
+from agentq.store.redis.store import RedisStore
 from bench._agents import make_app
 from bench._redis import PrivateRedis
 
@@ -46,8 +46,9 @@ def broker_problem() -> str | None:
     return None
 
 
-def wait_for(predicate: Callable[[], bool], timeout: float, what: str,
-             interval: float = 0.005) -> None:  # fmt: skip
+def wait_for(
+    predicate: Callable[[], bool], timeout: float, what: str, interval: float = 0.005
+) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:
@@ -69,21 +70,42 @@ class Worker:
     def start(self) -> Worker:
         with open(self.log, "wb") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "celery", "-A", "bench._worker_app", "worker",
-                 "-P", "prefork", "-c", str(self.concurrency), "-n", self.name,
-                 "-Q", self.env["BENCH_QUEUE"], "--without-mingle", "--without-gossip",
-                 "--loglevel", "WARNING"],
-                cwd=ROOT, env={**os.environ, **self.env}, stdout=log,
-                stderr=subprocess.STDOUT, start_new_session=True,
-            )  # fmt: skip
+                [
+                    sys.executable,
+                    "-m",
+                    "celery",
+                    "-A",
+                    "bench._worker_app",
+                    "worker",
+                    "-P",
+                    "prefork",
+                    "-c",
+                    str(self.concurrency),
+                    "-n",
+                    self.name,
+                    "-Q",
+                    self.env["BENCH_QUEUE"],
+                    "--without-mingle",
+                    "--without-gossip",
+                    "--loglevel",
+                    "WARNING",
+                ],
+                cwd=ROOT,
+                env={**os.environ, **self.env},
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         wait_for(self._answers, READY_DEADLINE, f"worker {self.name} answering ping", 0.2)
         return self
 
     def _answers(self) -> bool:
         assert self.process is not None
         if self.process.poll() is not None:
-            raise RuntimeError(f"worker exited with {self.process.returncode}:\n"
-                               + self.log.read_text(errors="replace")[-3000:])
+            raise RuntimeError(
+                f"worker exited with {self.process.returncode}:\n"
+                + self.log.read_text(errors="replace")[-3000:]
+            )
         return bool(self.app.control.ping(destination=[self.name], timeout=0.5))
 
     def pool_pids(self) -> list[int]:
@@ -153,10 +175,20 @@ def cluster(concurrency: int) -> Iterator[Cluster]:
         ledger_server = stack.enter_context(PrivateRedis("--appendonly", "no"))
         store_url = f"redis://127.0.0.1:{store_server.port}/0"
         ledger_url = f"redis://127.0.0.1:{ledger_server.port}/0"
-        env = {"BENCH_BROKER": BROKER, "BENCH_STORE": store_url, "BENCH_LEDGER": ledger_url,
-               "BENCH_PREFIX": f"b{run_id}:", "BENCH_QUEUE": queue}  # fmt: skip
-        app = make_app(broker=BROKER, store=store_url, ledger=ledger_url,
-                       prefix=env["BENCH_PREFIX"], queue=queue)  # fmt: skip
+        env = {
+            "BENCH_BROKER": BROKER,
+            "BENCH_STORE": store_url,
+            "BENCH_LEDGER": ledger_url,
+            "BENCH_PREFIX": f"b{run_id}:",
+            "BENCH_QUEUE": queue,
+        }
+        app = make_app(
+            broker=BROKER,
+            store=store_url,
+            ledger=ledger_url,
+            prefix=env["BENCH_PREFIX"],
+            queue=queue,
+        )
         stack.callback(app.close)
         stack.callback(_delete_queue, app, queue)
         logs = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="agentq-bench-")))

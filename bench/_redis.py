@@ -60,11 +60,25 @@ class PrivateRedis:
         assert self.directory is not None
         log = self.directory / "redis.log"
         args = [
-            self.binary, "--port", str(self.port), "--bind", "127.0.0.1",
-            "--dir", str(self.directory), "--save", "", "--appendonly", "yes",
-            "--appendfsync", "always", "--daemonize", "no", "--logfile", str(log),
+            self.binary,
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            str(self.directory),
+            "--save",
+            "",
+            "--appendonly",
+            "yes",
+            "--appendfsync",
+            "always",
+            "--daemonize",
+            "no",
+            "--logfile",
+            str(log),
             *self.extra,
-        ]  # fmt: skip
+        ]
         self.process = subprocess.Popen(
             args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
         )

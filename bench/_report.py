@@ -67,8 +67,8 @@ class Result:
 
     @property
     def missed(self) -> bool:
-        return self.value is not None and self.target is not None and not self.target.met(
-            self.value
+        return (
+            self.value is not None and self.target is not None and not self.target.met(self.value)
         )
 
     def line(self) -> str:
@@ -105,10 +105,14 @@ def print_table(rows: Sequence[Result | str]) -> None:
     widths = [max([len(head[i]), *(len(row[i]) for row in cells)]) for i in range(5)]
 
     def line(row: tuple[str, ...]) -> str:
-        return "  ".join(
-            (cell.rjust(w) if i in (3, 4) else cell.ljust(w))
-            for i, (cell, w) in enumerate(zip(row[:5], widths, strict=True))
-        ) + "  " + row[5]
+        return (
+            "  ".join(
+                (cell.rjust(w) if i in (3, 4) else cell.ljust(w))
+                for i, (cell, w) in enumerate(zip(row[:5], widths, strict=True))
+            )
+            + "  "
+            + row[5]
+        )
 
     text = [line(head)]
     remaining = iter(cells)

@@ -115,8 +115,12 @@ def throughput(env: Cluster, size: Size) -> dict[str, list[float]]:
 def _overhead_block(env: Cluster, size: Size, block: int) -> list[float]:
     agent, thread_id = env.task("bench.overhead_agent"), f"overhead-{block}"
     agent.delay(thread_id, steps=size.overhead_steps, state_bytes=STATE_BYTES)
-    wait_for(lambda: agent.thread(thread_id).status == Status.DONE, 300,
-             "the overhead thread done", interval=0.02)  # fmt: skip
+    wait_for(
+        lambda: agent.thread(thread_id).status == Status.DONE,
+        300,
+        "the overhead thread done",
+        interval=0.02,
+    )
     steps: list[float] = agent.thread(thread_id).result
     return steps
 
@@ -152,12 +156,14 @@ def run(quick: bool) -> list[Result]:
     problem = broker_problem()
     if problem:
         return [
-            skipped("ratio", "agent_steps_over_raw_set_loop", "agent steps/s ÷ raw SET loop",
-                    problem),
-            skipped("ratio", "agent_steps_over_celery_tasks", "agent steps/s ÷ bare Celery",
-                    problem),
+            skipped(
+                "ratio", "agent_steps_over_raw_set_loop", "agent steps/s ÷ raw SET loop", problem
+            ),
+            skipped(
+                "ratio", "agent_steps_over_celery_tasks", "agent steps/s ÷ bare Celery", problem
+            ),
             skipped("figure", "agent_step_overhead_ms_10k", "AgentTask step, 10 KB", problem),
-        ]  # fmt: skip
+        ]
     size = SIZES[quick]
     with cluster(concurrency=2) as env:
         rates = throughput(env, size)
@@ -169,25 +175,45 @@ def run(quick: bool) -> list[Result]:
     agent_steps = [t for block in agent_blocks for t in block]
     raw_steps = [t for block in raw_blocks for t in block]
     step, put = median(agent_steps), median(raw_steps)
-    beyond = median([median(a) - median(r) for a, r in zip(agent_blocks, raw_blocks,
-                                                           strict=True)])  # fmt: skip
+    beyond = median([median(a) - median(r) for a, r in zip(agent_blocks, raw_blocks, strict=True)])
     rounds = f"{size.rounds}x {size.threads} threads x {size.steps} steps"
     return [
-        Result("ratio", "agent_steps_over_raw_set_loop", over_raw,
-               f"agent steps/s ÷ raw SET loop, median of {rounds}", _spread(rates["agent"]),
-               _spread(rates["raw"]), TARGET_RAW),
-        Result("ratio", "agent_steps_over_celery_tasks", over_bare,
-               "agent steps/s ÷ bare Celery tasks/s", _spread(rates["agent"]),
-               _spread(rates["bare"])),
-        Result("figure", "agent_step_overhead_ms_10k", step * 1e3,
-               "AgentTask step, zero-latency node, 10 KB state, ms",
-               f"{millis(step)} (p99 {millis(quantile(agent_steps, 0.99))})",
-               f"raw SET step {millis(put)}", TARGET_OVERHEAD_MS,
-               f"{len(agent_steps)} steps timed in the worker"),
-        Result("figure", "agent_step_minus_set_ms_10k", beyond * 1e3,
-               "  of which beyond a raw SET step, ms", millis(beyond),
-               f"median of {len(agent_blocks)} paired blocks"),
-    ]  # fmt: skip
+        Result(
+            "ratio",
+            "agent_steps_over_raw_set_loop",
+            over_raw,
+            f"agent steps/s ÷ raw SET loop, median of {rounds}",
+            _spread(rates["agent"]),
+            _spread(rates["raw"]),
+            TARGET_RAW,
+        ),
+        Result(
+            "ratio",
+            "agent_steps_over_celery_tasks",
+            over_bare,
+            "agent steps/s ÷ bare Celery tasks/s",
+            _spread(rates["agent"]),
+            _spread(rates["bare"]),
+        ),
+        Result(
+            "figure",
+            "agent_step_overhead_ms_10k",
+            step * 1e3,
+            "AgentTask step, zero-latency node, 10 KB state, ms",
+            f"{millis(step)} (p99 {millis(quantile(agent_steps, 0.99))})",
+            f"raw SET step {millis(put)}",
+            TARGET_OVERHEAD_MS,
+            f"{len(agent_steps)} steps timed in the worker",
+        ),
+        Result(
+            "figure",
+            "agent_step_minus_set_ms_10k",
+            beyond * 1e3,
+            "  of which beyond a raw SET step, ms",
+            millis(beyond),
+            f"median of {len(agent_blocks)} paired blocks",
+        ),
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:

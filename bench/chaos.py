@@ -25,31 +25,49 @@ from tests.support.chaos import ChaosConfig, chaos_cluster, run_and_verify
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.chaos", description=__doc__.split(
-        "\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.chaos",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--threads", type=int, default=100)
     parser.add_argument("--steps", type=int, default=10, help="per thread, at least 8")
     parser.add_argument("--workers", type=int, default=3)
     parser.add_argument("--concurrency", type=int, default=4, help="processes per worker")
-    parser.add_argument("--latency", type=float, default=1.0,
-                        help="seconds per model step; a tool call takes half")
-    parser.add_argument("--arrival", type=float, default=None,
-                        help="seconds over which the threads arrive (default 1.5 per thread)")
+    parser.add_argument(
+        "--latency", type=float, default=1.0, help="seconds per model step; a tool call takes half"
+    )
+    parser.add_argument(
+        "--arrival",
+        type=float,
+        default=None,
+        help="seconds over which the threads arrive (default 1.5 per thread)",
+    )
     parser.add_argument("--lease-ttl", type=float, default=2.0)
     parser.add_argument("--max-actions", type=int, default=80)
-    parser.add_argument("--chaos-seconds", type=float, default=None,
-                        help="no chaos action starts after this (default: arrival + 60 s)")
+    parser.add_argument(
+        "--chaos-seconds",
+        type=float,
+        default=None,
+        help="no chaos action starts after this (default: arrival + 60 s)",
+    )
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--keep", action="store_true", help="keep the worker logs and AOF")
     args = parser.parse_args(argv)
     arrival = args.arrival if args.arrival is not None else 1.5 * args.threads
     config = ChaosConfig(
-        threads=args.threads, steps=args.steps, workers=args.workers,
-        concurrency=args.concurrency, latency=args.latency, arrival_seconds=arrival,
-        lease_ttl=args.lease_ttl, max_actions=args.max_actions,
+        threads=args.threads,
+        steps=args.steps,
+        workers=args.workers,
+        concurrency=args.concurrency,
+        latency=args.latency,
+        arrival_seconds=arrival,
+        lease_ttl=args.lease_ttl,
+        max_actions=args.max_actions,
         chaos_seconds=args.chaos_seconds if args.chaos_seconds is not None else arrival + 60,
-        finish_timeout=120.0, seed=args.seed,
-    )  # fmt: skip
+        finish_timeout=120.0,
+        seed=args.seed,
+    )
     workdir = Path(tempfile.mkdtemp(prefix="agentq-chaos-"))
     failed = True
     try:

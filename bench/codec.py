@@ -9,7 +9,7 @@ The state: ``messages``, 500 chat messages of ~300 bytes (user, model replies wi
 calls, tool results; every tenth carries a ``datetime``), a ``plan`` dict, a ``set`` of tool
 names, a ``(page, offset)`` tuple cursor and a start ``datetime``: about 150 KB encoded.
 agentq stores tuples, sets, frozensets, datetimes and dates as msgpack ext types through
-msgpack's ``default=`` hook (``strict_types=True``), see :mod:`agentq.codec`.
+msgpack's ``default=`` hook (``strict_types=True``), see :mod:`agentq.codec.envelope`.
 
 Each variant encodes and decodes the state, rounds interleaved; the median of encode +
 decode is compared with agentq's codec (the baseline). For each variant the run also checks
@@ -55,12 +55,15 @@ def representative_state() -> dict[str, Any]:
         message["at"] = start + dt.timedelta(seconds=37 * i)
     return {
         "messages": messages,
-        "plan": {"goal": _chat.text(7, 120), "steps": ["search", "summarise", "answer"],
-                 "budget": {"tokens": 120_000, "usd": 2.5}},
+        "plan": {
+            "goal": _chat.text(7, 120),
+            "steps": ["search", "summarise", "answer"],
+            "budget": {"tokens": 120_000, "usd": 2.5},
+        },
         "tools_used": {"search", "fetch", "calculator"},
         "cursor": (3, 120),
         "started_at": start,
-    }  # fmt: skip
+    }
 
 
 @dataclass
@@ -108,8 +111,12 @@ def _from_ext(code: int, data: bytes, unpack: Decode) -> Any:
 
 def _ormsgpack() -> Variant:
     ormsgpack: Any = importlib.import_module("ormsgpack")
-    options = (ormsgpack.OPT_PASSTHROUGH_TUPLE | ormsgpack.OPT_PASSTHROUGH_DATETIME
-               | ormsgpack.OPT_PASSTHROUGH_SUBCLASS | ormsgpack.OPT_NON_STR_KEYS)  # fmt: skip
+    options = (
+        ormsgpack.OPT_PASSTHROUGH_TUPLE
+        | ormsgpack.OPT_PASSTHROUGH_DATETIME
+        | ormsgpack.OPT_PASSTHROUGH_SUBCLASS
+        | ormsgpack.OPT_NON_STR_KEYS
+    )
 
     def default(obj: object) -> Any:
         found = _ext_payload(obj)
@@ -242,27 +249,61 @@ def run(quick: bool) -> list[Result]:
         ratio = _total(times[variant.name]) / base_time
         if identical and reads and faithful:
             candidates.append((ratio, variant.name))
-        results.append(Result(
-            "ratio", f"codec_{tags[variant.name]}_over_msgpack", ratio,
-            f"{variant.name} enc+dec ÷ msgpack, 500 msgs",
-            _split(times[variant.name]), _split(times[base.name]), None,
-            f"identical bytes {_yes(identical)}, reads agentq's {_yes(reads)}, "
-            f"round-trips {_yes(faithful)}",
-        ))  # fmt: skip
+        results.append(
+            Result(
+                "ratio",
+                f"codec_{tags[variant.name]}_over_msgpack",
+                ratio,
+                f"{variant.name} enc+dec ÷ msgpack, 500 msgs",
+                _split(times[variant.name]),
+                _split(times[base.name]),
+                None,
+                f"identical bytes {_yes(identical)}, reads agentq's {_yes(reads)}, "
+                f"round-trips {_yes(faithful)}",
+            )
+        )
     for tag, module in missing:
-        results.append(skipped("ratio", f"codec_{tag}_over_msgpack",
-                               f"{tag} enc+dec ÷ msgpack", f"{module} not installed"))
+        results.append(
+            skipped(
+                "ratio",
+                f"codec_{tag}_over_msgpack",
+                f"{tag} enc+dec ÷ msgpack",
+                f"{module} not installed",
+            )
+        )
     what = "verdict: fastest byte-identical ÷ msgpack"
     if candidates:
         ratio, name = min(candidates)
-        note = (f"{name} could replace msgpack without changing a stored byte"
-                if ratio < 1 else "no byte-identical library is faster: keep msgpack")
-        results.append(Result("ratio", "codec_best_identical_over_msgpack", ratio, what,
-                              name, f"{size(len(reference))} state", None, note))
+        note = (
+            f"{name} could replace msgpack without changing a stored byte"
+            if ratio < 1
+            else "no byte-identical library is faster: keep msgpack"
+        )
+        results.append(
+            Result(
+                "ratio",
+                "codec_best_identical_over_msgpack",
+                ratio,
+                what,
+                name,
+                f"{size(len(reference))} state",
+                None,
+                note,
+            )
+        )
     else:
-        results.append(Result("ratio", "codec_best_identical_over_msgpack", 1.0, what,
-                              "msgpack", f"{size(len(reference))} state", None,
-                              "no byte-identical alternative measured: keep msgpack"))
+        results.append(
+            Result(
+                "ratio",
+                "codec_best_identical_over_msgpack",
+                1.0,
+                what,
+                "msgpack",
+                f"{size(len(reference))} state",
+                None,
+                "no byte-identical alternative measured: keep msgpack",
+            )
+        )
     return results
 
 
@@ -275,7 +316,8 @@ def header() -> str:
             versions.append(f"{module}=absent")
             continue
         version = getattr(found, "__version__", None) or ".".join(
-            map(str, getattr(found, "version", ("?",))))
+            map(str, getattr(found, "version", ("?",)))
+        )
         versions.append(f"{module}={version}")
     return f"codec: python={platform.python_version()} " + " ".join(versions)
 

@@ -43,8 +43,8 @@ from langgraph.checkpoint.base import BaseCheckpointSaver, empty_checkpoint
 from langgraph.checkpoint.sqlite import SqliteSaver
 
 from agentq.langgraph import AgentqSaver
-from agentq.store.redis import RedisStore
-from agentq.store.sqlite import SQLiteStore
+from agentq.store.redis.store import RedisStore
+from agentq.store.sqlite.store import SQLiteStore
 from bench._redis import PrivateRedis
 from bench._report import quantile
 
@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         default=DEFAULT_SAMPLES,
         help=f"timed calls per saver and op (default {DEFAULT_SAMPLES})",
     )
-    args = parser.parse_args(argv)  # fmt: skip
+    args = parser.parse_args(argv)
     warmup = max(20, args.samples // 10)
     directory = Path(tempfile.mkdtemp(prefix="agentq-bench-langgraph-"))
     closers: list[Callable[[], None]] = []
@@ -164,10 +164,14 @@ def main(argv: list[str] | None = None) -> int:
             puts = rotate([s.put for s in subjects], args.samples, warmup)
             gets = rotate([s.get_tuple for s in subjects], args.samples, warmup)
             info = server.client().info("server")
-        print(f"machine: cpu_count={os.cpu_count()} python={platform.python_version()} "
-              f"redis-server={info['redis_version']} disk={directory}")  # fmt: skip
-        print(f"thread: {MESSAGES} messages, {args.samples} samples per saver and op, "
-              f"{warmup} warm-up")  # fmt: skip
+        print(
+            f"machine: cpu_count={os.cpu_count()} python={platform.python_version()} "
+            f"redis-server={info['redis_version']} disk={directory}"
+        )
+        print(
+            f"thread: {MESSAGES} messages, {args.samples} samples per saver and op, "
+            f"{warmup} warm-up"
+        )
         header = (
             f"{'op':<10} {'saver':<14} {'median µs':>10} {'p95 µs':>10} {'vs sqlite_saver':>16}"
         )
@@ -179,8 +183,10 @@ def main(argv: list[str] | None = None) -> int:
             for subject, ns in zip(subjects, timings, strict=True):
                 median = quantile_us(ns, 0.5)
                 p95 = quantile_us(ns, 0.95)
-                print(f"{op:<10} {subject.name:<14} {median:>10.1f} {p95:>10.1f} "
-                      f"{median / base:>16.2f}")  # fmt: skip
+                print(
+                    f"{op:<10} {subject.name:<14} {median:>10.1f} {p95:>10.1f} "
+                    f"{median / base:>16.2f}"
+                )
                 if subject.name != "sqlite_saver":
                     backend = subject.name.removeprefix("agentq_")
                     ratios.append((f"{backend}_{op}_over_sqlite_saver", median / base))

@@ -57,8 +57,9 @@ def _holder(cluster: ChaosCluster, thread_id: str) -> WorkerProcess:
     return found
 
 
-def _started_elsewhere(cluster: ChaosCluster, thread_id: str, gone: WorkerProcess,
-                       after: float) -> float | None:
+def _started_elsewhere(
+    cluster: ChaosCluster, thread_id: str, gone: WorkerProcess, after: float
+) -> float | None:
     """The time the first node start after ``after`` was recorded outside ``gone``."""
     assert cluster.ledger is not None
     for start in cluster.ledger.starts(thread_id):
@@ -80,8 +81,11 @@ def _mid_step(cluster: ChaosCluster, thread_id: str, step: float) -> None:
 def _finish(cluster: ChaosCluster, thread_id: str) -> None:
     """Cancel the thread so that its worker is free for the next sample."""
     cluster.agent.cancel(thread_id)
-    wait_until(lambda: cluster.agent.thread(thread_id).status == Status.CANCELLED,
-               timeout=60, what=f"{thread_id} cancelled")
+    wait_until(
+        lambda: cluster.agent.thread(thread_id).status == Status.CANCELLED,
+        timeout=60,
+        what=f"{thread_id} cancelled",
+    )
 
 
 def _two_workers(cluster: ChaosCluster) -> None:
@@ -100,17 +104,21 @@ def sigkill_samples(cluster: ChaosCluster, samples: int, step: float) -> list[fl
         killed_at = time.time()
         victim.kill()
         cluster.retire(victim)
-        resumed = wait_until(lambda t=thread_id, v=victim, k=killed_at:
-                             _started_elsewhere(cluster, t, v, k),
-                             timeout=120, interval=0.01, what=f"{thread_id} resumed")
+        resumed = wait_until(
+            lambda t=thread_id, v=victim, k=killed_at: _started_elsewhere(cluster, t, v, k),
+            timeout=120,
+            interval=0.01,
+            what=f"{thread_id} resumed",
+        )
         times.append(resumed - killed_at)
         print(f"  SIGKILL sample {i + 1}: next step started {times[-1]:.2f} s later")
         _finish(cluster, thread_id)
     return times
 
 
-def sigterm_samples(cluster: ChaosCluster, samples: int,
-                    step: float) -> tuple[list[float], list[float], list[float]]:
+def sigterm_samples(
+    cluster: ChaosCluster, samples: int, step: float
+) -> tuple[list[float], list[float], list[float]]:
     handovers, exits, resumes = [], [], []
     for i in range(samples):
         _two_workers(cluster)
@@ -133,15 +141,18 @@ def sigterm_samples(cluster: ChaosCluster, samples: int,
         if exited is None or resumed is None:
             raise TimeoutError(f"{thread_id}: exit {exited}, resume {resumed} after SIGTERM")
         # The handover follows the commit of the step in flight, the leaving driver's last.
-        last = max(c.created_at for c in cluster.store.history(thread_id, limit=1000)
-                   if c.token == token)
+        last = max(
+            c.created_at for c in cluster.store.history(thread_id, limit=1000) if c.token == token
+        )
         handed_over = last - signalled_at
         cluster.retire(leaving)
         handovers.append(handed_over)
         exits.append(exited)
         resumes.append(resumed)
-        print(f"  SIGTERM sample {i + 1}: handed over {handed_over:.2f} s, worker exited "
-              f"{exited:.2f} s, next step started {resumed:.2f} s after the signal")
+        print(
+            f"  SIGTERM sample {i + 1}: handed over {handed_over:.2f} s, worker exited "
+            f"{exited:.2f} s, next step started {resumed:.2f} s after the signal"
+        )
         _finish(cluster, thread_id)
     return handovers, exits, resumes
 
@@ -169,19 +180,25 @@ def plain_celery(cluster: ChaosCluster, wait: float) -> float | None:
     victim.kill()
     cluster.retire(victim)
     with contextlib.suppress(TimeoutError):
-        again = wait_until(lambda: len(ledger.starts("plain")) > 1, timeout=wait, interval=0.1,
-                           what="a redelivery")
+        again = wait_until(
+            lambda: len(ledger.starts("plain")) > 1, timeout=wait, interval=0.1, what="a redelivery"
+        )
         if again:
             return float(ledger.starts("plain")[1]["t"]) - killed_at
     return None
 
 
-def run(quick: bool = False, *, samples: int | None = None, lease_ttl: float = 5.0,
-        step: float = 1.0, plain_wait: float | None = None) -> list[Result]:
+def run(
+    quick: bool = False,
+    *,
+    samples: int | None = None,
+    lease_ttl: float = 5.0,
+    step: float = 1.0,
+    plain_wait: float | None = None,
+) -> list[Result]:
     samples = samples or (1 if quick else 3)
     plain_wait = plain_wait if plain_wait is not None else (15.0 if quick else 30.0)
-    config = ChaosConfig(threads=1, workers=2, concurrency=1, lease_ttl=lease_ttl,
-                         latency=step)
+    config = ChaosConfig(threads=1, workers=2, concurrency=1, lease_ttl=lease_ttl, latency=step)
     workdir = Path(tempfile.mkdtemp(prefix="agentq-recovery-"))
     try:
         with chaos_cluster(config, workdir) as cluster:
@@ -191,53 +208,116 @@ def run(quick: bool = False, *, samples: int | None = None, lease_ttl: float = 5
             idle = idle_exit(cluster)
             print(f"  idle worker: SIGTERM to exit {idle:.2f} s")
             plain = plain_celery(cluster, plain_wait)
-            print("  plain Celery: " + (f"redelivered after {plain:.2f} s" if plain is not None
-                                        else f"not redelivered within {plain_wait:.0f} s"))
+            print(
+                "  plain Celery: "
+                + (
+                    f"redelivered after {plain:.2f} s"
+                    if plain is not None
+                    else f"not redelivered within {plain_wait:.0f} s"
+                )
+            )
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     n = f"median of {samples}"
     kill_target = lease_ttl + 2
     return [
-        Result("figure", "sigkill_to_resumed_s", statistics.median(kills),
-               "SIGKILL -> next step starts on another worker, s", n, f"lease {lease_ttl} s",
-               Target(kill_target)),
-        Result("figure", "sigkill_to_resumed_max_s", max(kills),
-               "SIGKILL -> next step starts on another worker (max), s", f"max of {samples}",
-               f"lease {lease_ttl} s", Target(kill_target)),
-        Result("figure", "sigterm_to_handover_s", statistics.median(handovers),
-               "SIGTERM -> thread handed over (queued), s", n, f"step {step} s",
-               Target(step)),
-        Result("figure", "sigterm_to_exit_s", statistics.median(exits),
-               "SIGTERM -> worker process exits, s", n, f"step {step} s", Target(step),
-               note=f"Celery's idle shutdown alone takes {idle:.2f} s"),
-        Result("figure", "celery_idle_sigterm_to_exit_s", idle,
-               "SIGTERM -> exit of an idle worker (Celery alone), s", "1 run", ""),
-        Result("figure", "sigterm_to_resumed_s", statistics.median(resumes),
-               "SIGTERM -> next step starts on another worker, s", n, f"step {step} s",
-               Target(1.0)),
-        Result("figure", "plain_celery_sigkill_to_redelivered_s",
-               math.inf if plain is None else plain,
-               "plain Celery acks_late task: SIGKILL -> redelivered, s", "1 run",
-               "visibility_timeout 3600 s",
-               note=f"not within {plain_wait:.0f} s" if plain is None else ""),
-        Result("ratio", "sigkill_to_resumed_vs_lease_ttl", statistics.median(kills) / lease_ttl,
-               "SIGKILL -> resumed / lease TTL", n, f"lease {lease_ttl} s"),
+        Result(
+            "figure",
+            "sigkill_to_resumed_s",
+            statistics.median(kills),
+            "SIGKILL -> next step starts on another worker, s",
+            n,
+            f"lease {lease_ttl} s",
+            Target(kill_target),
+        ),
+        Result(
+            "figure",
+            "sigkill_to_resumed_max_s",
+            max(kills),
+            "SIGKILL -> next step starts on another worker (max), s",
+            f"max of {samples}",
+            f"lease {lease_ttl} s",
+            Target(kill_target),
+        ),
+        Result(
+            "figure",
+            "sigterm_to_handover_s",
+            statistics.median(handovers),
+            "SIGTERM -> thread handed over (queued), s",
+            n,
+            f"step {step} s",
+            Target(step),
+        ),
+        Result(
+            "figure",
+            "sigterm_to_exit_s",
+            statistics.median(exits),
+            "SIGTERM -> worker process exits, s",
+            n,
+            f"step {step} s",
+            Target(step),
+            note=f"Celery's idle shutdown alone takes {idle:.2f} s",
+        ),
+        Result(
+            "figure",
+            "celery_idle_sigterm_to_exit_s",
+            idle,
+            "SIGTERM -> exit of an idle worker (Celery alone), s",
+            "1 run",
+            "",
+        ),
+        Result(
+            "figure",
+            "sigterm_to_resumed_s",
+            statistics.median(resumes),
+            "SIGTERM -> next step starts on another worker, s",
+            n,
+            f"step {step} s",
+            Target(1.0),
+        ),
+        Result(
+            "figure",
+            "plain_celery_sigkill_to_redelivered_s",
+            math.inf if plain is None else plain,
+            "plain Celery acks_late task: SIGKILL -> redelivered, s",
+            "1 run",
+            "visibility_timeout 3600 s",
+            note=f"not within {plain_wait:.0f} s" if plain is None else "",
+        ),
+        Result(
+            "ratio",
+            "sigkill_to_resumed_vs_lease_ttl",
+            statistics.median(kills) / lease_ttl,
+            "SIGKILL -> resumed / lease TTL",
+            n,
+            f"lease {lease_ttl} s",
+        ),
     ]
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.recovery",
-                                     description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.recovery", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--quick", action="store_true", help="1 sample each, 15 s plain wait")
     parser.add_argument("--samples", type=int, default=None, help="per scenario (default 3)")
     parser.add_argument("--lease-ttl", type=float, default=5.0)
     parser.add_argument("--step", type=float, default=1.0, help="seconds per agent step")
-    parser.add_argument("--plain-wait", type=float, default=None,
-                        help="seconds to wait for plain Celery's redelivery (default 30)")
+    parser.add_argument(
+        "--plain-wait",
+        type=float,
+        default=None,
+        help="seconds to wait for plain Celery's redelivery (default 30)",
+    )
     args = parser.parse_args(argv)
     print(machine_line())
-    rows = run(args.quick, samples=args.samples, lease_ttl=args.lease_ttl, step=args.step,
-               plain_wait=args.plain_wait)
+    rows = run(
+        args.quick,
+        samples=args.samples,
+        lease_ttl=args.lease_ttl,
+        step=args.step,
+        plain_wait=args.plain_wait,
+    )
     report(rows)
     return 0
 

@@ -30,10 +30,10 @@ from typing import Any
 
 import redis
 
-from agentq.logs import AppendOnlyFields
+from agentq.engine.append_only import AppendOnlyFields
 from agentq.records import Checkpoint
-from agentq.store.base import UNSET
-from agentq.store.redis import RedisStore
+from agentq.store.contract import UNSET
+from agentq.store.redis.store import RedisStore
 from bench import _chat
 from bench._redis import PrivateRedis
 from bench._report import Result, Target, exit_with, median, micros, quantile, size, standalone
@@ -64,16 +64,28 @@ class Thread:
         thread = cls(store, thread_id, append_only, {"messages": _chat.conversation(n)})
         store.open_thread(thread_id, task="bench")
         thread.token = store.acquire(thread_id, "bench", ttl=3600)
-        store.commit(thread_id, thread.token, thread._checkpoint(), due_in=3600,
-                     logs={"messages": 0} if append_only else None)
+        store.commit(
+            thread_id,
+            thread.token,
+            thread._checkpoint(),
+            due_in=3600,
+            logs={"messages": 0} if append_only else None,
+        )
         if append_only:
-            thread.logs = AppendOnlyFields(thread_id, ("messages",), thread.state,
-                                           logged=("messages",))
+            thread.logs = AppendOnlyFields(
+                thread_id, ("messages",), thread.state, logged=("messages",)
+            )
         return thread
 
     def _checkpoint(self) -> Checkpoint:
-        return Checkpoint(step=self.step, node="model", state=self.state, task="bench",
-                          token=self.token, created_at=time.time())
+        return Checkpoint(
+            step=self.step,
+            node="model",
+            state=self.state,
+            task="bench",
+            token=self.token,
+            created_at=time.time(),
+        )
 
     def append_round(self) -> int:
         """What the nodes did: a reply and a tool result; returns their encoded bytes."""
@@ -89,8 +101,7 @@ class Thread:
         start = time.perf_counter_ns()
         logs = self.logs.lengths(self.step, self.state) if self.logs is not None else None
         check = time.perf_counter_ns() - start
-        self.store.commit(self.thread_id, self.token, self._checkpoint(), due_in=UNSET,
-                          logs=logs)
+        self.store.commit(self.thread_id, self.token, self._checkpoint(), due_in=UNSET, logs=logs)
         if self.logs is not None:
             self.logs.committed(self.state)
         return check
@@ -128,8 +139,7 @@ def measure(
     for n in LENGTHS:
         per_thread = max(1, n // 10)
         count = -(-(samples + BLOCK) // per_thread)  # a warm-up block, then the samples
-        pool = [Thread.grown(store, f"steps-{mode}-{n}-{k}", n, append_only)
-                for k in range(count)]  # fmt: skip
+        pool = [Thread.grown(store, f"steps-{mode}-{n}-{k}", n, append_only) for k in range(count)]
         lengths[n] = Length(n, iter(pool))
     for length in lengths.values():  # warm-up: one block each, not recorded
         for _ in range(BLOCK):
@@ -167,31 +177,45 @@ def _results(lengths: dict[int, Length], append_only: bool) -> list[Result]:
 
     results = [
         Result(
-            "ratio", f"{tag}_latency_{long_.n}_over_{short.n}",
+            "ratio",
+            f"{tag}_latency_{long_.n}_over_{short.n}",
             median(long_.ns) / median(short.ns),
             f"{mode} step latency, {long_.n} ÷ {short.n} msgs",
-            latency(long_), latency(short), TARGET_LATENCY if append_only else None,
+            latency(long_),
+            latency(short),
+            TARGET_LATENCY if append_only else None,
         )
-    ]  # fmt: skip
+    ]
     if append_only:
         check = median(long_.check_ns) / 1e3
-        results.append(Result(
-            "figure", f"{tag}_check_us_{long_.n}", check,
-            f"  of which the append-only check (reads all {long_.n}), µs", f"{check:.0f} µs",
-            f"{median(short.check_ns) / 1e3:.0f} µs @{short.n}", None,
-            f"{check * 1e3 / median(long_.ns):.0%} of the step",
-        ))  # fmt: skip
+        results.append(
+            Result(
+                "figure",
+                f"{tag}_check_us_{long_.n}",
+                check,
+                f"  of which the append-only check (reads all {long_.n}), µs",
+                f"{check:.0f} µs",
+                f"{median(short.check_ns) / 1e3:.0f} µs @{short.n}",
+                None,
+                f"{check * 1e3 / median(long_.ns):.0%} of the step",
+            )
+        )
     shown = LENGTHS if append_only else (LENGTHS[-1],)
     for n in shown:
         length = lengths[n]
         per_step = length.aof_bytes / len(length.ns)
         appended = length.new_bytes / len(length.ns)
-        results.append(Result(
-            "ratio", f"{tag}_aof_bytes_over_appended_{n}", per_step / appended,
-            f"{mode} AOF bytes/step ÷ new msgs' bytes, {n} msgs",
-            f"{size(per_step)}/step", f"{size(appended)} appended",
-            TARGET_BYTES if append_only else None,
-        ))  # fmt: skip
+        results.append(
+            Result(
+                "ratio",
+                f"{tag}_aof_bytes_over_appended_{n}",
+                per_step / appended,
+                f"{mode} AOF bytes/step ÷ new msgs' bytes, {n} msgs",
+                f"{size(per_step)}/step",
+                f"{size(appended)} appended",
+                TARGET_BYTES if append_only else None,
+            )
+        )
     return results
 
 

@@ -39,8 +39,8 @@ from celery import Celery
 
 import agentq
 from agentq import AgentTask, Done, Run
-from agentq.codec import encode_value
-from agentq.store.redis import RedisStore
+from agentq.codec.envelope import encode_value
+from agentq.store.redis.store import RedisStore
 from bench import _chat
 from bench._redis import PrivateRedis
 from bench._report import Result, Target, exit_with, size, skipped, standalone
@@ -62,8 +62,10 @@ def model_reply(round_: int) -> dict[str, Any]:
         return _chat.answer(round_)
     message = _chat.reply(round_)
     if round_ < DOUBLE:
-        message["tool_calls"] = [*message["tool_calls"],
-                                 {**message["tool_calls"][0], "id": f"call-{round_}b"}]
+        message["tool_calls"] = [
+            *message["tool_calls"],
+            {**message["tool_calls"][0], "id": f"call-{round_}b"},
+        ]
     return message
 
 
@@ -134,7 +136,7 @@ def measure_keys(client: redis.Redis, store: RedisStore) -> tuple[dict[str, int]
     keys = list(client.scan_iter(match=prefix + "*", count=1000))
     memory: dict[str, int] = {}
     for key in keys:
-        kind = key.decode()[len(prefix):].split(":")[0]
+        kind = key.decode()[len(prefix) :].split(":")[0]
         memory[kind] = memory.get(kind, 0) + int(client.memory_usage(key, samples=0) or 0)
     return memory, sum(_payload(client, key) for key in keys), len(keys)
 
@@ -197,8 +199,9 @@ def _langgraph_row(final_bytes: int, runner: Callable[[Path], int]) -> Result:
         return skipped("ratio", name, what, "langgraph not installed")
     with tempfile.TemporaryDirectory(prefix="agentq-bench-lg-") as directory:
         db = runner(Path(directory) / "checkpoints.sqlite")
-    return Result("ratio", name, db / final_bytes, what, f"{size(db)} (file)",
-                  f"{size(final_bytes)} state")  # fmt: skip
+    return Result(
+        "ratio", name, db / final_bytes, what, f"{size(db)} (file)", f"{size(final_bytes)} state"
+    )
 
 
 def run(quick: bool) -> list[Result]:
@@ -215,15 +218,26 @@ def run(quick: bool) -> list[Result]:
     largest = sorted(by_kind.items(), key=lambda item: -item[1])[:3]
     final = len(encode_value(state, what="state", thread_id=THREAD, step=None))
     return [
-        Result("ratio", "storage_redis_over_state", memory / final,
-               f"store after {STEPS} steps ÷ final state ({MESSAGES} msgs)",
-               f"{size(memory)} in {keys} keys (MEMORY USAGE)", f"{size(final)} state",
-               TARGET, ", ".join(f"{kind} {size(n)}" for kind, n in largest)),
-        Result("ratio", "storage_redis_payload_over_state", payload / final,
-               "  payload only (strings, list items, hash fields)", size(payload),
-               f"{size(final)} state"),
+        Result(
+            "ratio",
+            "storage_redis_over_state",
+            memory / final,
+            f"store after {STEPS} steps ÷ final state ({MESSAGES} msgs)",
+            f"{size(memory)} in {keys} keys (MEMORY USAGE)",
+            f"{size(final)} state",
+            TARGET,
+            ", ".join(f"{kind} {size(n)}" for kind, n in largest),
+        ),
+        Result(
+            "ratio",
+            "storage_redis_payload_over_state",
+            payload / final,
+            "  payload only (strings, list items, hash fields)",
+            size(payload),
+            f"{size(final)} state",
+        ),
         _langgraph_row(final, run_langgraph),
-    ]  # fmt: skip
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -32,10 +32,10 @@ from typing import Any
 
 import redis
 
-from agentq.codec import encode_checkpoint
+from agentq.codec.envelope import encode_checkpoint
 from agentq.records import Checkpoint
-from agentq.store.base import UNSET
-from agentq.store.redis import RedisStore
+from agentq.store.contract import UNSET
+from agentq.store.redis.store import RedisStore
 from bench._redis import PrivateRedis
 from bench._report import cpu_model, quantile, terminate_as_interrupt
 
@@ -47,11 +47,42 @@ BLOCK = 20
 SIZE_TOLERANCE = 0.10
 
 _WORDS = (
-    "the", "model", "calls", "a", "tool", "with", "arguments", "and", "reads", "result",
-    "before", "it", "answers", "user", "question", "about", "invoice", "order", "shipment",
-    "refund", "weather", "account", "balance", "search", "query", "document", "summary",
-    "paragraph", "citation", "source", "retry", "timeout", "context", "window", "budget",
-)  # fmt: skip
+    "the",
+    "model",
+    "calls",
+    "a",
+    "tool",
+    "with",
+    "arguments",
+    "and",
+    "reads",
+    "result",
+    "before",
+    "it",
+    "answers",
+    "user",
+    "question",
+    "about",
+    "invoice",
+    "order",
+    "shipment",
+    "refund",
+    "weather",
+    "account",
+    "balance",
+    "search",
+    "query",
+    "document",
+    "summary",
+    "paragraph",
+    "citation",
+    "source",
+    "retry",
+    "timeout",
+    "context",
+    "window",
+    "budget",
+)
 
 
 # -- payloads ---------------------------------------------------------------------------------

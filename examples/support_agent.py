@@ -58,9 +58,17 @@ def refund(order_id: str, amount: float, *, idempotency_key: str) -> dict[str, A
 
 def fake_chat(messages: list[dict[str, Any]]) -> dict[str, Any]:
     if not any(m["role"] == "tool" for m in messages):
-        return {"role": "assistant", "content": "", "tool_calls": [{
-            "id": "call-1", "type": "function",
-            "function": {"name": "refund", "arguments": '{"order_id": "42", "amount": 30}'}}]}
+        return {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {
+                    "id": "call-1",
+                    "type": "function",
+                    "function": {"name": "refund", "arguments": '{"order_id": "42", "amount": 30}'},
+                }
+            ],
+        }
     return {"role": "assistant", "content": "I refunded 30 EUR for order 42.", "tool_calls": []}
 
 
@@ -110,7 +118,8 @@ class SupportAgent(AgentTask):
             args = json.loads(call["function"]["arguments"])
             result = run.tool(refund, **args, key=call["id"])
             run.state["messages"].append(
-                {"role": "tool", "tool_call_id": call["id"], "content": json.dumps(result)})
+                {"role": "tool", "tool_call_id": call["id"], "content": json.dumps(result)}
+            )
         run.pending = []
         return "model"
 

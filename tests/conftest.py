@@ -20,8 +20,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     # and this one is loaded whichever tests are named.
     group = parser.getgroup("chaos", "agentq chaos test (tests/chaos/test_chaos.py)")
     for name, default in CHAOS_SIZE.items():
-        group.addoption(f"--chaos-{name}", type=int, default=None,
-                        help=f"{name} (default {default}, or $AGENTQ_CHAOS_{name.upper()})")
+        group.addoption(
+            f"--chaos-{name}",
+            type=int,
+            default=None,
+            help=f"{name} (default {default}, or $AGENTQ_CHAOS_{name.upper()})",
+        )
 
 
 @pytest.fixture

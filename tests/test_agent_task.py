@@ -13,10 +13,10 @@ from celery import Celery
 from celery.contrib.testing.worker import start_worker
 
 from agentq import Status
-from agentq.codec import decode_envelope
+from agentq.codec.envelope import decode_envelope
 from agentq.errors import ArtifactNotFound, InvalidThreadId, ThreadStopped
-from agentq.store.base import Store
-from agentq.store.redis import RedisStore
+from agentq.store.contract import Store
+from agentq.store.redis.store import RedisStore
 from tests.support.agents import Ledger, make_app
 from tests.support.redis_server import RedisServer, wait_until
 
@@ -38,12 +38,26 @@ def running(redis_server: RedisServer, *, queues: list[str] | None = None) -> It
     """An app on a private prefix and an in-process worker consuming ``queues`` (by
     default the app's own default queue)."""
     prefix = f"at{uuid.uuid4().hex[:8]}:"
-    app = make_app(broker=BROKER, store=redis_server.url, prefix=prefix,
-                   queue=f"agentq-test-{prefix}", ledger_url=redis_server.url,
-                   lease_ttl=3, sweep_interval=0.2, start_grace=5, backoff_base=0.1)
+    app = make_app(
+        broker=BROKER,
+        store=redis_server.url,
+        prefix=prefix,
+        queue=f"agentq-test-{prefix}",
+        ledger_url=redis_server.url,
+        lease_ttl=3,
+        sweep_interval=0.2,
+        start_grace=5,
+        backoff_base=0.1,
+    )
     ledger = Ledger(redis_server.url, prefix.rstrip(":"))
-    with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False,
-                      shutdown_timeout=30, queues=queues):
+    with start_worker(
+        app,
+        pool="threads",
+        concurrency=2,
+        perform_ping_check=False,
+        shutdown_timeout=30,
+        queues=queues,
+    ):
         yield Env(app, ledger)
     ledger.client.close()
     app._agentq_runtime.store.close()
@@ -70,16 +84,19 @@ def test_a_thread_keeps_its_queue_for_every_later_send(
     env, queue = routed_env
     support, approval = env.agent("support_agent"), env.agent("approval_agent")
     # The retry is re-sent by the sweeper; nobody consumes the default queue.
-    support.apply_async(("t1",), {"question": "hi", "refunds": 0, "rate_limits": 1,
-                                  "retry_after": 0}, queue=queue)
+    support.apply_async(
+        ("t1",), {"question": "hi", "refunds": 0, "rate_limits": 1, "retry_after": 0}, queue=queue
+    )
     assert support.wait("t1", timeout=30) == "Refunded 0 EUR."
     assert support.thread("t1").options == {"queue": queue}
     approval.apply_async(("t2",), {"amount": 5}, queue=queue)
-    wait_until(lambda: approval.thread("t2").status == Status.WAITING, timeout=10,
-               what="waiting")
+    wait_until(lambda: approval.thread("t2").status == Status.WAITING, timeout=10, what="waiting")
     approval.resume("t2", {"approved": True})
-    wait_until(lambda: approval.thread("t2").interrupt == {"question": "anything else?"},
-               timeout=10, what="second interrupt")
+    wait_until(
+        lambda: approval.thread("t2").interrupt == {"question": "anything else?"},
+        timeout=10,
+        what="second interrupt",
+    )
     approval.resume("t2", "thanks")
     assert approval.wait("t2", timeout=10) == {"approved": True, "note": "thanks"}
 
@@ -92,7 +109,13 @@ def test_a_thread_runs_to_done_with_one_checkpoint_per_node(env: Env) -> None:
     # start, model, tools, model, tools, model
     assert (meta.status, meta.step) == (Status.DONE, 5)
     assert [c.node for c in env.store.history("t1")] == [
-        None, "model", "tools", "model", "tools", "model"]
+        None,
+        "model",
+        "tools",
+        "model",
+        "tools",
+        "model",
+    ]
     assert env.ledger.model_calls("t1") == 3
     assert env.ledger.tool_calls("t1") == {"call-refund-1": 1, "call-refund-2": 1}
 
@@ -100,8 +123,9 @@ def test_a_thread_runs_to_done_with_one_checkpoint_per_node(env: Env) -> None:
 def test_sending_a_thread_again_never_runs_it_twice(env: Env) -> None:
     agent = env.agent("counting_agent")
     agent.delay("t1", n=3, slow=0.3)
-    wait_until(lambda: env.ledger.client.get(env.ledger.key("steps", "t1")), timeout=10,
-               what="first step")
+    wait_until(
+        lambda: env.ledger.client.get(env.ledger.key("steps", "t1")), timeout=10, what="first step"
+    )
     agent.delay("t1", n=99)  # while running: left to its driver, first input kept
     assert agent.wait("t1", timeout=30) == 3
     agent.delay("t1", n=99)  # after done: returns the result, runs nothing
@@ -124,13 +148,13 @@ def test_a_step_longer_than_the_lease_keeps_it_by_heartbeats(env: Env) -> None:
 def test_rate_limit_waits_for_retry_after_then_finishes(env: Env) -> None:
     agent = env.agent("support_agent")
     agent.delay("t1", question="hi", refunds=0, rate_limits=1, retry_after=2)
-    wait_until(lambda: agent.thread("t1").status == Status.RETRYING, timeout=10,
-               what="retrying status")
+    wait_until(
+        lambda: agent.thread("t1").status == Status.RETRYING, timeout=10, what="retrying status"
+    )
     assert agent.thread("t1").attempts == 1
     agent.delay("t1")  # sent again during the wait: it must not cut the wait short
     assert agent.wait("t1", timeout=30) == "Refunded 0 EUR."
-    times = [float(t) for t in env.ledger.client.lrange(env.ledger.key("model-times", "t1"),
-                                                        0, -1)]
+    times = [float(t) for t in env.ledger.client.lrange(env.ledger.key("model-times", "t1"), 0, -1)]
     assert len(times) == 2 and times[1] - times[0] >= 2.0
 
 
@@ -149,14 +173,16 @@ def test_rate_limit_past_max_attempts_fails_the_thread(env: Env) -> None:
 def test_interrupt_waits_for_a_human_and_resumes_with_the_value(env: Env) -> None:
     agent = env.agent("approval_agent")
     agent.delay("t1", amount=30)
-    wait_until(lambda: agent.thread("t1").status == Status.WAITING, timeout=10,
-               what="waiting")
+    wait_until(lambda: agent.thread("t1").status == Status.WAITING, timeout=10, what="waiting")
     assert agent.thread("t1").interrupt == {"question": "refund 30?"}
     with pytest.raises(ThreadStopped):
         agent.wait("t1", timeout=1)
     agent.resume("t1", {"approved": True})
-    wait_until(lambda: agent.thread("t1").interrupt == {"question": "anything else?"},
-               timeout=10, what="second interrupt")
+    wait_until(
+        lambda: agent.thread("t1").interrupt == {"question": "anything else?"},
+        timeout=10,
+        what="second interrupt",
+    )
     agent.resume("t1", "no, thanks")
     assert agent.wait("t1", timeout=10) == {"approved": True, "note": "no, thanks"}
 
@@ -166,8 +192,7 @@ def test_cancel_stops_a_running_thread_at_the_next_step(env: Env) -> None:
     agent.delay("t1", n=50, slow=0.2)
     wait_until(lambda: agent.thread("t1").step >= 1, timeout=10, what="a committed step")
     assert agent.cancel("t1") == Status.RUNNING
-    wait_until(lambda: agent.thread("t1").status == Status.CANCELLED, timeout=10,
-               what="cancelled")
+    wait_until(lambda: agent.thread("t1").status == Status.CANCELLED, timeout=10, what="cancelled")
     steps = agent.thread("t1").step
     assert steps < 50 and env.store.latest("t1").step == steps  # type: ignore[union-attr]
 
@@ -231,8 +256,9 @@ def test_unknown_outcome_is_settled_by_the_tool_policy(
     env: Env, policy: str, expected_calls: int
 ) -> None:
     agent = env.agent("support_agent")
-    env.store.open_thread("t1", task=agent.name, start_grace=3600,
-                          input={"question": "hi", "policy": policy})
+    env.store.open_thread(
+        "t1", task=agent.name, start_grace=3600, input={"question": "hi", "policy": policy}
+    )
     _claim_as_dead_worker(env.store, "t1", "call-refund-1")
     # The dead worker's refund did reach the payment service:
     env.ledger.client.hset(env.ledger.key("effects", "t1"), "call-refund-1", 10)
@@ -244,8 +270,9 @@ def test_unknown_outcome_is_settled_by_the_tool_policy(
 
 def test_unknown_outcome_without_policy_needs_attention(env: Env) -> None:
     agent = env.agent("support_agent")
-    env.store.open_thread("t1", task=agent.name, start_grace=3600,
-                          input={"question": "hi", "policy": "none"})
+    env.store.open_thread(
+        "t1", task=agent.name, start_grace=3600, input={"question": "hi", "policy": "none"}
+    )
     _claim_as_dead_worker(env.store, "t1", "call-refund-1")
     agent.enqueue("t1")
     with pytest.raises(ThreadStopped) as info:
@@ -264,8 +291,12 @@ def test_append_only_messages_are_written_once_each(env: Env) -> None:
     log = store.client.lrange(store.keys.log("t1", "messages"), 0, -1)
     final = store.latest("t1")
     assert final is not None and len(log) == len(final.state["messages"]) == 8
-    assert "messages" not in decode_envelope("t1", store.client.get(
-        store.keys.checkpoint("t1", final.step)))[0]["state"]
+    assert (
+        "messages"
+        not in decode_envelope("t1", store.client.get(store.keys.checkpoint("t1", final.step)))[0][
+            "state"
+        ]
+    )
     assert [len(c.state["messages"]) for c in store.history("t1")][:3] == [8, 7, 6]
 
 
@@ -282,15 +313,17 @@ def test_editing_a_committed_append_only_item_fails_the_thread(env: Env) -> None
 def test_a_field_declared_append_only_later_keeps_older_threads_running(env: Env) -> None:
     agent = env.agent("notes_agent")
     agent.delay("t1", first="hello")
-    wait_until(lambda: agent.thread("t1").status == Status.WAITING, timeout=10,
-               what="waiting")
+    wait_until(lambda: agent.thread("t1").status == Status.WAITING, timeout=10, what="waiting")
     agent.append_only = ("notes",)  # what the next deploy declares
     agent.resume("t1", "more")
     assert agent.wait("t1", timeout=30) == ["hello", "asked", "more", "done"]
     history = list(reversed(env.store.history("t1")))
     assert [c.state["notes"] for c in history] == [
-        ["hello"], ["hello", "asked"], ["hello", "asked", "more"],
-        ["hello", "asked", "more", "done"]]
+        ["hello"],
+        ["hello", "asked"],
+        ["hello", "asked", "more"],
+        ["hello", "asked", "more", "done"],
+    ]
     assert [c.logs for c in history] == [{}, {}, {"notes": 3}, {"notes": 4}]
 
 
@@ -298,8 +331,7 @@ def test_a_log_that_does_not_match_the_thread_fails_it_instead_of_looping(env: E
     agent = env.agent("notes_agent")
     agent.append_only = ("notes",)
     agent.delay("t1", first="hello")
-    wait_until(lambda: agent.thread("t1").status == Status.WAITING, timeout=10,
-               what="waiting")
+    wait_until(lambda: agent.thread("t1").status == Status.WAITING, timeout=10, what="waiting")
     assert isinstance(env.store, RedisStore)
     env.store.client.rpush(env.store.keys.log("t1", "notes"), b"written by something else")
     agent.resume("t1", "more")
@@ -356,9 +388,14 @@ def test_large_data_lives_in_artifacts_not_checkpoints(env: Env) -> None:
 
 def test_an_oversized_artifact_is_refused_clearly(redis_server: RedisServer) -> None:
     prefix = f"ar{uuid.uuid4().hex[:8]}:"
-    app = make_app(broker=BROKER, store=redis_server.url, prefix=prefix,
-                   queue=f"agentq-test-{prefix}", ledger_url=redis_server.url,
-                   max_artifact_bytes=1000)
+    app = make_app(
+        broker=BROKER,
+        store=redis_server.url,
+        prefix=prefix,
+        queue=f"agentq-test-{prefix}",
+        ledger_url=redis_server.url,
+        max_artifact_bytes=1000,
+    )
     agent = app.tasks["tests.report_agent"]
     with start_worker(app, pool="solo", perform_ping_check=False):
         agent.delay("t1", pages=1000)
@@ -374,8 +411,13 @@ def test_each_step_reports_progress_to_the_result_backend_and_flower(
     redis_server: RedisServer,
 ) -> None:
     prefix = f"pr{uuid.uuid4().hex[:8]}:"
-    app = make_app(broker=BROKER, store=redis_server.url, prefix=prefix,
-                   queue=f"agentq-test-{prefix}", ledger_url=redis_server.url)
+    app = make_app(
+        broker=BROKER,
+        store=redis_server.url,
+        prefix=prefix,
+        queue=f"agentq-test-{prefix}",
+        ledger_url=redis_server.url,
+    )
     app.conf.result_backend = "redis://127.0.0.1:6379/1"
     app.conf.worker_send_task_events = True
     agent = app.tasks["tests.counting_agent"]
@@ -384,8 +426,7 @@ def test_each_step_reports_progress_to_the_result_backend_and_flower(
 
     def listen() -> None:
         with app.connection_for_read() as connection:
-            receiver = app.events.Receiver(
-                connection, handlers={"task-progress": events.append})
+            receiver = app.events.Receiver(connection, handlers={"task-progress": events.append})
             # Events sent before the receiver's queue exists are lost: start after it does.
             receiver.on_consume_ready = lambda *args, **kwargs: listening.set()
             with contextlib.suppress(TimeoutError, OSError):
@@ -403,5 +444,8 @@ def test_each_step_reports_progress_to_the_result_backend_and_flower(
         assert agent.wait("t1", timeout=20) == 3
         listener.join(20)
     assert [(e["thread_id"], e["step"], e["node"]) for e in events[:3]] == [
-        ("t1", 0, "start"), ("t1", 1, "count"), ("t1", 2, "count")]
+        ("t1", 0, "start"),
+        ("t1", 1, "count"),
+        ("t1", 2, "count"),
+    ]
     app.close()

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from agentq import backoff as backoff_module
-from agentq.backoff import backoff, retry_after, retry_delay
-from agentq.task import AgentTask
+from agentq.celery.task import AgentTask
+from agentq.engine.backoff import backoff, retry_after, retry_delay
 
 
 class RateLimited(Exception):

@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-from agentq.codec import decode_checkpoint, encode_checkpoint, encode_value
+from agentq.codec.envelope import decode_checkpoint, encode_checkpoint, encode_value
 from agentq.errors import InvalidThreadId, UnserializableState
-from agentq.keys import validate_effect_key, validate_thread_id
+from agentq.ids import validate_effect_key, validate_thread_id
 from agentq.records import Checkpoint
-from agentq.store.sqlite import SQLiteStore
+from agentq.store.sqlite.store import SQLiteStore
 from tests.store.raw import snapshot
 
 TTL = 30.0
@@ -39,8 +39,7 @@ def token(store: SQLiteStore) -> int:
 # C1 controls (U+009B introduces a terminal escape, as ESC [ does), NEL, and the Unicode
 # line and paragraph separators: each can forge a log line or a terminal's output. A lone
 # surrogate cannot be written as a key at all.
-BAD_CHARACTERS = ["\x80", "\x85", "\x9b", "\x9f", "\u2028", "\u2029", "\x1b", "\x7f",
-                  "\ud800"]
+BAD_CHARACTERS = ["\x80", "\x85", "\x9b", "\x9f", "\u2028", "\u2029", "\x1b", "\x7f", "\ud800"]
 
 
 @pytest.mark.parametrize("char", BAD_CHARACTERS, ids=lambda c: f"U+{ord(c):04X}")
@@ -178,8 +177,7 @@ def test_a_refused_result_or_log_item_leaves_the_store_unchanged(
     store.commit("t1", token, first, logs={"messages": 0})
     before = snapshot(store)
     with pytest.raises(UnserializableState) as info:
-        store.commit("t1", token, cp(1, token, messages=["hi", {"n": 2**70}]),
-                     logs={"messages": 1})  # fmt: skip
+        store.commit("t1", token, cp(1, token, messages=["hi", {"n": 2**70}]), logs={"messages": 1})
     assert info.value.path == "state.messages[1].n"
     with pytest.raises(UnserializableState) as info:
         store.commit("t1", token, cp(1, token, messages=["hi"]), result={"id": 2**64})

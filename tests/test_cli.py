@@ -25,9 +25,9 @@ from click.testing import CliRunner, Result
 
 from agentq.cli import cli
 from agentq.records import Checkpoint, Status
-from agentq.store.base import Store
-from agentq.store.redis import RedisStore
-from agentq.store.sqlite import SQLiteStore
+from agentq.store.contract import Store
+from agentq.store.redis.store import RedisStore
+from agentq.store.sqlite.store import SQLiteStore
 from tests.support.redis_server import RedisServer
 
 BIN = Path(sys.executable).parent
@@ -65,26 +65,37 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]
         yield Backend(request.param, url, prefix, store, tmp_path)
 
 
-def drive(store: Store, thread_id: str, states: list[dict[str, Any]], *,
-          pending: list[Any] | None = None) -> int:
+def drive(
+    store: Store, thread_id: str, states: list[dict[str, Any]], *, pending: list[Any] | None = None
+) -> int:
     """Commit one checkpoint per state, as a worker would; return the lease token."""
     store.open_thread(thread_id, task=TASK, input={"question": "refund?"})
     token = store.acquire(thread_id, OWNER, 30)
     for step, state in enumerate(states):
         last = step == len(states) - 1
-        checkpoint = Checkpoint(step=step, node=f"node{step + 1}", state=state,
-                                pending=pending if last and pending else [],
-                                cursors={"page": step}, task=TASK, token=token)
+        checkpoint = Checkpoint(
+            step=step,
+            node=f"node{step + 1}",
+            state=state,
+            pending=pending if last and pending else [],
+            cursors={"page": step},
+            task=TASK,
+            token=token,
+        )
         store.commit(thread_id, token, checkpoint, due_in=30)
     return token
 
 
 def finish(store: Store, thread_id: str, states: list[dict[str, Any]], result: Any) -> None:
     token = drive(store, thread_id, states[:-1])
-    store.commit(thread_id, token,
-                 Checkpoint(step=len(states) - 1, node=None, state=states[-1], task=TASK,
-                            token=token),
-                 status=Status.DONE, result=result, release_owner=OWNER)
+    store.commit(
+        thread_id,
+        token,
+        Checkpoint(step=len(states) - 1, node=None, state=states[-1], task=TASK, token=token),
+        status=Status.DONE,
+        result=result,
+        release_owner=OWNER,
+    )
 
 
 @pytest.fixture
@@ -92,20 +103,35 @@ def threads(backend: Backend) -> Backend:
     """t-done (4 steps), t-wait (waiting for a human), t-failed, t-running, in that order."""
     store = backend.store
     messages = [{"role": "user", "content": "refund?"}]
-    finish(store, "t-done", [
-        {"messages": messages, "count": 0},
-        {"messages": [*messages, {"role": "assistant", "content": "calling refund"}],
-         "count": 1},
-        {"messages": [*messages, {"role": "assistant", "content": "calling refund"},
-                      {"role": "tool", "content": {"refund_id": "re_1"}}], "count": 2},
-        {"messages": [*messages, {"role": "assistant", "content": "refunded"}], "count": 3},
-    ], result="Refunded 10 EUR.")
+    finish(
+        store,
+        "t-done",
+        [
+            {"messages": messages, "count": 0},
+            {
+                "messages": [*messages, {"role": "assistant", "content": "calling refund"}],
+                "count": 1,
+            },
+            {
+                "messages": [
+                    *messages,
+                    {"role": "assistant", "content": "calling refund"},
+                    {"role": "tool", "content": {"refund_id": "re_1"}},
+                ],
+                "count": 2,
+            },
+            {"messages": [*messages, {"role": "assistant", "content": "refunded"}], "count": 3},
+        ],
+        result="Refunded 10 EUR.",
+    )
     token = drive(store, "t-wait", [{"amount": 10}, {"amount": 10, "asked": True}])
-    store.set_status("t-wait", token, Status.WAITING, interrupt={"question": "refund 10?"},
-                     release_owner=OWNER)
+    store.set_status(
+        "t-wait", token, Status.WAITING, interrupt={"question": "refund 10?"}, release_owner=OWNER
+    )
     token = drive(store, "t-failed", [{"n": 1}])
-    store.set_status("t-failed", token, Status.FAILED, error="KeyError: 'customer_id'\n...",
-                     release_owner=OWNER)
+    store.set_status(
+        "t-failed", token, Status.FAILED, error="KeyError: 'customer_id'\n...", release_owner=OWNER
+    )
     drive(store, "t-running", [{"n": 1}], pending=[{"id": "call-1", "name": "refund"}])
     return backend
 
@@ -140,7 +166,8 @@ def test_threads_lists_newest_first_and_filters(threads: Backend) -> None:
     assert [t["thread_id"] for t in listed] == ["t-running", "t-failed", "t-wait", "t-done"]
     assert {t["thread_id"]: t["status"] for t in listed}["t-wait"] == "waiting"
     assert [t["thread_id"] for t in ok_json(threads, "threads", "--status", "failed")] == [
-        "t-failed"]
+        "t-failed"
+    ]
     assert len(ok_json(threads, "threads", "--limit", "2")) == 2
 
     table = run(threads, "threads")
@@ -151,15 +178,15 @@ def test_threads_lists_newest_first_and_filters(threads: Backend) -> None:
     assert "KeyError: 'customer_id'" in table.stdout  # a failed thread shows why
     assert all(line == line.rstrip() for line in lines)  # piped: no padding to grep around
     assert run(threads, "threads", "--status", "cancelled").stdout.strip() == (
-        "No threads in status cancelled.")
+        "No threads in status cancelled."
+    )
 
 
 def test_show_prints_meta_and_a_checkpoint(threads: Backend) -> None:
     shown = ok_json(threads, "show", "t-done")
     assert shown["meta"]["status"] == "done" and shown["meta"]["result"] == "Refunded 10 EUR."
     assert shown["checkpoint"]["step"] == 3 and shown["checkpoint"]["state"]["count"] == 3
-    assert ok_json(threads, "show", "t-done", "--step", "1")["checkpoint"]["state"][
-        "count"] == 1
+    assert ok_json(threads, "show", "t-done", "--step", "1")["checkpoint"]["state"]["count"] == 1
 
     text = run(threads, "show", "t-running").stdout
     assert "checkpoint 0 (latest)" in text
@@ -171,8 +198,9 @@ def test_show_prints_meta_and_a_checkpoint(threads: Backend) -> None:
 def test_history_lists_steps_with_what_changed(threads: Backend) -> None:
     assert [c["step"] for c in ok_json(threads, "history", "t-done")] == [3, 2, 1, 0]
     assert [c["step"] for c in ok_json(threads, "history", "t-done", "--limit", "2")] == [3, 2]
-    rows = {line.split()[0]: line for line in run(threads, "history", "t-done").stdout
-            .splitlines()[1:]}
+    rows = {
+        line.split()[0]: line for line in run(threads, "history", "t-done").stdout.splitlines()[1:]
+    }
     assert "state.messages, state.count" in rows["1"]
     assert "(first step)" in rows["0"]
 
@@ -194,8 +222,9 @@ def test_diff_shows_changed_paths(threads: Backend) -> None:
 def test_ids_and_errors_print_as_written(backend: Backend) -> None:
     # rich would read brackets as markup and :x: as an emoji code.
     token = drive(backend.store, "odd[/b]:x:", [{"key [1]": "[/red]"}])
-    backend.store.set_status("odd[/b]:x:", token, Status.FAILED, error="boom [/] :x:",
-                             release_owner=OWNER)
+    backend.store.set_status(
+        "odd[/b]:x:", token, Status.FAILED, error="boom [/] :x:", release_owner=OWNER
+    )
     table = run(backend, "threads").stdout
     assert "odd[/b]:x:" in table and "boom [/] :x:" in table
     assert '"key [1]": "[/red]"' in run(backend, "show", "odd[/b]:x:").stdout
@@ -239,13 +268,15 @@ def test_cancel_idle_running_and_finished_threads(threads: Backend) -> None:
     running = threads.store.meta("t-running")
     assert running is not None and running.status == Status.RUNNING
     assert running.cancel_requested
-    assert ok_json(threads, "cancel", "t-done") == {"thread_id": "t-done", "status": "done",
-                                                    "was": "done"}
+    assert ok_json(threads, "cancel", "t-done") == {
+        "thread_id": "t-done",
+        "status": "done",
+        "was": "done",
+    }
 
 
 def test_gc_deletes_only_finished_threads_past_the_cutoff(threads: Backend) -> None:
-    assert ok_json(threads, "gc", "--older-than", "3600") == {"removed": 0,
-                                                              "older_than": 3600.0}
+    assert ok_json(threads, "gc", "--older-than", "3600") == {"removed": 0, "older_than": 3600.0}
     # More than one chunk: deleted oldest first in several atomic gc calls.
     for index in range(120):
         finish(threads.store, f"old-{index}", [{"i": index}], result=index)
@@ -266,7 +297,11 @@ def test_doctor_checks_the_store_and_cleans_up_its_probe(threads: Backend) -> No
     text = run(threads, "doctor").stdout
     assert "nothing to fix" in text and "commit" in text and "pass -A" in text
     assert {t.thread_id for t in threads.store.threads(limit=500)} == {
-        "t-done", "t-wait", "t-failed", "t-running"}
+        "t-done",
+        "t-wait",
+        "t-failed",
+        "t-running",
+    }
 
 
 def test_doctor_fails_on_a_store_that_can_lose_checkpoints(redis_server: RedisServer) -> None:
@@ -284,56 +319,72 @@ def test_doctor_fails_on_a_store_that_can_lose_checkpoints(redis_server: RedisSe
 # -- refusing ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("args", [
-    ["show", "nobody"], ["history", "nobody"], ["diff", "nobody", "0", "1"],
-    ["fork", "nobody", "--from", "0"], ["resume", "nobody"], ["retry", "nobody"],
-    ["cancel", "nobody"],
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["show", "nobody"],
+        ["history", "nobody"],
+        ["diff", "nobody", "0", "1"],
+        ["fork", "nobody", "--from", "0"],
+        ["resume", "nobody"],
+        ["retry", "nobody"],
+        ["cancel", "nobody"],
+    ],
+)
 def test_unknown_thread_is_one_line(threads: Backend, args: list[str]) -> None:
     assert_one_line_error(run(threads, *args), "'nobody'", "no such thread", code=1)
 
 
-@pytest.mark.parametrize("args,fragments,code", [
-    (["show", "t-done", "--step", "99"], ["step 99", "history"], 1),
-    (["diff", "t-done", "0", "99"], ["step 99"], 1),
-    (["show", "t-done", "--step", "-1"], ["--step"], 2),
-    (["resume", "t-wait", "--value", "{approved: true}"], ["--value", "not JSON"], 2),
-    (["resume", "t-done"], ["'t-done'", "done"], 1),
-    (["retry", "t-wait"], ["'t-wait'", "waiting"], 1),
-    (["fork", "t-done", "--from", "1", "--to", "t-wait"], ["t-wait", "existing"], 1),
-    (["fork", "t-done", "--from", "1", "--to", "bad{id}"], ["brace"], 1),
-    (["threads", "--status", "lost"], ["--status", "lost"], 2),
-    (["threads", "--limit", "0"], ["--limit"], 2),
-    (["gc", "--older-than", "-5"], ["--older-than"], 2),
-    (["sweep", "--once"], ["sweep needs your Celery app", "-A"], 1),
-    (["nonsense"], ["No such command"], 2),
-])  # fmt: skip
-def test_bad_arguments_are_one_line(threads: Backend, args: list[str],
-                                    fragments: list[str], code: int) -> None:
+@pytest.mark.parametrize(
+    "args,fragments,code",
+    [
+        (["show", "t-done", "--step", "99"], ["step 99", "history"], 1),
+        (["diff", "t-done", "0", "99"], ["step 99"], 1),
+        (["show", "t-done", "--step", "-1"], ["--step"], 2),
+        (["resume", "t-wait", "--value", "{approved: true}"], ["--value", "not JSON"], 2),
+        (["resume", "t-done"], ["'t-done'", "done"], 1),
+        (["retry", "t-wait"], ["'t-wait'", "waiting"], 1),
+        (["fork", "t-done", "--from", "1", "--to", "t-wait"], ["t-wait", "existing"], 1),
+        (["fork", "t-done", "--from", "1", "--to", "bad{id}"], ["brace"], 1),
+        (["threads", "--status", "lost"], ["--status", "lost"], 2),
+        (["threads", "--limit", "0"], ["--limit"], 2),
+        (["gc", "--older-than", "-5"], ["--older-than"], 2),
+        (["sweep", "--once"], ["sweep needs your Celery app", "-A"], 1),
+        (["nonsense"], ["No such command"], 2),
+    ],
+)
+def test_bad_arguments_are_one_line(
+    threads: Backend, args: list[str], fragments: list[str], code: int
+) -> None:
     assert_one_line_error(run(threads, *args), *fragments, code=code)
 
 
-@pytest.mark.parametrize("args,fragments", [
-    (["--store", "mysql://db/agentq", "threads"], ["unsupported store URL", "mysql://"]),
-    (["--store", "redis://127.0.0.1:1/0", "threads"], ["cannot reach the store"]),
-    (["--store", "sqlite:///no/such/dir/agentq.db", "threads"], ["no SQLite store at"]),
-    (["threads"], ["no store given", "--store"]),
-    (["-A", "no_such_module_xyz:app", "threads"], ["cannot load the Celery app"]),
-    (["-A", "os:path", "threads"], ["'os:path' is a module, not a Celery app"]),
-    (["--store", "redis://:pw@127.0.0.1:99999/0", "threads"], ["Redis URL", "Port"]),
-    (["--store", "redis://127.0.0.1:6379/abc", "threads"], ["database 'abc'", "number"]),
-    (["--bogus"], ["No such option"]),
-])  # fmt: skip
-def test_bad_store_or_app_is_one_line(args: list[str], fragments: list[str],
-                                      monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    "args,fragments",
+    [
+        (["--store", "mysql://db/agentq", "threads"], ["unsupported store URL", "mysql://"]),
+        (["--store", "redis://127.0.0.1:1/0", "threads"], ["cannot reach the store"]),
+        (["--store", "sqlite:///no/such/dir/agentq.db", "threads"], ["no SQLite store at"]),
+        (["threads"], ["no store given", "--store"]),
+        (["-A", "no_such_module_xyz:app", "threads"], ["cannot load the Celery app"]),
+        (["-A", "os:path", "threads"], ["'os:path' is a module, not a Celery app"]),
+        (["--store", "redis://:pw@127.0.0.1:99999/0", "threads"], ["Redis URL", "Port"]),
+        (["--store", "redis://127.0.0.1:6379/abc", "threads"], ["database 'abc'", "number"]),
+        (["--bogus"], ["No such option"]),
+    ],
+)
+def test_bad_store_or_app_is_one_line(
+    args: list[str], fragments: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.delenv("AGENTQ_STORE", raising=False)
     monkeypatch.delenv("AGENTQ_APP", raising=False)
     assert_one_line_error(CliRunner().invoke(cli, args), *fragments)
 
 
 def test_store_and_prefix_come_from_the_environment(threads: Backend) -> None:
-    result = CliRunner(env={"AGENTQ_STORE": threads.url, "AGENTQ_PREFIX": threads.prefix}
-                       ).invoke(cli, ["threads", "--json"])
+    result = CliRunner(env={"AGENTQ_STORE": threads.url, "AGENTQ_PREFIX": threads.prefix}).invoke(
+        cli, ["threads", "--json"]
+    )
     assert result.exit_code == 0, result.output
     assert len(json.loads(result.stdout)) == 4
 
@@ -345,14 +396,20 @@ def demo_app_env(backend: Backend) -> dict[str, str]:
     """Point ``agentq.demo.app`` (a real app module shipped with agentq) at the backend:
     SQLite with the filesystem broker, or Redis as store and broker."""
     namespace = backend.prefix.rstrip(":")
-    env = {"AGENTQ_DEMO_WORKDIR": str(backend.workdir), "AGENTQ_DEMO_STORE": backend.url,
-           "AGENTQ_DEMO_NAMESPACE": namespace, "AGENTQ_DEMO_BROKER": backend.url,
-           "AGENTQ_DEMO_LEDGER": backend.url}
+    env = {
+        "AGENTQ_DEMO_WORKDIR": str(backend.workdir),
+        "AGENTQ_DEMO_STORE": backend.url,
+        "AGENTQ_DEMO_NAMESPACE": namespace,
+        "AGENTQ_DEMO_BROKER": backend.url,
+        "AGENTQ_DEMO_LEDGER": backend.url,
+    }
     if backend.kind == "sqlite":
         for folder in ("messages", "processed", "control"):
             (backend.workdir / "broker" / folder).mkdir(parents=True, exist_ok=True)
-        env.update(AGENTQ_DEMO_BROKER="filesystem://",
-                   AGENTQ_DEMO_LEDGER=str(backend.workdir / "payments.db"))
+        env.update(
+            AGENTQ_DEMO_BROKER="filesystem://",
+            AGENTQ_DEMO_LEDGER=str(backend.workdir / "payments.db"),
+        )
     return env
 
 
@@ -369,8 +426,9 @@ def queued_messages(backend: Backend) -> int:
 
 def command(args: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("AGENTQ_")}
-    return subprocess.run(args, env={**clean, **(env or {})}, capture_output=True, text=True,
-                          timeout=60, check=False)
+    return subprocess.run(
+        args, env={**clean, **(env or {})}, capture_output=True, text=True, timeout=60, check=False
+    )
 
 
 def test_console_script(threads: Backend) -> None:
@@ -389,7 +447,11 @@ def test_celery_subcommand_uses_the_apps_settings(threads: Backend) -> None:
     listed = command([*celery, "threads", "--json"], env)
     assert listed.returncode == 0, listed.stderr
     assert {t["thread_id"] for t in json.loads(listed.stdout)} == {
-        "t-done", "t-wait", "t-failed", "t-running"}
+        "t-done",
+        "t-wait",
+        "t-failed",
+        "t-running",
+    }
     missing = command([*celery, "show", "nobody"], env)
     assert missing.returncode == 1 and missing.stderr.count("\n") == 1, missing.stderr
     assert "no such thread" in missing.stderr and "Traceback" not in missing.stderr
@@ -415,8 +477,9 @@ def test_resume_and_retry_with_an_app_send_a_message(threads: Backend) -> None:
 def test_sweep_once_resends_what_is_due(threads: Backend) -> None:
     threads.store.open_thread("t-lost", task=TASK, start_grace=0)  # its message never came
     env = demo_app_env(threads)
-    swept = command([str(BIN / "agentq"), "-A", "agentq.demo.app", "sweep", "--once",
-                     "--json"], env)
+    swept = command(
+        [str(BIN / "agentq"), "-A", "agentq.demo.app", "sweep", "--once", "--json"], env
+    )
     assert swept.returncode == 0, swept.stderr
     assert json.loads(swept.stdout) == {"sent": ["t-lost"]}
     assert queued_messages(threads) == 1
@@ -430,8 +493,10 @@ def test_sweep_loops_until_interrupted(threads: Backend) -> None:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("AGENTQ_")}
     with subprocess.Popen(
         [str(BIN / "agentq"), "-A", "agentq.demo.app", "sweep", "--interval", "0.1", "--json"],
-        env={**clean, **env, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True,
+        env={**clean, **env, "PYTHONUNBUFFERED": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     ) as sweeper:
         assert sweeper.stdout is not None and sweeper.stderr is not None
         try:
@@ -444,4 +509,3 @@ def test_sweep_loops_until_interrupted(threads: Backend) -> None:
                 sweeper.kill()
         assert "Traceback" not in sweeper.stderr.read()
     assert queued_messages(threads) >= 1
-

@@ -57,9 +57,14 @@ def assert_summary(output: str) -> None:
 
 
 def run_demo(*args: str, env: dict[str, str] | None = None) -> tuple[str, str]:
-    done = subprocess.run([AGENTQ, "demo", *args], env={**demo_env(), **(env or {})},
-                          capture_output=True,
-                          text=True, timeout=DEMO_DEADLINE, check=False)
+    done = subprocess.run(
+        [AGENTQ, "demo", *args],
+        env={**demo_env(), **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=DEMO_DEADLINE,
+        check=False,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "Traceback" not in done.stderr, done.stderr
     match = NAMESPACE.search(done.stdout)
@@ -91,16 +96,22 @@ def test_demo_on_redis(redis_server: RedisServer) -> None:
 
 def test_demo_interrupted_stops_its_workers_and_cleans_up(tmp_path: Path) -> None:
     lines: list[str] = []
-    with open(tmp_path / "stderr", "w+") as stderr, subprocess.Popen(
-        [AGENTQ, "demo"], env=demo_env(), stdout=subprocess.PIPE, stderr=stderr, text=True
-    ) as demo:
+    with (
+        open(tmp_path / "stderr", "w+") as stderr,
+        subprocess.Popen(
+            [AGENTQ, "demo"], env=demo_env(), stdout=subprocess.PIPE, stderr=stderr, text=True
+        ) as demo,
+    ):
         assert demo.stdout is not None
         reader = threading.Thread(target=lambda: lines.extend(demo.stdout), daemon=True)
         reader.start()
         try:
             # Interrupt once worker A runs, as a user pressing Ctrl-C would.
-            wait_until(lambda: any("ready (pid" in line for line in lines), timeout=30,
-                       what="worker A ready")
+            wait_until(
+                lambda: any("ready (pid" in line for line in lines),
+                timeout=30,
+                what="worker A ready",
+            )
             found = NAMESPACE.search("".join(lines))
             assert found
             namespace = found.group(1)
@@ -121,16 +132,26 @@ def test_demo_interrupted_stops_its_workers_and_cleans_up(tmp_path: Path) -> Non
 
 
 def test_demo_refuses_an_unreachable_redis() -> None:
-    done = subprocess.run([AGENTQ, "demo", "--redis", "redis://127.0.0.1:1/0"],
-                          env=demo_env(), capture_output=True, text=True, timeout=60,
-                          check=False)
+    done = subprocess.run(
+        [AGENTQ, "demo", "--redis", "redis://127.0.0.1:1/0"],
+        env=demo_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert done.returncode == 1
     assert done.stderr.count("\n") == 1 and "cannot reach the store" in done.stderr
 
 
 def test_demo_redis_url_from_the_environment(redis_server: RedisServer) -> None:
-    done = subprocess.run([AGENTQ, "demo"], env={**demo_env(),
-                                                 "AGENTQ_REDIS_URL": redis_server.url},
-                          capture_output=True, text=True, timeout=DEMO_DEADLINE, check=False)
+    done = subprocess.run(
+        [AGENTQ, "demo"],
+        env={**demo_env(), "AGENTQ_REDIS_URL": redis_server.url},
+        capture_output=True,
+        text=True,
+        timeout=DEMO_DEADLINE,
+        check=False,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"Redis at {redis_server.url}" in done.stdout

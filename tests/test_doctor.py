@@ -10,8 +10,8 @@ from celery import Celery
 
 import agentq
 from agentq import AgentTask
-from agentq.app import runtime_of
-from agentq.doctor import celery_findings
+from agentq.celery.runtime import runtime_of
+from agentq.ops.doctor import celery_findings
 
 
 class _Agent(AgentTask):
@@ -43,13 +43,18 @@ def test_a_recommended_configuration_has_nothing_to_fix(
     assert _findings() == []
 
 
-@pytest.mark.parametrize(("configure", "setting"), [
-    (lambda app: app.conf.update(broker_transport_options={"visibility_timeout": 10}),
-     "broker_transport_options.visibility_timeout"),
-    (lambda app: app.conf.update(agentq_sweep_interval=60), "agentq_sweep_interval"),
-    (lambda app: app.conf.update(worker_prefetch_multiplier=4), "worker_prefetch_multiplier"),
-    (lambda app: app.conf.update(task_always_eager=True), "task_always_eager"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("configure", "setting"),
+    [
+        (
+            lambda app: app.conf.update(broker_transport_options={"visibility_timeout": 10}),
+            "broker_transport_options.visibility_timeout",
+        ),
+        (lambda app: app.conf.update(agentq_sweep_interval=60), "agentq_sweep_interval"),
+        (lambda app: app.conf.update(worker_prefetch_multiplier=4), "worker_prefetch_multiplier"),
+        (lambda app: app.conf.update(task_always_eager=True), "task_always_eager"),
+    ],
+)
 def test_each_dangerous_setting_is_named(
     monkeypatch: pytest.MonkeyPatch, configure: Callable[[Celery], None], setting: str
 ) -> None:
@@ -60,7 +65,9 @@ def test_each_dangerous_setting_is_named(
 def test_agent_tasks_that_ack_early_are_named(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("REMAP_SIGTERM", raising=False)
     assert _findings(_unsafe_agent) == [
-        "unsafe_agent.acks_late", "unsafe_agent.reject_on_worker_lost"]
+        "unsafe_agent.acks_late",
+        "unsafe_agent.reject_on_worker_lost",
+    ]
 
 
 def test_a_remapped_sigterm_is_named(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -15,8 +15,8 @@ from celery.contrib.testing.worker import start_worker
 
 import agentq
 from agentq import AgentTask, Done, Run
-from agentq.app import runtime_of
-from agentq.doctor import celery_findings
+from agentq.celery.runtime import runtime_of
+from agentq.ops.doctor import celery_findings
 from tests.support.redis_server import RedisServer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,7 +33,8 @@ def test_support_agent_example_runs_end_to_end_on_the_fake_model(
     app = module.app
     app.conf.task_default_queue = f"agentq-example-{uuid.uuid4().hex[:8]}"
     app._agentq_runtime.settings = app._agentq_runtime.settings.__class__(
-        store=redis_server.url, prefix=f"ex{uuid.uuid4().hex[:8]}:")
+        store=redis_server.url, prefix=f"ex{uuid.uuid4().hex[:8]}:"
+    )
     thread_id = "example-1"
     with start_worker(app, pool="solo", perform_ping_check=False):
         module.support_agent.delay(thread_id, question="Where is my refund for order 42?")
@@ -50,7 +51,9 @@ def test_compose_file_runs_redis_with_durable_settings() -> None:
     args = compose["services"]["redis"]["command"].split()
     settings = {args[i]: args[i + 1] for i in range(1, len(args) - 1, 2)}
     assert settings == {
-        "--appendonly": "yes", "--appendfsync": "always", "--maxmemory-policy": "noeviction",
+        "--appendonly": "yes",
+        "--appendfsync": "always",
+        "--maxmemory-policy": "noeviction",
     }
     worker = compose["services"]["worker"]
     assert "-E" in worker["command"].split()  # Flower needs task events
@@ -72,7 +75,8 @@ def test_deploy_guide_settings_pass_doctor() -> None:
     assert celery_findings(app, runtime_of(app).settings) == []
     app.conf.worker_prefetch_multiplier = 4  # and the check is not empty by construction
     assert [f.setting for f in celery_findings(app, runtime_of(app).settings)] == [
-        "worker_prefetch_multiplier"]
+        "worker_prefetch_multiplier"
+    ]
 
 
 class _GuideAgent(AgentTask):

@@ -46,8 +46,9 @@ class Env:
 
 
 def define_agents(app: Celery, calls: Calls) -> tuple[FunctionAgent, FunctionAgent]:
-    support = agentq.agent(app, "tests.fn_support", retry_on=(RateLimitError,),
-                           append_only=("messages",))
+    support = agentq.agent(
+        app, "tests.fn_support", retry_on=(RateLimitError,), append_only=("messages",)
+    )
 
     def refund(amount: int, *, idempotency_key: str) -> str:
         calls(f"refund {idempotency_key}")
@@ -89,14 +90,25 @@ def define_agents(app: Celery, calls: Calls) -> tuple[FunctionAgent, FunctionAge
 def env(redis_server: RedisServer) -> Iterator[Env]:
     prefix = f"fn{uuid.uuid4().hex[:8]}:"
     app = Celery("agentq-fn-tests", broker=BROKER, set_as_current=False)
-    app.conf.update(task_default_queue=f"agentq-test-{prefix}", worker_hijack_root_logger=False,
-                    broker_connection_retry_on_startup=True)
-    agentq.init_app(app, store=redis_server.url, prefix=prefix, lease_ttl=3,
-                    sweep_interval=0.2, start_grace=5, backoff_base=0.1)
+    app.conf.update(
+        task_default_queue=f"agentq-test-{prefix}",
+        worker_hijack_root_logger=False,
+        broker_connection_retry_on_startup=True,
+    )
+    agentq.init_app(
+        app,
+        store=redis_server.url,
+        prefix=prefix,
+        lease_ttl=3,
+        sweep_interval=0.2,
+        start_grace=5,
+        backoff_base=0.1,
+    )
     calls = Calls()
     support, planner = define_agents(app, calls)
-    with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False,
-                      shutdown_timeout=30):
+    with start_worker(
+        app, pool="threads", concurrency=2, perform_ping_check=False, shutdown_timeout=30
+    ):
         yield Env(app, support, planner, calls)
     app._agentq_runtime.store.close()
     app.close()

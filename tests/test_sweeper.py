@@ -12,8 +12,8 @@ import redis
 from celery import Celery
 
 import agentq
-from agentq.store.base import Store
-from agentq.sweeper import Sweeper
+from agentq.celery.recovery import Sweeper
+from agentq.store.contract import Store
 from tests.support.redis_server import RedisServer
 
 BROKER = "redis://127.0.0.1:6379/0"

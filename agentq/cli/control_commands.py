@@ -10,12 +10,14 @@ from typing import Any
 import click
 from rich.markup import escape
 
-from agentq.cli.output import console, emit_json, plain
+from agentq.celery.task import resend_thread
+from agentq.cli.output import emit_json, plain
 from agentq.cli.read_commands import json_option, pass_session
 from agentq.cli.session import Session
-from agentq.keys import validate_thread_id
+from agentq.ids import validate_thread_id
+from agentq.ops.console import console
 from agentq.records import Status
-from agentq.store.base import UNSET
+from agentq.store.contract import UNSET
 
 
 def parse_json(ctx: click.Context, param: click.Parameter, value: str | None) -> Any:
@@ -27,19 +29,25 @@ def parse_json(ctx: click.Context, param: click.Parameter, value: str | None) ->
     except json.JSONDecodeError as exc:
         raise click.BadParameter(
             f"{value!r} is not JSON ({exc}); quote strings, e.g. '{{\"approved\": true}}' "
-            "or '\"yes\"'", ctx, param,
+            "or '\"yes\"'",
+            ctx,
+            param,
         ) from exc
 
 
 @click.command(short_help="Copy a checkpoint into a new thread.")
 @click.argument("thread")
-@click.option("--from", "step", type=click.IntRange(min=0), required=True,
-              help="The checkpoint (step) to copy.")
+@click.option(
+    "--from",
+    "step",
+    type=click.IntRange(min=0),
+    required=True,
+    help="The checkpoint (step) to copy.",
+)
 @click.option("--to", "new_thread", help="The new thread's id (default: THREAD-fork-N-xxxx).")
 @json_option
 @pass_session
-def fork(session: Session, thread: str, step: int, new_thread: str | None,
-         as_json: bool) -> None:
+def fork(session: Session, thread: str, step: int, new_thread: str | None, as_json: bool) -> None:
     """Copy checkpoint N of THREAD into a new thread, to replay or try something else from
     there. The fork waits: start it with 'agentq resume NEW'."""
     session.meta(thread)
@@ -48,31 +56,31 @@ def fork(session: Session, thread: str, step: int, new_thread: str | None,
     if as_json:
         emit_json(meta)
         return
-    console().print(f"Forked [bold]{escape(thread)}[/] at step {step} into "
-                    f"[bold cyan]{escape(target)}[/] ({meta.status.value}). Start it with: "
-                    f"agentq resume {escape(target)}")
+    console().print(
+        f"Forked [bold]{escape(thread)}[/] at step {step} into "
+        f"[bold cyan]{escape(target)}[/] ({meta.status.value}). Start it with: "
+        f"agentq resume {escape(target)}"
+    )
 
 
-def _reopen_and_send(session: Session, thread: str, from_statuses: Collection[Status],
-                     value: Any = UNSET) -> dict[str, Any]:
+def _reopen_and_send(
+    session: Session, thread: str, from_statuses: Collection[Status], value: Any = UNSET
+) -> dict[str, Any]:
     """Queue the thread again and tell how it will start: sent now with an app, else
     picked up by the workers' sweeper (which re-sends every due thread)."""
     meta = session.meta(thread)
     app = session.app
     store = session.store
     if app is None:
-        meta = store.reopen(thread, from_statuses=from_statuses, resume_value=value,
-                            start_grace=0)
+        meta = store.reopen(thread, from_statuses=from_statuses, resume_value=value, start_grace=0)
         return {"thread_id": thread, "status": meta.status.value, "sent": None}
-    from agentq.task import AgentTask
-
-    meta = store.reopen(thread, from_statuses=from_statuses, resume_value=value,
-                        start_grace=session.settings.start_grace)
-    task = app.tasks.get(meta.task)
-    if isinstance(task, AgentTask):
-        result = task.resend(meta)
-    else:  # the task lives in the workers' code, not in this app: route it by name
-        result = app.send_task(meta.task, args=(thread,), **meta.options)
+    meta = store.reopen(
+        thread,
+        from_statuses=from_statuses,
+        resume_value=value,
+        start_grace=session.settings.start_grace,
+    )
+    result = resend_thread(app, meta)
     return {"thread_id": thread, "status": meta.status.value, "sent": result.id}
 
 
@@ -82,17 +90,25 @@ def _report_queued(outcome: dict[str, Any], verb: str, as_json: bool) -> None:
         return
     thread = escape(outcome["thread_id"])
     if outcome["sent"]:
-        console().print(f"{verb} [bold cyan]{thread}[/]: queued, message sent "
-                        f"(Celery task id {outcome['sent']}).")
+        console().print(
+            f"{verb} [bold cyan]{thread}[/]: queued, message sent "
+            f"(Celery task id {outcome['sent']})."
+        )
     else:
-        console().print(f"{verb} [bold cyan]{thread}[/]: queued; a worker's sweeper starts it "
-                        "within one sweep interval (pass -A module:app to send it at once).")
+        console().print(
+            f"{verb} [bold cyan]{thread}[/]: queued; a worker's sweeper starts it "
+            "within one sweep interval (pass -A module:app to send it at once)."
+        )
 
 
 @click.command(short_help="Continue a waiting thread (answer its interrupt).")
 @click.argument("thread")
-@click.option("--value", metavar="JSON", callback=parse_json,
-              help="What run.interrupt() returns in the thread, as JSON.")
+@click.option(
+    "--value",
+    metavar="JSON",
+    callback=parse_json,
+    help="What run.interrupt() returns in the thread, as JSON.",
+)
 @json_option
 @pass_session
 def resume(session: Session, thread: str, value: Any, as_json: bool) -> None:

@@ -43,15 +43,18 @@ def value_changes(path: str, old: Any, new: Any) -> list[Change]:
     if isinstance(old, dict) and isinstance(new, dict):
         changes = []
         for key in [*old, *(k for k in new if k not in old)]:
-            changes.extend(_pair(_child(path, key), old.get(key, _MISSING),
-                                 new.get(key, _MISSING)))
+            changes.extend(_pair(_child(path, key), old.get(key, _MISSING), new.get(key, _MISSING)))
         return changes
     if isinstance(old, list) and isinstance(new, list):
         changes = []
         for index in range(max(len(old), len(new))):
-            changes.extend(_pair(f"{path}[{index}]",
-                                 old[index] if index < len(old) else _MISSING,
-                                 new[index] if index < len(new) else _MISSING))
+            changes.extend(
+                _pair(
+                    f"{path}[{index}]",
+                    old[index] if index < len(old) else _MISSING,
+                    new[index] if index < len(new) else _MISSING,
+                )
+            )
         return changes
     if type(old) is not type(new) or old != new:
         return [Change(path, "changed", old, new)]
@@ -79,6 +82,7 @@ def changed_parts(old: Checkpoint, new: Checkpoint) -> list[str]:
     for key in [*old.state, *(k for k in new.state if k not in old.state)]:
         if old.state.get(key, _MISSING) != new.state.get(key, _MISSING):
             names.append(_child("state", key))
-    names.extend(part for part in ("pending", "cursors")
-                 if getattr(old, part) != getattr(new, part))
+    names.extend(
+        part for part in ("pending", "cursors") if getattr(old, part) != getattr(new, part)
+    )
     return names

@@ -16,27 +16,38 @@ from agentq.cli.session import CliError, Session
 _CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
 store_option = click.option(
-    "--store", "store_url", envvar="AGENTQ_STORE", metavar="URL",
+    "--store",
+    "store_url",
+    envvar="AGENTQ_STORE",
+    metavar="URL",
     help="The store: redis://host:6379/1, rediss://..., unix://... or sqlite:///path.db "
-         "[env AGENTQ_STORE]. With an app, overrides its agentq_store.",
-)  # fmt: skip
+    "[env AGENTQ_STORE]. With an app, overrides its agentq_store.",
+)
 prefix_option = click.option(
-    "--prefix", envvar="AGENTQ_PREFIX",
+    "--prefix",
+    envvar="AGENTQ_PREFIX",
     help="Key prefix of a Redis store (default agentq:) [env AGENTQ_PREFIX].",
-)  # fmt: skip
+)
 
 
 @click.group(cls=AgentqGroup, context_settings=_CONTEXT)
-@click.option("-A", "--app", "app_path", envvar="AGENTQ_APP", metavar="MODULE:APP",
-              help="Your Celery app, for commands that send messages (resume, retry, "
-                   "sweep) and for doctor's Celery checks; its agentq settings name the "
-                   "store [env AGENTQ_APP].")
+@click.option(
+    "-A",
+    "--app",
+    "app_path",
+    envvar="AGENTQ_APP",
+    metavar="MODULE:APP",
+    help="Your Celery app, for commands that send messages (resume, retry, "
+    "sweep) and for doctor's Celery checks; its agentq settings name the "
+    "store [env AGENTQ_APP].",
+)
 @store_option
 @prefix_option
 @click.version_option(package_name="agentq", prog_name="agentq")
 @click.pass_context
-def cli(ctx: click.Context, app_path: str | None, store_url: str | None,
-        prefix: str | None) -> None:
+def cli(
+    ctx: click.Context, app_path: str | None, store_url: str | None, prefix: str | None
+) -> None:
     """Inspect and operate durable agent threads.
 
     \b

@@ -76,8 +76,12 @@ class AgentqGroup(click.Group):
     traceback: standalone (``agentq``) and mounted under ``celery``."""
 
     def main(
-        self, args: Any = None, prog_name: str | None = None, complete_var: str | None = None,
-        standalone_mode: bool = True, **extra: Any,
+        self,
+        args: Any = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        **extra: Any,
     ) -> Any:
         try:
             code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
@@ -93,7 +97,10 @@ class AgentqGroup(click.Group):
         sys.exit(code if isinstance(code, int) else 0)
 
     def make_context(
-        self, info_name: str | None, args: list[str], parent: click.Context | None = None,
+        self,
+        info_name: str | None,
+        args: list[str],
+        parent: click.Context | None = None,
         **extra: Any,
     ) -> click.Context:
         try:

@@ -10,11 +10,13 @@ import click
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-from agentq.cli import cleanup, latency
 from agentq.cli.group import describe
-from agentq.cli.output import console, duration, emit_json
+from agentq.cli.output import duration, emit_json
 from agentq.cli.read_commands import json_option, pass_session
 from agentq.cli.session import Session
+from agentq.ops import gc as cleanup
+from agentq.ops import latency
+from agentq.ops.console import console
 from agentq.records import Finding
 
 SLOW_COMMIT_MS = 50.0
@@ -22,9 +24,13 @@ SLOW_COMMIT_MS = 50.0
 
 
 @click.command(short_help="Delete finished threads past their retention.")
-@click.option("--older-than", type=click.FloatRange(min=0), metavar="SECONDS",
-              help="Delete threads finished longer ago than this (default: the "
-                   "finished_ttl setting, 7 days unless configured).")
+@click.option(
+    "--older-than",
+    type=click.FloatRange(min=0),
+    metavar="SECONDS",
+    help="Delete threads finished longer ago than this (default: the "
+    "finished_ttl setting, 7 days unless configured).",
+)
 @json_option
 @pass_session
 def gc(session: Session, older_than: float | None, as_json: bool) -> None:
@@ -36,8 +42,13 @@ def gc(session: Session, older_than: float | None, as_json: bool) -> None:
     if as_json or not err.is_terminal:
         removed = cleanup.collect(store, ttl)
     else:
-        with Progress(TextColumn("deleting finished threads"), BarColumn(),
-                      MofNCompleteColumn(), console=err, transient=True) as progress:
+        with Progress(
+            TextColumn("deleting finished threads"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            console=err,
+            transient=True,
+        ) as progress:
             bar = progress.add_task("gc", total=None, visible=False)
 
             def show(done: int, expected: int) -> None:
@@ -49,34 +60,47 @@ def gc(session: Session, older_than: float | None, as_json: bool) -> None:
     if as_json:
         emit_json({"removed": removed, "older_than": ttl})
         return
-    console().print(f"Removed {removed} finished thread{'s' if removed != 1 else ''} "
-                    f"older than {duration(ttl)}.")
+    console().print(
+        f"Removed {removed} finished thread{'s' if removed != 1 else ''} "
+        f"older than {duration(ttl)}."
+    )
 
 
 def _finding_rows(findings: list[Finding]) -> list[str]:
-    return [f"  [red]✗[/] [bold]{escape(f.setting)}[/]={escape(f.value)}: "
-            f"{escape(f.problem)}\n    [green]fix:[/] {escape(f.fix)}" for f in findings]
+    return [
+        f"  [red]✗[/] [bold]{escape(f.setting)}[/]={escape(f.value)}: "
+        f"{escape(f.problem)}\n    [green]fix:[/] {escape(f.fix)}"
+        for f in findings
+    ]
 
 
-def _print_doctor(session: Session, store_findings: list[Finding],
-                  trips: list[latency.RoundTrips], latency_error: str | None, app: Any,
-                  app_findings: list[Finding] | None) -> None:
+def _print_doctor(
+    session: Session,
+    store_findings: list[Finding],
+    trips: list[latency.RoundTrips],
+    latency_error: str | None,
+    app: Any,
+    app_findings: list[Finding] | None,
+) -> None:
     out = console()
-    out.print(f"[bold]Store[/] {escape(session.store_label)} "
-              f"({type(session.store).__name__})")
-    for row in _finding_rows(store_findings) or ["  [green]✓[/] durability and eviction: "
-                                                 "nothing to fix"]:
+    out.print(f"[bold]Store[/] {escape(session.store_label)} ({type(session.store).__name__})")
+    for row in _finding_rows(store_findings) or [
+        "  [green]✓[/] durability and eviction: nothing to fix"
+    ]:
         out.print(row)
-    out.print(f"[bold]Round trips[/] ({latency.ROUNDS} each, on a scratch thread, deleted "
-              "afterwards)")
+    out.print(
+        f"[bold]Round trips[/] ({latency.ROUNDS} each, on a scratch thread, deleted afterwards)"
+    )
     if latency_error is not None:
         out.print(f"  [red]✗[/] could not write a checkpoint: {escape(latency_error)}")
     for trip in trips:
         note = ""
         if trip.operation == "commit" and trip.median_ms > SLOW_COMMIT_MS:
             note = "  [yellow]slow: every step of every agent waits for one commit[/]"
-        out.print(f"  {trip.operation:<7} median {trip.median_ms:7.2f} ms   worst "
-                  f"{trip.worst_ms:7.2f} ms{note}")
+        out.print(
+            f"  {trip.operation:<7} median {trip.median_ms:7.2f} ms   worst "
+            f"{trip.worst_ms:7.2f} ms{note}"
+        )
     if app_findings is None:
         out.print("[bold]Celery[/] skipped: pass -A module:app to check your app's settings")
         return
@@ -92,7 +116,7 @@ def doctor(session: Session, as_json: bool) -> None:
     """Check the store's durability and eviction settings, its round-trip latency, and
     (with -A) the Celery settings that recovery depends on. Exits 1 if anything needs a
     fix."""
-    from agentq.doctor import celery_findings
+    from agentq.ops.doctor import celery_findings
 
     store = session.store
     store_findings = store.check()
@@ -108,16 +132,28 @@ def doctor(session: Session, as_json: bool) -> None:
     app_findings = celery_findings(app, session.settings) if app is not None else None
     healthy = not store_findings and not app_findings and latency_error is None
     if as_json:
-        emit_json({
-            "store": {"url": session.store_label, "backend": type(store).__name__,
-                      "findings": store_findings},
-            "latency_ms": {t.operation: {"median": t.median_ms, "worst": t.worst_ms,
-                                         "samples": t.samples_ms} for t in trips},
-            "latency_error": latency_error,
-            "celery": None if app_findings is None else {"app": app.main,
-                                                         "findings": app_findings},
-            "ok": healthy,
-        })  # fmt: skip
+        emit_json(
+            {
+                "store": {
+                    "url": session.store_label,
+                    "backend": type(store).__name__,
+                    "findings": store_findings,
+                },
+                "latency_ms": {
+                    t.operation: {
+                        "median": t.median_ms,
+                        "worst": t.worst_ms,
+                        "samples": t.samples_ms,
+                    }
+                    for t in trips
+                },
+                "latency_error": latency_error,
+                "celery": None
+                if app_findings is None
+                else {"app": app.main, "findings": app_findings},
+                "ok": healthy,
+            }
+        )
     else:
         _print_doctor(session, store_findings, trips, latency_error, app, app_findings)
     if not healthy:
@@ -126,15 +162,19 @@ def doctor(session: Session, as_json: bool) -> None:
 
 @click.command(short_help="Re-send due threads (recovery) from outside the workers.")
 @click.option("--once", is_flag=True, help="Sweep once and exit.")
-@click.option("--interval", type=click.FloatRange(min=0.01), metavar="SECONDS",
-              help="Time between sweeps (default: the sweep_interval setting).")
+@click.option(
+    "--interval",
+    type=click.FloatRange(min=0.01),
+    metavar="SECONDS",
+    help="Time between sweeps (default: the sweep_interval setting).",
+)
 @json_option
 @pass_session
 def sweep(session: Session, once: bool, interval: float | None, as_json: bool) -> None:
     """Re-send every thread that is due (its worker died, its retry timer ran out, its
     message was lost), as the sweeper inside every worker does; for when no worker runs
     one, or to see what recovery does. Needs -A: it sends messages."""
-    from agentq.sweeper import Sweeper
+    from agentq.celery.recovery import Sweeper
 
     app = session.require_app("sweep")
     label = session.store_label
@@ -162,8 +202,9 @@ def sweep(session: Session, once: bool, interval: float | None, as_json: bool) -
                 problem = describe(exc)
                 if problem is None:
                     raise
-                console(stderr=True).print(f"[yellow]sweep failed:[/] {escape(problem)}; "
-                                           f"trying again in {every:g} s")
+                console(stderr=True).print(
+                    f"[yellow]sweep failed:[/] {escape(problem)}; trying again in {every:g} s"
+                )
                 sent = []
             for thread in sent:
                 if as_json:  # one object per line, for a log pipeline

@@ -14,7 +14,6 @@ from rich.text import Text
 from agentq.cli.diffing import Change, changed_parts, checkpoint_changes
 from agentq.cli.output import (
     ago,
-    console,
     emit_json,
     plain,
     short,
@@ -23,6 +22,7 @@ from agentq.cli.output import (
     when,
 )
 from agentq.cli.session import Session
+from agentq.ops.console import console
 from agentq.records import Checkpoint, Status, ThreadMeta
 
 pass_session = click.make_pass_decorator(Session)
@@ -45,10 +45,16 @@ def _note(meta: ThreadMeta) -> str:
 
 
 @click.command(short_help="List threads, newest first.")
-@click.option("--status", type=click.Choice([s.value for s in Status]),
-              help="Only threads in this status.")
-@click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True,
-              help="How many threads, newest first.")
+@click.option(
+    "--status", type=click.Choice([s.value for s in Status]), help="Only threads in this status."
+)
+@click.option(
+    "--limit",
+    type=click.IntRange(min=1),
+    default=50,
+    show_default=True,
+    help="How many threads, newest first.",
+)
 @json_option
 @pass_session
 def threads(session: Session, status: str | None, limit: int, as_json: bool) -> None:
@@ -63,13 +69,20 @@ def threads(session: Session, status: str | None, limit: int, as_json: bool) -> 
         return
     table = Table(box=None, pad_edge=False, header_style="bold")
     for column in ("THREAD", "STATUS", "STEP", "NODE", "TASK", "UPDATED", "NOTE"):
-        table.add_column(column, no_wrap=column != "NOTE",
-                         justify="right" if column == "STEP" else "left")
+        table.add_column(
+            column, no_wrap=column != "NOTE", justify="right" if column == "STEP" else "left"
+        )
     for meta in found:
         # Text, not str: rich would read brackets in ids and errors as markup.
-        table.add_row(Text(meta.thread_id), status_text(meta.status), str(meta.step),
-                      Text(meta.node or "-"), Text(meta.task or "-"), ago(meta.updated_at),
-                      Text(_note(meta)))
+        table.add_row(
+            Text(meta.thread_id),
+            status_text(meta.status),
+            str(meta.step),
+            Text(meta.node or "-"),
+            Text(meta.task or "-"),
+            ago(meta.updated_at),
+            Text(_note(meta)),
+        )
     show_block(out, table)
 
 
@@ -106,16 +119,20 @@ def _meta_table(meta: ThreadMeta) -> Table:
 def _checkpoint_view(checkpoint: Checkpoint, latest: bool) -> Panel:
     title = f"checkpoint {checkpoint.step}" + (" (latest)" if latest else "")
     header = Text.assemble(
-        ("next node ", "bold"), checkpoint.node or "- (finished)",
-        ("   written ", "bold"), when(checkpoint.created_at),
-        ("   by token ", "bold"), str(checkpoint.token),
+        ("next node ", "bold"),
+        checkpoint.node or "- (finished)",
+        ("   written ", "bold"),
+        when(checkpoint.created_at),
+        ("   by token ", "bold"),
+        str(checkpoint.token),
     )
     parts: list[RenderableType] = [header]
     calls = len(checkpoint.pending)
-    for name, value in (("state", checkpoint.state),
-                        (f"pending ({calls} tool call{'' if calls == 1 else 's'})",
-                         checkpoint.pending),
-                        ("cursors", checkpoint.cursors)):
+    for name, value in (
+        ("state", checkpoint.state),
+        (f"pending ({calls} tool call{'' if calls == 1 else 's'})", checkpoint.pending),
+        ("cursors", checkpoint.cursors),
+    ):
         parts.append(Text(name, style="bold"))
         parts.append(JSON.from_data(plain(value)))
     return Panel(Group(*parts), title=title, title_align="left", expand=False)
@@ -123,8 +140,9 @@ def _checkpoint_view(checkpoint: Checkpoint, latest: bool) -> Panel:
 
 @click.command(short_help="Show a thread and its latest (or Nth) checkpoint.")
 @click.argument("thread")
-@click.option("--step", type=click.IntRange(min=0),
-              help="Show this checkpoint instead of the latest.")
+@click.option(
+    "--step", type=click.IntRange(min=0), help="Show this checkpoint instead of the latest."
+)
 @json_option
 @pass_session
 def show(session: Session, thread: str, step: int | None, as_json: bool) -> None:
@@ -174,17 +192,23 @@ def history(session: Session, thread: str, limit: int | None, as_json: bool) -> 
         return
     table = Table(box=None, pad_edge=False, header_style="bold")
     for column in ("STEP", "NEXT NODE", "TOKEN", "WRITTEN", "PENDING", "CHANGED"):
-        table.add_column(column, justify="right" if column in ("STEP", "TOKEN", "PENDING")
-                         else "left")
+        table.add_column(
+            column, justify="right" if column in ("STEP", "TOKEN", "PENDING") else "left"
+        )
     for index, checkpoint in enumerate(checkpoints):
         older = checkpoints[index + 1] if index + 1 < len(checkpoints) else None
         if older is not None and older.step == checkpoint.step - 1:
             changed = ", ".join(changed_parts(older, checkpoint)) or "nothing"
         else:
             changed = "(first step)" if checkpoint.step == 0 else "(older steps pruned)"
-        table.add_row(str(checkpoint.step), Text(checkpoint.node or "- (done)"),
-                      str(checkpoint.token), when(checkpoint.created_at),
-                      str(len(checkpoint.pending)), Text(changed))
+        table.add_row(
+            str(checkpoint.step),
+            Text(checkpoint.node or "- (done)"),
+            str(checkpoint.token),
+            when(checkpoint.created_at),
+            str(len(checkpoint.pending)),
+            Text(changed),
+        )
     show_block(out, table)
 
 
@@ -223,8 +247,7 @@ def diff(session: Session, thread: str, a: int, b: int, as_json: bool) -> None:
         emit_json({"thread_id": thread, "from": a, "to": b, "changes": changes})
         return
     out = console()
-    out.print(Text.assemble(("diff ", "bold"), (thread, "bold cyan"),
-                            f"  step {a} → step {b}"))
+    out.print(Text.assemble(("diff ", "bold"), (thread, "bold cyan"), f"  step {a} → step {b}"))
     if not changes:
         out.print("No differences in node, state, pending or cursors.")
     for change in changes:

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import os
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
-from agentq.app import Runtime, init_app, runtime_of
+from kombu.utils.url import maybe_sanitize_url
+
+from agentq.celery.runtime import Runtime, init_app, runtime_of
 from agentq.errors import ThreadNotFound
-from agentq.keys import validate_thread_id
+from agentq.ids import validate_thread_id
 from agentq.records import ThreadMeta
 from agentq.settings import Settings
-from agentq.store.base import Store
+from agentq.store.contract import Store
 
 
 class CliError(Exception):
@@ -102,7 +103,11 @@ class Session:
     def store_label(self) -> str:
         """The store's URL with any password hidden, for output."""
         store = self.settings.store
-        return redact(store) if isinstance(store, str) else type(store).__name__
+        return (
+            maybe_sanitize_url(store, mask="***")
+            if isinstance(store, str)
+            else type(store).__name__
+        )
 
     def meta(self, thread_id: str) -> ThreadMeta:
         """The thread's meta; a clear error when the store does not hold it."""
@@ -151,16 +156,3 @@ def _refuse_missing_sqlite_file(url: str) -> None:
             f"no SQLite store at {os.path.abspath(path)!r}: the file does not exist; check "
             "the path (sqlite:///relative.db or sqlite:////absolute.db)"
         )
-
-
-def redact(url: str) -> str:
-    """``url`` with its password replaced by ``***``."""
-    try:
-        parts = urlsplit(url)
-        password = parts.password
-    except ValueError:
-        return url
-    if not password:
-        return url
-    netloc = parts.netloc.replace(f":{password}@", ":***@", 1)
-    return urlunsplit(parts._replace(netloc=netloc))

@@ -35,9 +35,11 @@ def euros(cents: int) -> str:
 
 
 def expected_answer(refund_id: str) -> str:
-    return (f"I refunded the duplicate charge of {euros(AMOUNT_CENTS)} on order "
-            f"#{ORDER} (refund {refund_id}). It will be back on your card in 3-5 business "
-            "days.")
+    return (
+        f"I refunded the duplicate charge of {euros(AMOUNT_CENTS)} on order "
+        f"#{ORDER} (refund {refund_id}). It will be back on your card in 3-5 business "
+        "days."
+    )
 
 
 def scripted_model(thread_id: str, messages: list[dict[str, Any]]) -> dict[str, Any]:
@@ -48,10 +50,16 @@ def scripted_model(thread_id: str, messages: list[dict[str, Any]]) -> dict[str, 
         # Real tool-call ids are unique per call; this one is stable per thread.
         call_id = "call_" + hashlib.sha256(f"{thread_id}:refund".encode()).hexdigest()[:12]
         return {
-            "role": "assistant", "content": "Let me refund the duplicate charge.",
-            "tool_calls": [{"id": call_id, "name": "refund", "args": {
-                "order": ORDER, "cents": AMOUNT_CENTS, "reason": "duplicate charge"}}],
-        }  # fmt: skip
+            "role": "assistant",
+            "content": "Let me refund the duplicate charge.",
+            "tool_calls": [
+                {
+                    "id": call_id,
+                    "name": "refund",
+                    "args": {"order": ORDER, "cents": AMOUNT_CENTS, "reason": "duplicate charge"},
+                }
+            ],
+        }
     refund_id = results[-1]["content"]["refund_id"]
     return {"role": "assistant", "content": expected_answer(refund_id), "tool_calls": []}
 
@@ -69,8 +77,15 @@ def refund_tool(ledger: Ledger) -> Callable[..., dict[str, Any]]:
         idempotency key is forwarded, and the service answers a repeated key with the
         refund it already made."""
         made, issued = ledger.refund(idempotency_key, order, cents)
-        ledger.record("refund", key=idempotency_key, refund_id=made.refund_id, cents=cents,
-                      order=order, issued=issued, **_who())
+        ledger.record(
+            "refund",
+            key=idempotency_key,
+            refund_id=made.refund_id,
+            cents=cents,
+            order=order,
+            issued=issued,
+            **_who(),
+        )
         if ledger.take(PAUSE_AFTER_REFUND):
             ledger.record("paused", **_who())
             threading.Event().wait(PAUSE_LIMIT)  # the demo SIGKILLs this worker meanwhile
@@ -93,15 +108,16 @@ class DemoSupportAgent(AgentTask):
 
     def start(self, run: Run, question: str) -> str:
         with self._ledger(run, "start"):
-            run.state["messages"] = [{"role": "system", "content": SYSTEM_PROMPT},
-                                     {"role": "user", "content": question}]
+            run.state["messages"] = [
+                {"role": "system", "content": SYSTEM_PROMPT},
+                {"role": "user", "content": question},
+            ]
         return "model"
 
     def model(self, run: Run) -> str | Done:
         with self._ledger(run, "model") as ledger:
             reply = scripted_model(run.thread_id, run.state["messages"])
-            ledger.record("model_call", step=run.step, tool_calls=reply["tool_calls"],
-                          **_who())
+            ledger.record("model_call", step=run.step, tool_calls=reply["tool_calls"], **_who())
         run.state["messages"].append(reply)
         run.pending = reply["tool_calls"]
         return "tools" if run.pending else Done(reply["content"])
@@ -112,6 +128,7 @@ class DemoSupportAgent(AgentTask):
             for call in run.pending:
                 result = run.tool(refund, key=call["id"], **call["args"])
                 run.state["messages"].append(
-                    {"role": "tool", "tool_call_id": call["id"], "content": result})
+                    {"role": "tool", "tool_call_id": call["id"], "content": result}
+                )
         run.pending = []
         return "model"

@@ -38,5 +38,9 @@ def _exit_when_the_demo_is_gone(fd: int) -> None:
 @worker_init.connect  # type: ignore[untyped-decorator]
 def _watch_lifeline(**_: Any) -> None:
     if config.lifeline_fd >= 0:
-        threading.Thread(target=_exit_when_the_demo_is_gone, args=(config.lifeline_fd,),
-                         name="agentq-demo-lifeline", daemon=True).start()
+        threading.Thread(
+            target=_exit_when_the_demo_is_gone,
+            args=(config.lifeline_fd,),
+            name="agentq-demo-lifeline",
+            daemon=True,
+        ).start()

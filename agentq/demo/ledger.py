@@ -107,8 +107,9 @@ def _refund(key: str | bytes, payload: str | bytes | None) -> Refund:
 
 
 def _refund_payload(key: str, order: str, cents: int) -> str:
-    return json.dumps({"order": order, "cents": cents, "refund_id": refund_id_for(key),
-                       "at": time.time()})
+    return json.dumps(
+        {"order": order, "cents": cents, "refund_id": refund_id_for(key), "at": time.time()}
+    )
 
 
 class SQLiteLedger(Ledger):
@@ -130,22 +131,29 @@ class SQLiteLedger(Ledger):
 
     def record(self, kind: str, **data: Any) -> None:
         with self._db() as db:
-            db.execute("INSERT INTO events (at, kind, data) VALUES (?, ?, ?)",
-                       (time.time(), kind, json.dumps(data)))
+            db.execute(
+                "INSERT INTO events (at, kind, data) VALUES (?, ?, ?)",
+                (time.time(), kind, json.dumps(data)),
+            )
 
     def events_after(self, seq: int) -> list[Event]:
         with self._db() as db:
-            rows = db.execute("SELECT seq, at, kind, data FROM events WHERE seq > ? "
-                              "ORDER BY seq", (seq,)).fetchall()
+            rows = db.execute(
+                "SELECT seq, at, kind, data FROM events WHERE seq > ? ORDER BY seq", (seq,)
+            ).fetchall()
         return [Event(row[0], row[1], row[2], json.loads(row[3])) for row in rows]
 
     def refund(self, key: str, order: str, cents: int) -> tuple[Refund, bool]:
         with self._db() as db:
             db.execute("BEGIN IMMEDIATE")
-            issued = db.execute('INSERT OR IGNORE INTO refunds ("key", data) VALUES (?, ?)',
-                                (key, _refund_payload(key, order, cents))).rowcount == 1
-            (payload,) = db.execute('SELECT data FROM refunds WHERE "key" = ?',
-                                    (key,)).fetchone()
+            issued = (
+                db.execute(
+                    'INSERT OR IGNORE INTO refunds ("key", data) VALUES (?, ?)',
+                    (key, _refund_payload(key, order, cents)),
+                ).rowcount
+                == 1
+            )
+            (payload,) = db.execute('SELECT data FROM refunds WHERE "key" = ?', (key,)).fetchone()
             db.execute("COMMIT")
         return _refund(key, payload), issued
 
@@ -172,16 +180,16 @@ class RedisLedger(Ledger):
         self.ns = f"{namespace}:ledger:"
 
     def record(self, kind: str, **data: Any) -> None:
-        self.client.rpush(self.ns + "events",
-                          json.dumps({**data, "at": time.time(), "kind": kind}))
+        self.client.rpush(self.ns + "events", json.dumps({**data, "at": time.time(), "kind": kind}))
 
     def events_after(self, seq: int) -> list[Event]:
         payloads = self.client.lrange(self.ns + "events", seq, -1)
         return [_event(seq + 1 + index, payload) for index, payload in enumerate(payloads)]
 
     def refund(self, key: str, order: str, cents: int) -> tuple[Refund, bool]:
-        issued = bool(self.client.hsetnx(self.ns + "refunds", key,
-                                         _refund_payload(key, order, cents)))
+        issued = bool(
+            self.client.hsetnx(self.ns + "refunds", key, _refund_payload(key, order, cents))
+        )
         return _refund(key, self.client.hget(self.ns + "refunds", key)), issued
 
     def refunds(self) -> list[Refund]:

@@ -14,12 +14,11 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any, Final
 
+from kombu.utils.url import maybe_sanitize_url
 from rich.console import Console
 from rich.markup import escape
 
-from agentq.app import runtime_of
-from agentq.cli.output import console as make_console
-from agentq.cli.session import redact
+from agentq.celery.runtime import runtime_of
 from agentq.demo.agent import (
     AMOUNT_CENTS,
     PAUSE_AFTER_REFUND,
@@ -32,8 +31,9 @@ from agentq.demo.ledger import Ledger, open_ledger
 from agentq.demo.timeline import DemoFailed, Observed, Timeline, Watcher
 from agentq.demo.wiring import build_app
 from agentq.demo.workers import DemoWorker
+from agentq.ops.console import console as make_console
 from agentq.records import Status
-from agentq.store.base import Store
+from agentq.store.contract import Store
 
 THREAD_ID: Final = "ticket-1042"
 BUDGET: Final = 50.0
@@ -60,8 +60,7 @@ def _raise_stopped(signum: int, frame: FrameType | None) -> None:
 
 @contextlib.contextmanager
 def _stop_on_termination() -> Iterator[None]:
-    previous = {sig: signal.signal(sig, _raise_stopped) for sig in (signal.SIGTERM,
-                                                                     signal.SIGHUP)}
+    previous = {sig: signal.signal(sig, _raise_stopped) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
         yield
     finally:
@@ -74,8 +73,7 @@ def _without_celery_environment() -> Iterator[None]:
     """Hide CELERY_* variables while the demo runs: CELERY_BROKER_URL, for one, overrides
     any app's broker, and would send the demo's messages to the user's own broker. The
     workers inherit the cleaned environment."""
-    hidden = {name: os.environ.pop(name) for name in list(os.environ)
-              if name.startswith("CELERY_")}
+    hidden = {name: os.environ.pop(name) for name in list(os.environ) if name.startswith("CELERY_")}
     try:
         yield
     finally:
@@ -98,15 +96,27 @@ def _config(workdir: str, redis_url: str | None, lifeline: int) -> tuple[DemoCon
     # Unique per run, and the same name as the run's directory: one name to look for.
     namespace = os.path.basename(workdir)
     if redis_url:
-        config = DemoConfig(workdir=workdir, store=redis_url, broker=redis_url,
-                            ledger=redis_url, namespace=namespace, lifeline_fd=lifeline)
-        return config, (f"Redis at {redact(redis_url)} (store and broker), keys under "
-                        f"{namespace}:")
+        config = DemoConfig(
+            workdir=workdir,
+            store=redis_url,
+            broker=redis_url,
+            ledger=redis_url,
+            namespace=namespace,
+            lifeline_fd=lifeline,
+        )
+        return config, (
+            f"Redis at {maybe_sanitize_url(redis_url, mask='***')} (store and "
+            f"broker), keys under "
+            f"{namespace}:"
+        )
     config = DemoConfig(
-        workdir=workdir, store=f"sqlite:///{os.path.join(workdir, 'agentq.db')}",
-        broker="filesystem://", ledger=os.path.join(workdir, "payments.db"),
-        namespace=namespace, lifeline_fd=lifeline,
-    )  # fmt: skip
+        workdir=workdir,
+        store=f"sqlite:///{os.path.join(workdir, 'agentq.db')}",
+        broker="filesystem://",
+        ledger=os.path.join(workdir, "payments.db"),
+        namespace=namespace,
+        lifeline_fd=lifeline,
+    )
     for folder in ("messages", "processed", "control"):
         os.makedirs(config.broker_folder(folder))
     return config, f"embedded: SQLite store and filesystem broker in {workdir}"
@@ -192,21 +202,31 @@ def _start_worker(stage: Stage, watcher: Watcher, timeline: Timeline, label: str
         if code is not None:
             raise DemoFailed(f"worker {label} exited with status {code}:\n{worker.log_tail()}")
 
-    watcher.wait_for(lambda seen: worker.pid in seen.ready, timeout=WORKER_START_TIMEOUT,
-                     what=f"worker {label} getting ready", alive=still_running)
+    watcher.wait_for(
+        lambda seen: worker.pid in seen.ready,
+        timeout=WORKER_START_TIMEOUT,
+        what=f"worker {label} getting ready",
+        alive=still_running,
+    )
     return worker
 
 
 def _stopped(seen: Observed) -> bool:
     return seen.meta is not None and seen.meta.status in (
-        Status.DONE, Status.FAILED, Status.CANCELLED, Status.NEEDS_ATTENTION)
+        Status.DONE,
+        Status.FAILED,
+        Status.CANCELLED,
+        Status.NEEDS_ATTENTION,
+    )
 
 
 def _not_stopped_early(seen: Observed) -> None:
     if _stopped(seen):
         assert seen.meta is not None
-        raise DemoFailed(f"the thread stopped before the refund ({seen.meta.status.value}): "
-                         f"{seen.meta.error or 'no error recorded'}")
+        raise DemoFailed(
+            f"the thread stopped before the refund ({seen.meta.status.value}): "
+            f"{seen.meta.error or 'no error recorded'}"
+        )
 
 
 def _play(stage: Stage, timeline: Timeline) -> tuple[Watcher, int]:
@@ -217,16 +237,22 @@ def _play(stage: Stage, timeline: Timeline) -> tuple[Watcher, int]:
     stage.ledger.arm(PAUSE_AFTER_REFUND)
     agent.delay(THREAD_ID, question=QUESTION)
     timeline.say("you", f"ask: [italic]{escape(QUESTION)}[/] (thread {THREAD_ID})")
-    watcher.wait_for(lambda seen: seen.paused, timeout=PAUSE_TIMEOUT,
-                     what="the refund tool pausing after the refund",
-                     alive=lambda: _not_stopped_early(watcher.seen))
+    watcher.wait_for(
+        lambda seen: seen.paused,
+        timeout=PAUSE_TIMEOUT,
+        what="the refund tool pausing after the refund",
+        alive=lambda: _not_stopped_early(watcher.seen),
+    )
     first.kill()
     # Read after the kill: nothing can commit now, so this is the checkpoint to resume from.
     meta = stage.store.meta(THREAD_ID)
     step_at_kill = meta.step if meta else -1
-    timeline.say("demo", f"[bold]SIGKILL worker A[/] (pid {first.pid} and its pool process), "
-                 f"between the refund and its record; the thread's last checkpoint is step "
-                 f"{step_at_kill}")
+    timeline.say(
+        "demo",
+        f"[bold]SIGKILL worker A[/] (pid {first.pid} and its pool process), "
+        f"between the refund and its record; the thread's last checkpoint is step "
+        f"{step_at_kill}",
+    )
     _start_worker(stage, watcher, timeline, "B")
     watcher.wait_for(_stopped, timeout=FINISH_TIMEOUT, what="the thread finishing")
     return watcher, step_at_kill
@@ -236,21 +262,27 @@ def _verdict(stage: Stage, watcher: Watcher) -> list[tuple[str, bool]]:
     meta = stage.store.meta(THREAD_ID)
     refunds = stage.ledger.refunds()
     steps = sorted(c.step for c in stage.store.history(THREAD_ID, limit=100))
-    answer_ok = (meta is not None and meta.status == Status.DONE and len(refunds) == 1
-                 and meta.result == expected_answer(refunds[0].refund_id))
+    answer_ok = (
+        meta is not None
+        and meta.status == Status.DONE
+        and len(refunds) == 1
+        and meta.result == expected_answer(refunds[0].refund_id)
+    )
     return [
-        ("refund issued exactly once",
-         len(refunds) == 1 and refunds[0].cents == AMOUNT_CENTS),
+        ("refund issued exactly once", len(refunds) == 1 and refunds[0].cents == AMOUNT_CENTS),
         ("thread done with the expected answer", answer_ok),
         ("every step committed exactly once, in order", steps == EXPECTED_STEPS),
-        ("no model call repeated after the crash",
-         watcher.seen.model_calls == EXPECTED_MODEL_CALLS),
+        (
+            "no model call repeated after the crash",
+            watcher.seen.model_calls == EXPECTED_MODEL_CALLS,
+        ),
         ("a fresh worker took the thread over", len(watcher.seen.drivers) >= 2),
     ]
 
 
-def _summary(out: Console, stage: Stage, watcher: Watcher, step_at_kill: int,
-             seconds: float) -> bool:
+def _summary(
+    out: Console, stage: Stage, watcher: Watcher, step_at_kill: int, seconds: float
+) -> bool:
     seen = watcher.seen
     refunds = stage.ledger.refunds()
     meta = stage.store.meta(THREAD_ID)
@@ -259,14 +291,24 @@ def _summary(out: Console, stage: Stage, watcher: Watcher, step_at_kill: int,
     out.print("[bold]Summary[/]")
     rows = [
         ("steps committed", f"{len(steps)} ({', '.join(map(str, steps))})"),
-        ("model calls", f"{seen.model_calls} (a run without the crash makes "
-                        f"{EXPECTED_MODEL_CALLS})"),
-        ("refund tool runs", f"{seen.refund_runs}" + (
-            " (killed once mid-call, then re-run with the same idempotency key)"
-            if seen.refund_runs == 2 else "")),
+        (
+            "model calls",
+            f"{seen.model_calls} (a run without the crash makes {EXPECTED_MODEL_CALLS})",
+        ),
+        (
+            "refund tool runs",
+            f"{seen.refund_runs}"
+            + (
+                " (killed once mid-call, then re-run with the same idempotency key)"
+                if seen.refund_runs == 2
+                else ""
+            ),
+        ),
         ("refunds issued", f"{len(refunds)}"),
-        ("takeover", f"worker A killed after step {step_at_kill}; worker B resumed from "
-                     "that checkpoint"),
+        (
+            "takeover",
+            f"worker A killed after step {step_at_kill}; worker B resumed from that checkpoint",
+        ),
         ("answer", escape(str(meta.result if meta else None))),
         ("time", f"{seconds:.1f} s"),
     ]
@@ -282,11 +324,18 @@ def _explore_hint(out: Console, stage: Stage) -> None:
     config = stage.config
     prefix = "" if config.embedded else f" --prefix {config.prefix}"
     base = f"agentq --store {config.store}{prefix}"
-    where = (f"in {config.workdir}" if config.embedded
-             else f"in Redis under {config.prefix} (worker logs in {config.workdir})")
+    where = (
+        f"in {config.workdir}"
+        if config.embedded
+        else f"in Redis under {config.prefix} (worker logs in {config.workdir})"
+    )
     out.print(f"\nThe demo's data is kept {where}. Explore it:")
-    for command in ("threads", f"history {THREAD_ID}", f"diff {THREAD_ID} 1 2",
-                    f"show {THREAD_ID}"):
+    for command in (
+        "threads",
+        f"history {THREAD_ID}",
+        f"diff {THREAD_ID} 1 2",
+        f"show {THREAD_ID}",
+    ):
         out.print(f"  {base} {command}", soft_wrap=True)
 
 
@@ -295,12 +344,17 @@ def run_demo(*, redis_url: str | None = None, keep: bool = False) -> int:
     out = make_console()
     started = time.monotonic()
     try:
-        with _stop_on_termination(), _without_celery_environment(), \
-                _stage(redis_url, keep) as stage:
+        with (
+            _stop_on_termination(),
+            _without_celery_environment(),
+            _stage(redis_url, keep) as stage,
+        ):
             out.print(f"[bold]agentq demo[/] — {escape(stage.location)}")
-            out.print("A support agent refunds a duplicate charge. Its worker is killed "
-                      "right after the refund, before the refund is recorded; a fresh "
-                      "worker resumes the thread from its last checkpoint.\n")
+            out.print(
+                "A support agent refunds a duplicate charge. Its worker is killed "
+                "right after the refund, before the refund is recorded; a fresh "
+                "worker resumes the thread from its last checkpoint.\n"
+            )
             for finding in stage.store.check():
                 out.print(f"[yellow]note:[/] {escape(str(finding))}")
             timeline = Timeline(out)
@@ -321,6 +375,5 @@ def run_demo(*, redis_url: str | None = None, keep: bool = False) -> int:
                 _explore_hint(out, stage)
             return EXIT_OK if held else EXIT_FAILED
     except (KeyboardInterrupt, _Stopped):
-        out.print("\n[yellow]interrupted; every worker was stopped and the demo's data "
-                  "removed.[/]")
+        out.print("\n[yellow]interrupted; every worker was stopped and the demo's data removed.[/]")
         return EXIT_INTERRUPTED

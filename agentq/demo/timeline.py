@@ -15,13 +15,13 @@ from rich.text import Text
 from agentq.demo.agent import euros
 from agentq.demo.ledger import Event, Ledger
 from agentq.records import Checkpoint, Status, ThreadMeta
-from agentq.store.base import Store
+from agentq.store.contract import Store
 
 POLL_INTERVAL: Final = 0.05
-_WHO_STYLES: Final = {"worker A": "cyan", "worker B": "magenta", "demo": "bold red",
-                      "you": "green"}
-_STOPPED: Final = frozenset({Status.DONE, Status.FAILED, Status.CANCELLED,
-                             Status.NEEDS_ATTENTION, Status.WAITING})
+_WHO_STYLES: Final = {"worker A": "cyan", "worker B": "magenta", "demo": "bold red", "you": "green"}
+_STOPPED: Final = frozenset(
+    {Status.DONE, Status.FAILED, Status.CANCELLED, Status.NEEDS_ATTENTION, Status.WAITING}
+)
 
 
 class DemoFailed(Exception):
@@ -73,8 +73,16 @@ class Watcher:
     every checkpoint seen has its node's log entry in the same poll.
     """
 
-    def __init__(self, store: Store, ledger: Ledger, thread_id: str, timeline: Timeline,
-                 workers: dict[int, str], *, budget: float = 60.0) -> None:
+    def __init__(
+        self,
+        store: Store,
+        ledger: Ledger,
+        thread_id: str,
+        timeline: Timeline,
+        workers: dict[int, str],
+        *,
+        budget: float = 60.0,
+    ) -> None:
         self.store = store
         # Every wait also ends with the run's whole budget: the demo never hangs for long.
         self.ends = time.monotonic() + budget
@@ -88,8 +96,14 @@ class Watcher:
 
     # -- polling -------------------------------------------------------------------------
 
-    def wait_for(self, condition: Callable[[Observed], bool], *, timeout: float,
-                 what: str, alive: Callable[[], None] | None = None) -> None:
+    def wait_for(
+        self,
+        condition: Callable[[Observed], bool],
+        *,
+        timeout: float,
+        what: str,
+        alive: Callable[[], None] | None = None,
+    ) -> None:
         """Poll until ``condition`` holds; :class:`DemoFailed` after ``timeout`` seconds.
         ``alive`` raises if a process the wait depends on has died."""
         started = time.monotonic()
@@ -101,8 +115,7 @@ class Watcher:
             if alive is not None:
                 alive()
             if time.monotonic() > deadline:
-                raise DemoFailed(f"{what} did not happen within "
-                                 f"{time.monotonic() - started:.0f} s")
+                raise DemoFailed(f"{what} did not happen within {time.monotonic() - started:.0f} s")
             time.sleep(POLL_INTERVAL)
 
     def poll(self) -> None:
@@ -145,8 +158,10 @@ class Watcher:
             calls = data["tool_calls"]
             if calls:
                 args = calls[0]["args"]
-                decision = (f"decides to call [bold]refund[/](order #{args['order']}, "
-                            f"{euros(args['cents'])})")
+                decision = (
+                    f"decides to call [bold]refund[/](order #{args['order']}, "
+                    f"{euros(args['cents'])})"
+                )
             else:
                 decision = "writes the answer"
             return [_Line(at, who, f"model call {self.seen.model_calls}: {decision}")]
@@ -154,15 +169,33 @@ class Watcher:
             self.seen.refund_runs += 1
             if data["issued"]:
                 self.seen.refunds_issued += 1
-                return [_Line(at, who, f"[bold]refund {data['refund_id']} issued[/]: "
-                              f"{euros(data['cents'])} back on order #{data['order']} "
-                              f"(idempotency key {escape(data['key'])})")]
-            return [_Line(at, who, "refund tool re-run with the same idempotency key: the "
-                          f"payment service returned {data['refund_id']}, no money moved")]
+                return [
+                    _Line(
+                        at,
+                        who,
+                        f"[bold]refund {data['refund_id']} issued[/]: "
+                        f"{euros(data['cents'])} back on order #{data['order']} "
+                        f"(idempotency key {escape(data['key'])})",
+                    )
+                ]
+            return [
+                _Line(
+                    at,
+                    who,
+                    "refund tool re-run with the same idempotency key: the "
+                    f"payment service returned {data['refund_id']}, no money moved",
+                )
+            ]
         if event.kind == "paused":
             self.seen.paused = True
-            return [_Line(at, who, "[yellow]pauses inside the refund tool: refund issued, its "
-                          "result not recorded yet[/]")]
+            return [
+                _Line(
+                    at,
+                    who,
+                    "[yellow]pauses inside the refund tool: refund issued, its "
+                    "result not recorded yet[/]",
+                )
+            ]
         return []
 
     def _driver_lines(self, who: str, token: int, at: float) -> list[_Line]:
@@ -174,9 +207,11 @@ class Watcher:
             text = f"takes the thread's lease (fencing token {token})"
         else:
             before, old_token = drivers[-2]
-            text = (f"[bold]takes the thread over[/]: {before}'s lease expired and a "
-                    f"sweeper re-sent it (fencing token {old_token} → {token}: writes under "
-                    f"{old_token} are now refused)")
+            text = (
+                f"[bold]takes the thread over[/]: {before}'s lease expired and a "
+                f"sweeper re-sent it (fencing token {old_token} → {token}: writes under "
+                f"{old_token} are now refused)"
+            )
         # Just before the node's own lines: the lease is taken before the node runs.
         return [_Line(at - 1e-6, who, text)]
 
@@ -185,14 +220,21 @@ class Watcher:
         after = checkpoint.node or "done"
         pending = len(checkpoint.pending)
         extra = f", {pending} pending tool call{'s' if pending != 1 else ''}" if pending else ""
-        text = (f"[green]step {checkpoint.step} committed[/] ({node} → {after}{extra}, "
-                f"token {checkpoint.token})")
+        text = (
+            f"[green]step {checkpoint.step} committed[/] ({node} → {after}{extra}, "
+            f"token {checkpoint.token})"
+        )
         return _Line(checkpoint.created_at, who, text)
 
     def _stopped_line(self, meta: ThreadMeta) -> _Line:
         who = self._node_runs.get(meta.step, ("store", ""))[0]
         if meta.status == Status.DONE:
-            return _Line(meta.updated_at, who, f"[bold green]thread done[/]: "
-                         f"{escape(str(meta.result))}")
-        return _Line(meta.updated_at, who, f"[bold red]thread {meta.status.value}[/]: "
-                     f"{escape((meta.error or '').splitlines()[0] if meta.error else '')}")
+            return _Line(
+                meta.updated_at, who, f"[bold green]thread done[/]: {escape(str(meta.result))}"
+            )
+        return _Line(
+            meta.updated_at,
+            who,
+            f"[bold red]thread {meta.status.value}[/]: "
+            f"{escape((meta.error or '').splitlines()[0] if meta.error else '')}",
+        )

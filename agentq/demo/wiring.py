@@ -41,8 +41,12 @@ def build_app(config: DemoConfig) -> Celery:
         demo_namespace=config.namespace,
     )
     agentq.init_app(
-        app, store=config.store, prefix=config.prefix, lease_ttl=config.lease_ttl,
-        sweep_interval=config.sweep_interval, start_grace=config.start_grace,
-    )  # fmt: skip
+        app,
+        store=config.store,
+        prefix=config.prefix,
+        lease_ttl=config.lease_ttl,
+        sweep_interval=config.sweep_interval,
+        start_grace=config.start_grace,
+    )
     app.register_task(DemoSupportAgent())
     return app

@@ -26,18 +26,38 @@ class DemoWorker:
     def start(self) -> int:
         config = self.config
         command = [
-            sys.executable, "-m", "celery", "-A", "agentq.demo.app", "worker",
-            "-P", "prefork", "-c", "1", "-n", f"{self.label.lower()}@{config.namespace}",
-            "-Q", config.queue, "--without-mingle", "--without-gossip",
-            "--without-heartbeat", "--loglevel", "INFO",
-        ]  # fmt: skip
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "agentq.demo.app",
+            "worker",
+            "-P",
+            "prefork",
+            "-c",
+            "1",
+            "-n",
+            f"{self.label.lower()}@{config.namespace}",
+            "-Q",
+            config.queue,
+            "--without-mingle",
+            "--without-gossip",
+            "--without-heartbeat",
+            "--loglevel",
+            "INFO",
+        ]
         fds = (config.lifeline_fd,) if config.lifeline_fd >= 0 else ()
         with open(self.log, "wb") as log:
             self.process = subprocess.Popen(
-                command, cwd=config.workdir, env={**os.environ, **config.to_env()},
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True, pass_fds=fds,
-            )  # fmt: skip
+                command,
+                cwd=config.workdir,
+                env={**os.environ, **config.to_env()},
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                pass_fds=fds,
+            )
         return self.process.pid
 
     @property

@@ -31,13 +31,13 @@ from agentq.errors import (
     StoreConfigError,
     UnserializableState,
 )
-from agentq.keys import validate_thread_id
-from agentq.langgraph import records
-from agentq.langgraph.backend import Backend
-from agentq.langgraph.records import Row, StoredCheckpoint
+from agentq.ids import validate_thread_id
 from agentq.langgraph.serde import safe_serde
+from agentq.store import graph_records as records
 from agentq.store import open_store
-from agentq.store.base import Store
+from agentq.store.contract import Store
+from agentq.store.graph import Backend
+from agentq.store.graph_records import Row, StoredCheckpoint
 
 _PAGE = 100
 _DONE = object()
@@ -45,15 +45,15 @@ _DONE = object()
 
 def backend_for(store: Store) -> Backend:
     """The backend that keeps LangGraph data beside ``store``'s threads."""
-    from agentq.store.redis import RedisStore
-    from agentq.store.sqlite import SQLiteStore
+    from agentq.store.redis.store import RedisStore
+    from agentq.store.sqlite.store import SQLiteStore
 
     if isinstance(store, RedisStore):
-        from agentq.langgraph.redis_backend import RedisBackend
+        from agentq.store.redis.graph import RedisBackend
 
         return RedisBackend(store)
     if isinstance(store, SQLiteStore):
-        from agentq.langgraph.sqlite_backend import SQLiteBackend
+        from agentq.store.sqlite.graph import SQLiteBackend
 
         return SQLiteBackend(store)
     raise StoreConfigError(
@@ -180,8 +180,13 @@ class AgentqSaver(BaseCheckpointSaver[str]):
         writes.sort(key=lambda item: item[0])
 
         def config(checkpoint_id: str) -> RunnableConfig:
-            return {"configurable": {"thread_id": thread_id, "checkpoint_ns": row.ns,
-                                     "checkpoint_id": checkpoint_id}}  # fmt: skip
+            return {
+                "configurable": {
+                    "thread_id": thread_id,
+                    "checkpoint_ns": row.ns,
+                    "checkpoint_id": checkpoint_id,
+                }
+            }
 
         return CheckpointTuple(
             config=config(row.checkpoint_id),
@@ -192,8 +197,9 @@ class AgentqSaver(BaseCheckpointSaver[str]):
         )
 
     def _decode(self, thread_id: str, row: Row) -> tuple[records.Record, Any]:
-        record = records.decode_record(row.record, thread_id=thread_id,
-                                       checkpoint_id=row.checkpoint_id)  # fmt: skip
+        record = records.decode_record(
+            row.record, thread_id=thread_id, checkpoint_id=row.checkpoint_id
+        )
         return record, self._loads(record.metadata, "metadata", thread_id)
 
     def _rows(self, thread_id: str, ns: str, before: str | None, page: int) -> Iterator[Row]:
@@ -264,8 +270,11 @@ class AgentqSaver(BaseCheckpointSaver[str]):
         values: dict[str, Any] = stored.pop("channel_values", {})
         blobs = {}
         for channel, version in new_versions.items():
-            typed = (self._dumps(values[channel], f"channel {channel!r}", thread_id)
-                     if channel in values else ("empty", b""))  # fmt: skip
+            typed = (
+                self._dumps(values[channel], f"channel {channel!r}", thread_id)
+                if channel in values
+                else ("empty", b"")
+            )
             blobs[records.blob_field(channel, version)] = records.encode_blob(typed)
         full_metadata = get_checkpoint_metadata(config, metadata)
         run_id = full_metadata.get("run_id")
@@ -275,10 +284,18 @@ class AgentqSaver(BaseCheckpointSaver[str]):
             get_checkpoint_id(config),
         )
         refs = [records.blob_field(c, v) for c, v in checkpoint["channel_versions"].items()]
-        self.backend.put(thread_id, ns, StoredCheckpoint(
-            checkpoint_id=checkpoint["id"], record=record, refs=records.encode_refs(refs),
-            run_id=None if run_id is None else str(run_id), blobs=blobs,
-        ), self._token(thread_id))  # fmt: skip
+        self.backend.put(
+            thread_id,
+            ns,
+            StoredCheckpoint(
+                checkpoint_id=checkpoint["id"],
+                record=record,
+                refs=records.encode_refs(refs),
+                run_id=None if run_id is None else str(run_id),
+                blobs=blobs,
+            ),
+            self._token(thread_id),
+        )
         return {
             "configurable": {
                 "thread_id": config["configurable"]["thread_id"],
@@ -325,8 +342,9 @@ class AgentqSaver(BaseCheckpointSaver[str]):
         self.backend.delete_runs([str(r) for r in run_ids])
 
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
-        self.backend.copy_thread(validate_thread_id(str(source_thread_id)),
-                                 validate_thread_id(str(target_thread_id)))  # fmt: skip
+        self.backend.copy_thread(
+            validate_thread_id(str(source_thread_id)), validate_thread_id(str(target_thread_id))
+        )
 
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         """``keep_latest`` keeps each namespace's latest checkpoint with its writes and the

@@ -32,14 +32,14 @@ from langgraph.graph import StateGraph
 from langgraph.pregel import Pregel
 from langgraph.types import Command, StateSnapshot
 
+from agentq.celery.drain import draining
+from agentq.celery.task import AgentTask
+from agentq.engine.run import NO_VALUE, Run
 from agentq.errors import InvalidThreadId, StoreConfigError
-from agentq.keys import validate_thread_id
+from agentq.ids import validate_thread_id
 from agentq.langgraph.saver import AgentqSaver
 from agentq.langgraph.serde import AgentqSerializer
 from agentq.outcomes import Done, Interrupt
-from agentq.run import NO_VALUE, Run
-from agentq.task import AgentTask
-from agentq.worker import draining
 
 AnyGraph = Pregel[Any, Any, Any, Any]
 
@@ -154,8 +154,9 @@ class GraphTask(AgentTask):
             # A static breakpoint (interrupt_before/after) stops with no Interrupt object.
             run.state["interrupts"] = [i.id for i in snapshot.interrupts]
             payload = [{"id": i.id, "value": i.value} for i in snapshot.interrupts]
-            return Interrupt(to_plain(payload or {"next": list(snapshot.next)}),
-                             resume_at=self.entry_node)  # fmt: skip
+            return Interrupt(
+                to_plain(payload or {"next": list(snapshot.next)}), resume_at=self.entry_node
+            )
         return Done(self.result(snapshot.values))
 
     def _first_input(

@@ -10,7 +10,7 @@ from typing import Any
 from langchain_core.runnables import RunnableConfig
 from langgraph.config import get_config
 
-from agentq.run import Run
+from agentq.engine.run import Run
 
 logger = logging.getLogger("agentq.langgraph")
 
@@ -55,5 +55,12 @@ def tool_call(
         if "idempotency_key" in inspect.signature(fn).parameters:
             kwargs["idempotency_key"] = tool_call_id
         return fn(*args, **kwargs)
-    return run.tool(fn, *args, key=tool_call_id, idempotent=idempotent, reconcile=reconcile,
-                    shared=shared, **kwargs)  # fmt: skip
+    return run.tool(
+        fn,
+        *args,
+        key=tool_call_id,
+        idempotent=idempotent,
+        reconcile=reconcile,
+        shared=shared,
+        **kwargs,
+    )

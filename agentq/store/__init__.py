@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from agentq.errors import StoreConfigError
-from agentq.store.base import Store
+from agentq.store.contract import Store
 
 
 def open_store(url: str, **options: Any) -> Store:
@@ -14,12 +14,12 @@ def open_store(url: str, **options: Any) -> Store:
     ``options`` go to the backend (``prefix`` applies to Redis only).
     """
     if url.startswith("sqlite:"):
-        from agentq.store.sqlite import SQLiteStore
+        from agentq.store.sqlite.store import SQLiteStore
 
         options.pop("prefix", None)
         return SQLiteStore.from_url(url, **options)
     if url.startswith(("redis://", "rediss://", "unix://")):
-        from agentq.store.redis import RedisStore
+        from agentq.store.redis.store import RedisStore
 
         return RedisStore.from_url(url, **options)
     raise StoreConfigError(

@@ -19,7 +19,7 @@ from celery import Celery
 
 import agentq
 from agentq import AgentTask, Done, Run, Status
-from agentq.store.redis import RedisStore
+from agentq.store.redis.store import RedisStore
 from tests.chaos.flaky_proxy import FlakyProxy
 from tests.support.redis_server import RedisServer
 

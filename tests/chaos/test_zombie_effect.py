@@ -30,12 +30,15 @@ def cluster(tmp_path: Path) -> Iterator[ChaosCluster]:
         yield cluster
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "known limit (README, 'Limits'): a worker frozen inside a reconcile tool, after its "
-    "lease was confirmed and before the call leaves, makes the call after another driver "
-    "reconciled 'did not run' and made it; only a service that checks fencing_token or "
-    "the idempotency key can refuse it"
-))
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "known limit (README, 'Limits'): a worker frozen inside a reconcile tool, after its "
+        "lease was confirmed and before the call leaves, makes the call after another driver "
+        "reconciled 'did not run' and made it; only a service that checks fencing_token or "
+        "the idempotency key can refuse it"
+    ),
+)
 def test_a_frozen_claim_holder_does_not_repeat_a_reconciled_effect(
     cluster: ChaosCluster,
 ) -> None:
@@ -49,11 +52,17 @@ def test_a_frozen_claim_holder_does_not_repeat_a_reconciled_effect(
     claim = store.effect("z1", "call-notify-1")
     assert claim is not None and claim.state == "pending", claim
     cluster.start_worker()
-    wait_until(lambda: agent.thread("z1").status == Status.DONE, timeout=60,
-               what="the thread finished by the other worker")
+    wait_until(
+        lambda: agent.thread("z1").status == Status.DONE,
+        timeout=60,
+        what="the thread finished by the other worker",
+    )
     assert ledger.invocations("z1")["notify:call-notify-1"] == 1  # reconcile ran it once
     frozen.signal_group(signal.SIGCONT)
     ledger.release_pause("z1")
-    wait_until(lambda: "another worker drives it now" in frozen.log.read_text(), timeout=60,
-               what="the frozen worker fenced out")
+    wait_until(
+        lambda: "another worker drives it now" in frozen.log.read_text(),
+        timeout=60,
+        what="the frozen worker fenced out",
+    )
     assert ledger.invocations("z1")["notify:call-notify-1"] == 1, "the email went out twice"

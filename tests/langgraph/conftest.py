@@ -10,9 +10,9 @@ import pytest
 from redis.cluster import RedisCluster
 
 from agentq.langgraph import AgentqSaver
-from agentq.store.base import Store
-from agentq.store.redis import RedisStore
-from agentq.store.sqlite import SQLiteStore
+from agentq.store.contract import Store
+from agentq.store.redis.store import RedisStore
+from agentq.store.sqlite.store import SQLiteStore
 from tests.support.redis_server import RedisServer, running_cluster
 
 _prefixes = itertools.count()

@@ -14,7 +14,7 @@ from langgraph.checkpoint import conformance
 from langgraph.checkpoint.conformance.capabilities import Capability
 
 from agentq.langgraph import AgentqSaver
-from agentq.store.base import Store
+from agentq.store.contract import Store
 
 
 @pytest.mark.parametrize("capability", [c.value for c in Capability])

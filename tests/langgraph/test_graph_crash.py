@@ -17,7 +17,7 @@ from celery import Celery
 from agentq import Status
 from agentq.errors import ThreadStopped
 from agentq.langgraph import GraphTask
-from agentq.store.base import Store
+from agentq.store.contract import Store
 from tests.support.agents import Ledger
 from tests.support.graphs import GRAPH_TASK, make_graph_app, question
 from tests.support.redis_server import RedisServer, wait_until
@@ -43,9 +43,13 @@ class Cluster:
             "AGENTQ_TEST_LEASE_TTL": str(LEASE_TTL),
         }
         self.app: Celery = make_graph_app(
-            broker=BROKER, store=server.url, prefix=prefix,
-            queue=self.env["AGENTQ_TEST_QUEUE"], ledger_url=server.url, lease_ttl=LEASE_TTL,
-        )  # fmt: skip
+            broker=BROKER,
+            store=server.url,
+            prefix=prefix,
+            queue=self.env["AGENTQ_TEST_QUEUE"],
+            ledger_url=server.url,
+            lease_ttl=LEASE_TTL,
+        )
         self.task: GraphTask = self.app.tasks[GRAPH_TASK]
         self.ledger = Ledger(server.url, prefix.rstrip(":"))
         self.store: Store = self.app._agentq_runtime.store
@@ -53,8 +57,9 @@ class Cluster:
         self.workers: list[WorkerProcess] = []
 
     def worker(self) -> WorkerProcess:
-        worker = WorkerProcess(self.app, self.env, self.log_dir,
-                               app_module="tests.support.graph_worker_app").start()  # fmt: skip
+        worker = WorkerProcess(
+            self.app, self.env, self.log_dir, app_module="tests.support.graph_worker_app"
+        ).start()
         self.workers.append(worker)
         return worker
 
@@ -77,8 +82,10 @@ def assert_one_checkpoint_chain(env: Cluster, thread_id: str) -> None:
     """Every LangGraph checkpoint's parent is the one before it: no fork."""
     history = list(env.task.saver.list({"configurable": {"thread_id": thread_id}}))
     ids = [t.config["configurable"]["checkpoint_id"] for t in history]
-    parents = [t.parent_config["configurable"]["checkpoint_id"] if t.parent_config else None
-               for t in history]  # fmt: skip
+    parents = [
+        t.parent_config["configurable"]["checkpoint_id"] if t.parent_config else None
+        for t in history
+    ]
     assert parents == [*ids[1:], None]
     assert [t.metadata["step"] for t in history] == list(range(len(history) - 2, -2, -1))
 
@@ -88,8 +95,7 @@ def test_sigkill_mid_graph_resumes_and_refunds_once(cluster: Cluster, point: str
     cluster.ledger.arm_crash("t1", point)
     first = cluster.worker()
     cluster.task.delay("t1", question("refund please"))
-    wait_until(lambda: cluster.ledger.reached("t1", point), timeout=30,
-               what=f"crash point {point}")  # fmt: skip
+    wait_until(lambda: cluster.ledger.reached("t1", point), timeout=30, what=f"crash point {point}")
     first.kill()
     cluster.worker()
     result = cluster.task.wait("t1", timeout=60)
@@ -105,17 +111,19 @@ def test_sigkill_mid_graph_resumes_and_refunds_once(cluster: Cluster, point: str
 
 @pytest.mark.parametrize(
     "policy,status,tool_calls",
-    [("idempotent", Status.DONE, 2), ("reconcile", Status.DONE, 1),
-     ("none", Status.NEEDS_ATTENTION, 1)],
-)  # fmt: skip
+    [
+        ("idempotent", Status.DONE, 2),
+        ("reconcile", Status.DONE, 1),
+        ("none", Status.NEEDS_ATTENTION, 1),
+    ],
+)
 def test_sigkill_between_the_refund_and_its_record(
     cluster: Cluster, policy: str, status: Status, tool_calls: int
 ) -> None:
     cluster.ledger.arm_crash("t1", "after_effect")
     first = cluster.worker()
     cluster.task.delay("t1", question("refund please", policy=policy))
-    wait_until(lambda: cluster.ledger.reached("t1", "after_effect"), timeout=30,
-               what="the refund")  # fmt: skip
+    wait_until(lambda: cluster.ledger.reached("t1", "after_effect"), timeout=30, what="the refund")
     first.kill()
     cluster.worker()
     with contextlib.suppress(ThreadStopped):
@@ -130,12 +138,16 @@ def test_sigkill_between_the_refund_and_its_record(
 def test_sigkill_while_resuming_an_interrupt(cluster: Cluster) -> None:
     first = cluster.worker()
     cluster.task.delay("t1", question("refund?", approval=True))
-    wait_until(lambda: cluster.task.thread("t1").status == Status.WAITING, timeout=30,
-               what="waiting")  # fmt: skip
+    wait_until(
+        lambda: cluster.task.thread("t1").status == Status.WAITING, timeout=30, what="waiting"
+    )
     cluster.ledger.arm_crash("t1", "tools_end")
     cluster.task.resume("t1", {"approved": True})
-    wait_until(lambda: cluster.ledger.reached("t1", "tools_end"), timeout=30,
-               what="the tools after the resume")  # fmt: skip
+    wait_until(
+        lambda: cluster.ledger.reached("t1", "tools_end"),
+        timeout=30,
+        what="the tools after the resume",
+    )
     first.kill()
     cluster.worker()
     result = cluster.task.wait("t1", timeout=60)

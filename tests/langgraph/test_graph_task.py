@@ -17,7 +17,7 @@ from langgraph.checkpoint.memory import InMemorySaver
 from agentq import Status
 from agentq.errors import InvalidThreadId, ThreadStopped
 from agentq.langgraph import AgentqSaver, GraphTask
-from agentq.store.base import Store
+from agentq.store.contract import Store
 from tests.support.agents import Ledger
 from tests.support.graphs import GRAPH_TASK, build_graph, make_graph_app, question
 from tests.support.redis_server import RedisServer, wait_until
@@ -38,12 +38,19 @@ def env(backend: str, redis_server: RedisServer, tmp_path: Path) -> Iterator[Env
     prefix = f"gt{uuid.uuid4().hex[:8]}:"
     store = redis_server.url if backend == "redis" else f"sqlite:///{tmp_path / 'agentq.db'}"
     app = make_graph_app(
-        broker=BROKER, store=store, prefix=prefix, queue=f"agentq-test-{prefix}",
-        ledger_url=redis_server.url, lease_ttl=3, sweep_interval=0.2, start_grace=5,
+        broker=BROKER,
+        store=store,
+        prefix=prefix,
+        queue=f"agentq-test-{prefix}",
+        ledger_url=redis_server.url,
+        lease_ttl=3,
+        sweep_interval=0.2,
+        start_grace=5,
         backoff_base=0.1,
-    )  # fmt: skip
-    with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False,
-                      shutdown_timeout=30):  # fmt: skip
+    )
+    with start_worker(
+        app, pool="threads", concurrency=2, perform_ping_check=False, shutdown_timeout=30
+    ):
         yield Env(app, Ledger(redis_server.url, prefix.rstrip(":")))
     app._agentq_runtime.store.close()
 
@@ -73,8 +80,9 @@ def test_the_same_graph_ends_in_the_same_state_as_with_memory_saver(env: Env) ->
     by_task = env.task.state("t1").values
     plain = build_graph(env.ledger)
     memory = plain.compile(checkpointer=InMemorySaver())
-    by_memory = memory.invoke(question("refund twice", refunds=2),
-                              {"configurable": {"thread_id": "m1"}})  # fmt: skip
+    by_memory = memory.invoke(
+        question("refund twice", refunds=2), {"configurable": {"thread_id": "m1"}}
+    )
     saver = AgentqSaver(env.store)
     by_saver = plain.compile(checkpointer=saver).invoke(
         question("refund twice", refunds=2), {"configurable": {"thread_id": "s1"}}
@@ -89,8 +97,7 @@ def test_the_same_graph_ends_in_the_same_state_as_with_memory_saver(env: Env) ->
 
 def test_interrupt_waits_and_resume_sends_the_value(env: Env) -> None:
     env.task.delay("t1", question("refund?", approval=True))
-    wait_until(lambda: env.task.thread("t1").status == Status.WAITING, timeout=20,
-               what="waiting")  # fmt: skip
+    wait_until(lambda: env.task.thread("t1").status == Status.WAITING, timeout=20, what="waiting")
     meta = env.task.thread("t1")
     [pending] = meta.interrupt
     assert pending["value"] == {"question": "refund 10 EUR?"}
@@ -108,8 +115,7 @@ def test_interrupt_waits_and_resume_sends_the_value(env: Env) -> None:
 
 def test_a_refusal_through_resume_skips_the_refund(env: Env) -> None:
     env.task.delay("t1", question("refund?", approval=True))
-    wait_until(lambda: env.task.thread("t1").status == Status.WAITING, timeout=20,
-               what="waiting")  # fmt: skip
+    wait_until(lambda: env.task.thread("t1").status == Status.WAITING, timeout=20, what="waiting")
     env.task.resume("t1", {"approved": False})
     env.task.wait("t1", timeout=30)
     assert env.ledger.tool_calls("t1") == {}
@@ -117,8 +123,7 @@ def test_a_refusal_through_resume_skips_the_refund(env: Env) -> None:
 
 def test_a_rate_limit_retries_the_step_from_the_checkpoint(env: Env) -> None:
     env.task.delay("t1", question("hi", rate_limits=1, retry_after=1))
-    wait_until(lambda: env.task.thread("t1").status == Status.RETRYING, timeout=20,
-               what="retrying")  # fmt: skip
+    wait_until(lambda: env.task.thread("t1").status == Status.RETRYING, timeout=20, what="retrying")
     assert env.task.thread("t1").attempts == 1
     assert final_text(env.task.wait("t1", timeout=30)) == "Refunded 10 EUR."
     assert env.ledger.model_calls("t1") == 3  # one refused, then the two of the run
@@ -171,8 +176,9 @@ def test_cancel_stops_the_graph_between_two_steps(env: Env) -> None:
     env.task.delay("t1", question("refund a lot", refunds=20, slow=0.3))
     wait_until(lambda: env.ledger.model_calls("t1") >= 2, timeout=20, what="two model calls")
     assert env.task.cancel("t1") == Status.RUNNING
-    wait_until(lambda: env.task.thread("t1").status == Status.CANCELLED, timeout=20,
-               what="cancelled")  # fmt: skip
+    wait_until(
+        lambda: env.task.thread("t1").status == Status.CANCELLED, timeout=20, what="cancelled"
+    )
     calls = env.ledger.model_calls("t1")
     assert calls < 21
     # the graph stopped at a super-step boundary, with its checkpoints intact

@@ -23,9 +23,9 @@ from agentq.errors import (
     UnserializableState,
 )
 from agentq.langgraph import AgentqSaver, AgentqSerializer
-from agentq.store.base import Store
-from agentq.store.redis import RedisStore
-from agentq.store.sqlite import SQLiteStore
+from agentq.store.contract import Store
+from agentq.store.redis.store import RedisStore
+from agentq.store.sqlite.store import SQLiteStore
 
 
 def config(thread_id: str, ns: str = "", checkpoint_id: str | None = None) -> Any:
@@ -403,7 +403,8 @@ def test_from_url_opens_and_closes_its_own_store(tmp_path: Any, request: Any) ->
     server = request.getfixturevalue("redis_server")
     for url in (f"sqlite:///{tmp_path / 'lg.db'}", server.url):
         with AgentqSaver.from_url(url, prefix=f"fu{uuid.uuid4().hex[:6]}:") as saver:
-            stored = saver.put(config("t1"), checkpoint({"n": 1}, {"n": "1"}), metadata(0),
-                               {"n": "1"})  # fmt: skip
+            stored = saver.put(
+                config("t1"), checkpoint({"n": 1}, {"n": "1"}), metadata(0), {"n": "1"}
+            )
             got = saver.get(stored)
             assert got is not None and got["channel_values"] == {"n": 1}

@@ -13,7 +13,7 @@ from langgraph.types import Command, interrupt
 
 from agentq.errors import LeaseHeld, StaleToken
 from agentq.langgraph import AgentqSaver
-from agentq.store.base import Store
+from agentq.store.contract import Store
 
 
 class Outer(TypedDict, total=False):
@@ -70,8 +70,7 @@ def test_a_subgraph_interrupt_resumes_from_its_namespace(store: Store) -> None:
     child_ns = task.state.config["configurable"]["checkpoint_ns"]  # type: ignore[union-attr]
     assert child_ns.startswith("sub:")
     in_child = list(saver.list({"configurable": {"thread_id": "t1", "checkpoint_ns": child_ns}}))
-    assert in_child and all(t.config["configurable"]["checkpoint_ns"] == child_ns
-                            for t in in_child)  # fmt: skip
+    assert in_child and all(t.config["configurable"]["checkpoint_ns"] == child_ns for t in in_child)
     result = graph.invoke(Command(resume="ann"), config)
     _, _, expected = run_to_end(InMemorySaver(), "m1")
     assert result == expected

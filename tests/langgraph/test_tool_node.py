@@ -21,7 +21,7 @@ from langgraph.prebuilt import ToolNode
 
 import agentq
 from agentq.langgraph import GraphTask, graph_task, tool_call
-from agentq.store.base import Store
+from agentq.store.contract import Store
 from tests.support.agents import Ledger
 from tests.support.redis_server import RedisServer
 
@@ -48,8 +48,9 @@ def build(ledger: Ledger, thread_id: str) -> StateGraph[State]:
     def model(state: State) -> dict[str, Any]:
         if any(isinstance(m, ToolMessage) for m in state["messages"]):
             return {"messages": [AIMessage("All refunded.", id="ai-2")]}
-        calls = [{"id": f"call-{order}", "name": "refund", "args": {"order": order}}
-                 for order in ORDERS]  # fmt: skip
+        calls = [
+            {"id": f"call-{order}", "name": "refund", "args": {"order": order}} for order in ORDERS
+        ]
         return {"messages": [AIMessage("", tool_calls=calls, id="ai-1")]}
 
     def route(state: State) -> str:
@@ -72,14 +73,17 @@ def env(
     prefix = f"tn{uuid.uuid4().hex[:8]}:"
     store = redis_server.url if backend == "redis" else f"sqlite:///{tmp_path / 'agentq.db'}"
     app = Celery("agentq-tool-node-tests", broker=BROKER, set_as_current=False)
-    app.conf.update(task_default_queue=f"agentq-test-{prefix}", worker_hijack_root_logger=False,
-                    broker_connection_retry_on_startup=True)
-    agentq.init_app(app, store=store, prefix=prefix, lease_ttl=3, sweep_interval=0.2,
-                    start_grace=5)
+    app.conf.update(
+        task_default_queue=f"agentq-test-{prefix}",
+        worker_hijack_root_logger=False,
+        broker_connection_retry_on_startup=True,
+    )
+    agentq.init_app(app, store=store, prefix=prefix, lease_ttl=3, sweep_interval=0.2, start_grace=5)
     ledger = Ledger(redis_server.url, prefix.rstrip(":"))
     task = graph_task(app, lambda: build(ledger, "t1"), name="tests.tool_node_graph")
-    with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False,
-                      shutdown_timeout=30):
+    with start_worker(
+        app, pool="threads", concurrency=2, perform_ping_check=False, shutdown_timeout=30
+    ):
         yield task, ledger, app._agentq_runtime.store
     app._agentq_runtime.store.close()
 
@@ -95,5 +99,4 @@ def test_parallel_tool_calls_are_each_claimed_once(
     assert ledger.tool_calls("t1") == dict.fromkeys(keys, 1)
     for key, order in zip(keys, ORDERS, strict=True):
         effect = store.effect("t1", key)
-        assert effect is not None and (effect.state, effect.result) == (
-            "done", {"refunded": order})
+        assert effect is not None and (effect.state, effect.result) == ("done", {"refunded": order})

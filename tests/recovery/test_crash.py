@@ -20,7 +20,7 @@ from celery import Celery
 
 from agentq import Status
 from agentq.errors import ThreadStopped
-from agentq.store.base import Store
+from agentq.store.contract import Store
 from tests.support.agents import Ledger, make_app
 from tests.support.redis_server import RedisServer, wait_until
 from tests.support.workers import WorkerProcess
@@ -48,9 +48,13 @@ class Cluster:
             "AGENTQ_TEST_LEASE_TTL": str(LEASE_TTL),
         }
         self.app: Celery = make_app(
-            broker=broker, store=server.url, prefix=prefix, queue=self.env["AGENTQ_TEST_QUEUE"],
-            ledger_url=server.url, lease_ttl=LEASE_TTL,
-        )  # fmt: skip
+            broker=broker,
+            store=server.url,
+            prefix=prefix,
+            queue=self.env["AGENTQ_TEST_QUEUE"],
+            ledger_url=server.url,
+            lease_ttl=LEASE_TTL,
+        )
         self.ledger = Ledger(server.url, prefix.rstrip(":"))
         self.store: Store = self.app._agentq_runtime.store
         self.log_dir = log_dir
@@ -71,8 +75,9 @@ class Cluster:
 
 
 @pytest.fixture(params=list(BROKERS))
-def cluster(request: pytest.FixtureRequest, redis_server: RedisServer,
-            tmp_path: Path) -> Iterator[Cluster]:
+def cluster(
+    request: pytest.FixtureRequest, redis_server: RedisServer, tmp_path: Path
+) -> Iterator[Cluster]:
     if request.param == "rabbitmq":
         import kombu
 
@@ -119,8 +124,11 @@ def test_sigkill_mid_node_resumes_on_another_worker(cluster: Cluster, point: str
 
 @pytest.mark.parametrize(
     "policy,status,tool_calls",
-    [("idempotent", Status.DONE, 2), ("reconcile", Status.DONE, 1),
-     ("none", Status.NEEDS_ATTENTION, 1)],
+    [
+        ("idempotent", Status.DONE, 2),
+        ("reconcile", Status.DONE, 1),
+        ("none", Status.NEEDS_ATTENTION, 1),
+    ],
 )
 def test_sigkill_after_the_effect_before_its_record(
     cluster: Cluster, policy: str, status: Status, tool_calls: int
@@ -184,9 +192,14 @@ def test_a_thread_that_keeps_killing_its_worker_fails(cluster: Cluster) -> None:
         calls = cluster.ledger.model_calls("t1")
         worker = cluster.worker()
         try:
-            wait_until(lambda before=calls: cluster.ledger.model_calls("t1") > before
-                       or agent.thread("t1").status == Status.FAILED,
-                       timeout=30, what="the model call")
+            wait_until(
+                lambda before=calls: (
+                    cluster.ledger.model_calls("t1") > before
+                    or agent.thread("t1").status == Status.FAILED
+                ),
+                timeout=30,
+                what="the model call",
+            )
         finally:
             worker.kill()
         kills += 1

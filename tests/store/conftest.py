@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from redis.cluster import RedisCluster
 
-from agentq.store.base import Store
-from agentq.store.redis import RedisStore
+from agentq.store.contract import Store
+from agentq.store.redis.store import RedisStore
 from tests.support.redis_server import RedisServer, running_cluster
 
 _prefixes = itertools.count()
@@ -38,7 +38,7 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
         client = RedisCluster(host="127.0.0.1", port=nodes[0].port)
         backend = RedisStore(client, prefix=_unique_prefix(), keep_last=5)
     else:
-        from agentq.store.sqlite import SQLiteStore
+        from agentq.store.sqlite.store import SQLiteStore
 
         backend = SQLiteStore(tmp_path / "agentq.db", keep_last=5)
     with backend:

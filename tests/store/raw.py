@@ -7,8 +7,8 @@ from typing import Any
 
 from redis.cluster import RedisCluster
 
-from agentq.store.base import Store
-from agentq.store.redis import RedisStore
+from agentq.store.contract import Store
+from agentq.store.redis.store import RedisStore
 
 
 def overwrite_checkpoint(store: Store, thread_id: str, step: int, data: bytes) -> None:

@@ -27,7 +27,7 @@ from agentq.errors import (
     UnsupportedVersion,
 )
 from agentq.records import Checkpoint, Status
-from agentq.store.base import UNSET, Store
+from agentq.store.contract import UNSET, Store
 from tests.store.raw import overwrite_checkpoint, snapshot
 from tests.support.redis_server import wait_until
 
@@ -169,8 +169,14 @@ def test_commit_and_load_round_trip_rich_state(store: Store) -> None:
         7: "int key",
     }
     checkpoint = Checkpoint(
-        step=0, node="model", state=state, pending=[{"id": "c1"}], cursors={"page": 3},
-        task="agent", token=token, created_at=12.5,
+        step=0,
+        node="model",
+        state=state,
+        pending=[{"id": "c1"}],
+        cursors={"page": 3},
+        task="agent",
+        token=token,
+        created_at=12.5,
     )
     store.commit("t1", token, checkpoint, due_in=TTL)
     assert store.latest("t1") == checkpoint
@@ -205,8 +211,9 @@ def test_commit_on_unknown_thread(store: Store) -> None:
 def test_done_commit_stores_result_releases_lease_and_leaves_due_index(store: Store) -> None:
     store.open_thread("t1", task="agent", start_grace=0)
     token = store.acquire("t1", "w1", 0.05)
-    store.commit("t1", token, cp(0, token), status=Status.DONE, result={"answer": 42},
-                 release_owner="w1")
+    store.commit(
+        "t1", token, cp(0, token), status=Status.DONE, result={"answer": 42}, release_owner="w1"
+    )
     meta = store.meta("t1")
     assert meta is not None and meta.status == Status.DONE and meta.result == {"answer": 42}
     assert store.acquire("t1", "w2", TTL) > token  # the lease was released
@@ -237,8 +244,9 @@ def test_a_retrying_thread_cannot_be_acquired_before_its_retry_time(store: Store
 
 def test_set_status_is_fenced_and_schedules(store: Store) -> None:
     token = started(store)
-    store.set_status("t1", token, Status.RETRYING, due_in=0, attempts=2, error="429",
-                     release_owner="w1")
+    store.set_status(
+        "t1", token, Status.RETRYING, due_in=0, attempts=2, error="429", release_owner="w1"
+    )
     meta = store.meta("t1")
     assert meta is not None
     assert (meta.status, meta.attempts, meta.error) == (Status.RETRYING, 2, "429")
@@ -309,8 +317,9 @@ def test_delete_thread_removes_everything_it_owns(store: Store) -> None:
 def test_gc_deletes_finished_threads_after_their_ttl(store: Store) -> None:
     for name in ("done", "running"):
         token = started(store, name)
-        store.commit(name, token, cp(0, token),
-                     status=Status.DONE if name == "done" else Status.RUNNING)
+        store.commit(
+            name, token, cp(0, token), status=Status.DONE if name == "done" else Status.RUNNING
+        )
     assert store.gc(finished_ttl=3600) == 0
     assert store.gc(finished_ttl=0) == 1
     assert store.meta("done") is None and store.meta("running") is not None
@@ -353,8 +362,7 @@ def test_a_released_claim_runs_again_under_the_next_token(store: Store, shared: 
     store.release_effect("t1", "quote", old, claim_id="c1", shared=shared)
     store.release("t1", "w1", old)
     new = store.acquire("t1", "w2", TTL)
-    assert store.claim_effect("t1", "quote", new, shared=shared,
-                              claim_id="c2").outcome == "claimed"
+    assert store.claim_effect("t1", "quote", new, shared=shared, claim_id="c2").outcome == "claimed"
     with pytest.raises(StaleToken):  # the old driver cannot drop the new one's claim
         store.release_effect("t1", "quote", old, claim_id="c1", shared=shared)
     store.complete_effect("t1", "quote", new, 12, shared=shared)
@@ -473,8 +481,9 @@ def test_future_format_version_is_refused_and_the_previous_one_still_loads(
 def test_reopen_queues_a_waiting_thread_with_its_resume_value(store: Store) -> None:
     token = started(store)
     store.set_status("t1", token, Status.WAITING, interrupt={"ask": "refund?"}, release_owner="w1")
-    meta = store.reopen("t1", from_statuses={Status.WAITING}, resume_value={"ok": True},
-                        start_grace=0)
+    meta = store.reopen(
+        "t1", from_statuses={Status.WAITING}, resume_value={"ok": True}, start_grace=0
+    )
     assert (meta.status, meta.resume_value, meta.interrupt) == (Status.QUEUED, {"ok": True}, None)
     assert [t for t, _ in store.due()] == ["t1"]
     new = store.acquire("t1", "w2", TTL)
@@ -531,8 +540,14 @@ def test_artifacts_are_content_addressed_and_deleted_with_the_thread(store: Stor
 
 def test_commit_can_pause_for_a_human(store: Store) -> None:
     token = started(store)
-    store.commit("t1", token, cp(0, token), status=Status.WAITING,
-                 interrupt={"ask": "approve refund?"}, release_owner="w1")
+    store.commit(
+        "t1",
+        token,
+        cp(0, token),
+        status=Status.WAITING,
+        interrupt={"ask": "approve refund?"},
+        release_owner="w1",
+    )
     meta = store.meta("t1")
     assert meta is not None
     assert (meta.status, meta.step) == (Status.WAITING, 0)
@@ -578,10 +593,12 @@ def test_one_sweeper_at_a_time(store: Store) -> None:
 # -- append-only logs --------------------------------------------------------------------
 
 
-def commit_messages(store: Store, token: int, step: int, messages: list[object],
-                    before: int) -> None:
-    store.commit("t1", token, cp(step, token, messages=messages, turn=step),
-                 logs={"messages": before})
+def commit_messages(
+    store: Store, token: int, step: int, messages: list[object], before: int
+) -> None:
+    store.commit(
+        "t1", token, cp(step, token, messages=messages, turn=step), logs={"messages": before}
+    )
 
 
 def test_append_only_field_is_rebuilt_for_every_checkpoint(store: Store) -> None:
@@ -604,7 +621,7 @@ def test_snapshots_do_not_grow_with_an_append_only_field(store: Store) -> None:
         messages = messages + [{"content": "x" * 500}] * 10
         commit_messages(store, token, step, messages, before)
     # the envelope holds the field's length, not its items
-    from agentq.codec import encode_checkpoint
+    from agentq.codec.envelope import encode_checkpoint
 
     latest = store.latest("t1")
     assert latest is not None

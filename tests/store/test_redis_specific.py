@@ -25,7 +25,7 @@ from redis.connection import AbstractConnection
 
 from agentq.errors import LeaseHeld, StepConflict, StoreConfigError
 from agentq.records import Checkpoint, Effect, Status
-from agentq.store.redis import RedisStore
+from agentq.store.redis.store import RedisStore
 from tests.store.raw import snapshot
 from tests.support.redis_server import RedisServer, wait_until
 
@@ -56,9 +56,15 @@ def checkpoint(step: int, token: int, **extra: Any) -> Checkpoint:
         **extra,
     }
     return Checkpoint(
-        step=step, node=f"node{step}", state=state, pending=[{"id": f"call-{step}"}],
-        cursors={"page": step}, task="agent", token=token, created_at=1000.0 + step,
-    )  # fmt: skip
+        step=step,
+        node=f"node{step}",
+        state=state,
+        pending=[{"id": f"call-{step}"}],
+        cursors={"page": step},
+        task="agent",
+        token=token,
+        created_at=1000.0 + step,
+    )
 
 
 @pytest.fixture
@@ -383,27 +389,37 @@ def test_racing_acquires_of_a_free_thread_hand_out_exactly_one_token(
     ("args", "settings", "expected"),
     [
         pytest.param(
-            (), {"appendonly": "yes", "appendfsync": "always", "maxmemory-policy": "noeviction"},
-            [], id="durable-defaults",
+            (),
+            {"appendonly": "yes", "appendfsync": "always", "maxmemory-policy": "noeviction"},
+            [],
+            id="durable-defaults",
         ),
         pytest.param(
-            ("--maxmemory-policy", "allkeys-lru"), {"maxmemory-policy": "allkeys-lru"},
-            [("maxmemory-policy", "allkeys-lru", "evict", "noeviction")], id="evicting",
+            ("--maxmemory-policy", "allkeys-lru"),
+            {"maxmemory-policy": "allkeys-lru"},
+            [("maxmemory-policy", "allkeys-lru", "evict", "noeviction")],
+            id="evicting",
         ),
         pytest.param(
-            ("--appendonly", "no", "--save", ""), {"appendonly": "no", "save": ""},
-            [("appendonly", "no", "no persistence", "--appendonly yes")], id="no-persistence",
+            ("--appendonly", "no", "--save", ""),
+            {"appendonly": "no", "save": ""},
+            [("appendonly", "no", "no persistence", "--appendonly yes")],
+            id="no-persistence",
         ),
         pytest.param(
-            ("--appendonly", "no", "--save", "3600 1"), {"appendonly": "no", "save": "3600 1"},
-            [("appendonly", "no", "only RDB snapshots", "--appendonly yes")], id="rdb-only",
+            ("--appendonly", "no", "--save", "3600 1"),
+            {"appendonly": "no", "save": "3600 1"},
+            [("appendonly", "no", "only RDB snapshots", "--appendonly yes")],
+            id="rdb-only",
         ),
         pytest.param(
-            ("--appendonly", "yes", "--appendfsync", "no"), {"appendfsync": "no"},
-            [("appendfsync", "no", "power loss", "appendfsync always")], id="appendfsync-no",
+            ("--appendonly", "yes", "--appendfsync", "no"),
+            {"appendfsync": "no"},
+            [("appendfsync", "no", "power loss", "appendfsync always")],
+            id="appendfsync-no",
         ),
     ],
-)  # fmt: skip
+)
 def test_check_reports_what_the_server_is_configured_with(
     start_redis: StartRedis,
     args: tuple[str, ...],
@@ -607,8 +623,10 @@ def test_one_commit_is_one_round_trip(
 
             assert writes(name) - sent == 1
             assert [command[:2] for command in store_commands(admin, name)] == expected
-            delta = {c: after.get(c, 0) - before.get(c, 0)
-                     for c in ("exec", "evalsha", "script|load", "script|exists")}
+            delta = {
+                c: after.get(c, 0) - before.get(c, 0)
+                for c in ("exec", "evalsha", "script|load", "script|exists")
+            }
             assert delta == {"exec": 1, "evalsha": 1, "script|load": 0, "script|exists": 0}
         assert store.latest("t1") == checkpoint(len(COMMIT_VARIANTS), token)
         assert not admin.exists(staged)
@@ -621,7 +639,9 @@ def test_one_commit_is_one_round_trip(
         store.commit("t1", token, checkpoint(step, token))
         assert writes(name) - sent == 3
         assert [command[:2] for command in store_commands(admin, name)] == [
-            *expected, [b"SCRIPT", b"LOAD"], *expected
+            *expected,
+            [b"SCRIPT", b"LOAD"],
+            *expected,
         ]
         assert store.latest("t1") == checkpoint(step, token)
         assert not admin.exists(staged)
@@ -645,8 +665,11 @@ def test_latest_is_one_round_trip(
         mget = [b"MGET", latest_key]
         sha = store._scripts["latest"].sha.encode()
 
-        def costs(call: Callable[[], object], commands: list[list[bytes]], trips: int = 1,
-                  ) -> object:
+        def costs(
+            call: Callable[[], object],
+            commands: list[list[bytes]],
+            trips: int = 1,
+        ) -> object:
             admin.slowlog_reset()
             sent = writes(name)
             value = call()
@@ -694,6 +717,8 @@ def test_latest_is_one_round_trip(
             assert cold.latest("t2") == want
             meta = store.keys.meta("t2").encode()
             assert [c[:2] for c in store_commands(admin, other)] == [
-                [b"EVALSHA", sha], [b"HGETALL", meta], *read
+                [b"EVALSHA", sha],
+                [b"HGETALL", meta],
+                *read,
             ]
             assert writes(other) - sent == 3

@@ -16,15 +16,15 @@ import pytest
 
 from agentq.errors import RetryNotDue, StoreConfigError
 from agentq.records import Checkpoint, Status
-from agentq.store.base import META_FIELDS
-from agentq.store.sqlite import SQLiteStore
+from agentq.store.contract import META_FIELDS
+from agentq.store.sqlite.store import SQLiteStore
 
 PAD = "x" * 2000  # big enough that a torn write would show in the data
 
 COMMITTER = """
 import sys
 from agentq.records import Checkpoint
-from agentq.store.sqlite import SQLiteStore
+from agentq.store.sqlite.store import SQLiteStore
 
 store = SQLiteStore(sys.argv[1], keep_last=100_000)
 token = int(sys.argv[2])
@@ -41,7 +41,7 @@ RACER = """
 import sys
 from agentq.errors import StepConflict
 from agentq.records import Checkpoint
-from agentq.store.sqlite import SQLiteStore
+from agentq.store.sqlite.store import SQLiteStore
 
 path, token, name = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 store = SQLiteStore(path)
@@ -58,7 +58,7 @@ for line in sys.stdin:
 FORKER = """
 import os, sys
 from agentq.records import Checkpoint
-from agentq.store.sqlite import SQLiteStore
+from agentq.store.sqlite.store import SQLiteStore
 
 store = SQLiteStore(sys.argv[1])
 store.open_thread("t1", task="agent")
@@ -222,9 +222,15 @@ def test_from_url_relative_and_absolute(tmp_path: Path, monkeypatch: pytest.Monk
 
 @pytest.mark.parametrize(
     "url",
-    ["sqlite:///:memory:", "sqlite://", "sqlite:///", "sqlite://host/x.db",
-     "redis://localhost/0", "sqlite:///x.db?mode=ro"],
-)  # fmt: skip
+    [
+        "sqlite:///:memory:",
+        "sqlite://",
+        "sqlite:///",
+        "sqlite://host/x.db",
+        "redis://localhost/0",
+        "sqlite:///x.db?mode=ro",
+    ],
+)
 def test_from_url_refuses_what_it_cannot_share(url: str, tmp_path: Path) -> None:
     with pytest.raises(StoreConfigError):
         SQLiteStore.from_url(url)

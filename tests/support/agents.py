@@ -92,8 +92,11 @@ def fake_model(task: AgentTask, run: Run) -> dict[str, Any]:
     done = sum(1 for m in run.state["messages"] if m["role"] == "tool")
     if done < plan["refunds"]:
         call_id = f"call-refund-{done + 1}"
-        return {"role": "assistant", "content": "",
-                "tool_calls": [{"id": call_id, "name": "refund", "args": {"amount": 10}}]}
+        return {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"id": call_id, "name": "refund", "args": {"amount": 10}}],
+        }
     return {"role": "assistant", "content": f"Refunded {done * 10} EUR.", "tool_calls": []}
 
 
@@ -114,11 +117,22 @@ class SupportAgent(AgentTask):
     retry_on = (RateLimitError,)
     append_only = ("messages",)
 
-    def start(self, run: Run, question: str, refunds: int = 1, rate_limits: int = 0,
-              retry_after: int = 2, policy: str = "idempotent") -> str:
+    def start(
+        self,
+        run: Run,
+        question: str,
+        refunds: int = 1,
+        rate_limits: int = 0,
+        retry_after: int = 2,
+        policy: str = "idempotent",
+    ) -> str:
         run.state["messages"] = [{"role": "user", "content": question}]
-        run.state["plan"] = {"refunds": refunds, "rate_limits": rate_limits,
-                             "retry_after": retry_after, "policy": policy}
+        run.state["plan"] = {
+            "refunds": refunds,
+            "rate_limits": rate_limits,
+            "retry_after": retry_after,
+            "policy": policy,
+        }
         return "model"
 
     def model(self, run: Run) -> Any:
@@ -135,11 +149,13 @@ class SupportAgent(AgentTask):
         if policy == "idempotent":
             options["idempotent"] = True
         elif policy == "reconcile":
+
             def reconcile(key: str, amount: int) -> Any:
                 applied = ledger.client.hget(ledger.key("effects", run.thread_id), key)
                 if applied is None:
                     return DID_NOT_RUN
                 return {"refund_id": f"re_{key}", "amount": int(applied)}
+
             options["reconcile"] = reconcile
         for call in run.pending:
             result = run.tool(refund, call["args"]["amount"], key=call["id"], **options)
@@ -251,8 +267,7 @@ class CountingAgent(AgentTask):
         ledger = ledger_of(self)
         ledger.client.incr(ledger.key("steps", run.thread_id))
         if run.state["slow"]:
-            ledger.client.blpop([ledger.key("never", run.thread_id)],
-                                timeout=run.state["slow"])
+            ledger.client.blpop([ledger.key("never", run.thread_id)], timeout=run.state["slow"])
         run.state["i"] += 1
         return "count" if run.state["i"] < run.state["n"] else "finish"
 
@@ -400,10 +415,14 @@ class ChaosAgent(AgentTask):
         done = sum(1 for m in run.state["messages"] if m["role"] == "tool") // 2
         if done < plan["rounds"]:
             n = done + 1
-            reply = {"role": "assistant", "content": "", "tool_calls": [
-                {"id": f"call-refund-{n}", "name": "refund", "args": {"amount": 10 * n}},
-                {"id": f"call-notify-{n}", "name": "notify", "args": {"to": f"c{n}@ex.com"}},
-            ]}  # fmt: skip
+            reply = {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [
+                    {"id": f"call-refund-{n}", "name": "refund", "args": {"amount": 10 * n}},
+                    {"id": f"call-notify-{n}", "name": "notify", "args": {"to": f"c{n}@ex.com"}},
+                ],
+            }
             run.state["messages"].append(reply)
             run.pending = reply["tool_calls"]
             return "tools"
@@ -411,15 +430,25 @@ class ChaosAgent(AgentTask):
         digest = hashlib.sha256(
             json.dumps(run.state["messages"], sort_keys=True).encode()
         ).hexdigest()
-        return Done({"refunded": sum(10 * (i + 1) for i in range(done)), "rounds": done,
-                     "steps": run.step + 1, "digest": digest})
+        return Done(
+            {
+                "refunded": sum(10 * (i + 1) for i in range(done)),
+                "rounds": done,
+                "steps": run.step + 1,
+                "digest": digest,
+            }
+        )
 
     def tools(self, run: Run) -> str:
         ledger = self._ledger()
         ledger.record_start(run.thread_id, run.step, run.node)
-        tools = dict(zip(("refund", "notify"),
-                         chaos_tools(ledger, run.thread_id, run.state["plan"]["latency"] / 2),
-                         strict=True))
+        tools = dict(
+            zip(
+                ("refund", "notify"),
+                chaos_tools(ledger, run.thread_id, run.state["plan"]["latency"] / 2),
+                strict=True,
+            )
+        )
         for call in run.pending:
             result = run.tool(tools[call["name"]], key=call["id"], **call["args"])
             run.state["messages"].append({"role": "tool", "content": result})
@@ -433,8 +462,9 @@ class ChaosAgent(AgentTask):
         ledger = self._ledgers.get(os.getpid())
         if ledger is None:
             conf = self.app.conf
-            ledger = self._ledgers[os.getpid()] = ChaosLedger(conf.test_ledger_url,
-                                                              conf.test_ledger_ns)
+            ledger = self._ledgers[os.getpid()] = ChaosLedger(
+                conf.test_ledger_url, conf.test_ledger_ns
+            )
         return ledger
 
 
@@ -453,12 +483,20 @@ class ReportAgent(AgentTask):
         return Done({"size": len(data), "ref": run.state["report"]})
 
 
-AGENTS = (SupportAgent, ApprovalAgent, NotesAgent, FlakyToolAgent, CountingAgent, BrokenAgent,
-          ReportAgent)
+AGENTS = (
+    SupportAgent,
+    ApprovalAgent,
+    NotesAgent,
+    FlakyToolAgent,
+    CountingAgent,
+    BrokenAgent,
+    ReportAgent,
+)
 
 
-def make_app(*, broker: str, store: str, prefix: str, queue: str, ledger_url: str,
-             **settings: Any) -> Celery:
+def make_app(
+    *, broker: str, store: str, prefix: str, queue: str, ledger_url: str, **settings: Any
+) -> Celery:
     app = Celery("agentq-tests", broker=broker, set_as_current=False)
     app.conf.update(
         task_default_queue=queue,

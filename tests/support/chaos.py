@@ -39,9 +39,9 @@ import redis
 from celery import Celery
 
 from agentq import Status
-from agentq.app import runtime_of
+from agentq.celery.runtime import runtime_of
 from agentq.errors import AgentqError
-from agentq.store.redis import RedisStore
+from agentq.store.redis.store import RedisStore
 from tests.support.agents import ChaosAgent, ChaosLedger, make_app
 from tests.support.redis_server import RedisServer, wait_until
 from tests.support.workers import WorkerProcess
@@ -138,10 +138,14 @@ class ChaosCluster:
         self.server.start()
         self.log_dir.mkdir(parents=True, exist_ok=True)
         app = make_app(
-            broker=self.config.broker, store=self.server.url, prefix=self.prefix,
-            queue=self.queue, ledger_url=self.server.url, lease_ttl=self.config.lease_ttl,
+            broker=self.config.broker,
+            store=self.server.url,
+            prefix=self.prefix,
+            queue=self.queue,
+            ledger_url=self.server.url,
+            lease_ttl=self.config.lease_ttl,
             start_grace=self.config.start_grace,
-        )  # fmt: skip
+        )
         app.register_task(ChaosAgent())
         self.app = app
         self.ledger = ChaosLedger(self.server.url, self.prefix.rstrip(":"))
@@ -161,8 +165,13 @@ class ChaosCluster:
 
     def start_worker(self) -> WorkerProcess:
         assert self.app is not None
-        worker = WorkerProcess(self.app, self.env, self.log_dir,
-                               concurrency=self.config.concurrency, app_module=WORKER_APP)
+        worker = WorkerProcess(
+            self.app,
+            self.env,
+            self.log_dir,
+            concurrency=self.config.concurrency,
+            app_module=WORKER_APP,
+        )
         self.workers.append(worker)  # before start: a worker that fails to start is stopped
         return worker.start()
 
@@ -260,8 +269,10 @@ def _statuses(cluster: ChaosCluster, ids: list[str]) -> dict[str, Status] | None
 
 def _all_finished(cluster: ChaosCluster, ids: list[str]) -> bool:
     statuses = _statuses(cluster, ids)
-    return statuses is not None and len(statuses) == len(ids) and all(
-        s in FINISHED for s in statuses.values()
+    return (
+        statuses is not None
+        and len(statuses) == len(ids)
+        and all(s in FINISHED for s in statuses.values())
     )
 
 
@@ -304,12 +315,16 @@ def run_chaos(cluster: ChaosCluster, say: Say = print) -> ChaosLog:
     log.started = time.monotonic()
     feeder = Feeder(cluster, ids)
     feeder.start()
-    note(f"{len(ids)} threads of {config.steps_per_thread} steps arriving over "
-         f"{config.arrival_seconds:.0f} s")
+    note(
+        f"{len(ids)} threads of {config.steps_per_thread} steps arriving over "
+        f"{config.arrival_seconds:.0f} s"
+    )
     try:
-        wait_until(lambda: any(s == Status.RUNNING
-                               for s in (_statuses(cluster, ids) or {}).values()),
-                   timeout=60, what="a thread running")
+        wait_until(
+            lambda: any(s == Status.RUNNING for s in (_statuses(cluster, ids) or {}).values()),
+            timeout=60,
+            what="a thread running",
+        )
         _chaos_loop(cluster, rng, log, ids, note)
         feeder.join()
     finally:
@@ -319,8 +334,12 @@ def run_chaos(cluster: ChaosCluster, say: Say = print) -> ChaosLog:
     log.chaos_ended = time.monotonic()
     note("chaos over; waiting for the threads")
     with contextlib.suppress(TimeoutError):
-        wait_until(lambda: _all_finished(cluster, ids), timeout=config.finish_timeout,
-                   interval=0.2, what="every thread finished")
+        wait_until(
+            lambda: _all_finished(cluster, ids),
+            timeout=config.finish_timeout,
+            interval=0.2,
+            what="every thread finished",
+        )
     log.finished = time.monotonic()
     note("threads finished" if _all_finished(cluster, ids) else "gave up waiting")
     return log
@@ -353,13 +372,15 @@ class Feeder:
         begin = time.monotonic()
         for i, thread_id in enumerate(self.ids):
             # Arrival pacing: load generation, not synchronisation.
-            if self._stop.wait(max(0.0, begin + config.arrival_seconds * i / len(self.ids)
-                                   - time.monotonic())):
+            if self._stop.wait(
+                max(0.0, begin + config.arrival_seconds * i / len(self.ids) - time.monotonic())
+            ):
                 return
             for attempt in range(50):
                 try:
-                    self.cluster.agent.delay(thread_id, rounds=config.rounds,
-                                             latency=config.latency)
+                    self.cluster.agent.delay(
+                        thread_id, rounds=config.rounds, latency=config.latency
+                    )
                     break
                 except redis.ConnectionError as exc:  # the store is restarting
                     if attempt == 49 or self._stop.wait(0.2):
@@ -367,8 +388,9 @@ class Feeder:
                         return
 
 
-def _busy_worker(cluster: ChaosCluster, ids: list[str],
-                 rng: random.Random) -> tuple[WorkerProcess, dict[str, int]]:
+def _busy_worker(
+    cluster: ChaosCluster, ids: list[str], rng: random.Random
+) -> tuple[WorkerProcess, dict[str, int]]:
     """A random worker among those driving threads (any worker if none is), with the
     threads it drives: killing or freezing an idle worker proves little."""
     held = {worker.name: leases_on(cluster, worker, ids) for worker in cluster.workers}
@@ -377,8 +399,9 @@ def _busy_worker(cluster: ChaosCluster, ids: list[str],
     return victim, held[victim.name]
 
 
-def _chaos_loop(cluster: ChaosCluster, rng: random.Random, log: ChaosLog, ids: list[str],
-                note: Say) -> None:
+def _chaos_loop(
+    cluster: ChaosCluster, rng: random.Random, log: ChaosLog, ids: list[str], note: Say
+) -> None:
     config = cluster.config
     # Every kind of action once, in a random order, then random ones.
     plan = list(ACTIONS)
@@ -407,8 +430,12 @@ def _chaos_loop(cluster: ChaosCluster, rng: random.Random, log: ChaosLog, ids: l
             new = cluster.start_worker()
             signalled = time.monotonic()
             old.terminate()
-            wait_until(lambda w=old: not w.running, timeout=60, interval=0.01,
-                       what=f"{old.name} leaving after SIGTERM")
+            wait_until(
+                lambda w=old: not w.running,
+                timeout=60,
+                interval=0.01,
+                what=f"{old.name} leaving after SIGTERM",
+            )
             took = time.monotonic() - signalled
             cluster.retire(old)
             log.deploy_exits.append(took)
@@ -458,8 +485,10 @@ def verify(cluster: ChaosCluster, log: ChaosLog, reference: Any) -> ChaosReport:
             lost += 1
             status = meta.status.value if meta else "missing"
             error = (meta.error or "").splitlines()[0] if meta and meta.error else ""
-            problems.append(f"{thread_id}: {status} at step {meta.step if meta else '-'}"
-                            f"{': ' + error if error else ''}")
+            problems.append(
+                f"{thread_id}: {status} at step {meta.step if meta else '-'}"
+                f"{': ' + error if error else ''}"
+            )
         elif meta.result != reference:
             problems.append(f"{thread_id}: result {meta.result!r} != reference {reference!r}")
         # The outside world: every effect applied once, no tool call made twice unless the
@@ -499,8 +528,9 @@ def verify(cluster: ChaosCluster, log: ChaosLog, reference: Any) -> ChaosReport:
             if tokens != sorted(tokens):
                 problems.append(f"{thread_id}: tokens decrease along the steps: {tokens}")
             if history and history[-1].node is not None:
-                problems.append(f"{thread_id}: done, but the last checkpoint goes on to "
-                                f"{history[-1].node!r}")
+                problems.append(
+                    f"{thread_id}: done, but the last checkpoint goes on to {history[-1].node!r}"
+                )
     resumed = resume_times(log, histories)
     unresumed = sum(len(k.tokens) for k in log.kills) - len(resumed)
     if unresumed:
@@ -518,7 +548,8 @@ def verify(cluster: ChaosCluster, log: ChaosLog, reference: Any) -> ChaosReport:
         "sigkill_to_resumed_median_s": _median(resumed),
         "sigkill_to_resumed_max_s": round(max(resumed), 3) if resumed else float("nan"),
         "threads_hit_by_sigkill": sum(len(k.tokens) for k in log.kills),
-        "sigterm_to_exit_max_s": round(max(log.deploy_exits), 3) if log.deploy_exits
+        "sigterm_to_exit_max_s": round(max(log.deploy_exits), 3)
+        if log.deploy_exits
         else float("nan"),
         "store_outage_median_s": _median(log.store_outages),
         "idempotent_reruns": reruns,
@@ -547,8 +578,9 @@ def resume_times(log: ChaosLog, histories: dict[str, list[Any]]) -> list[float]:
 def fenced_stops(cluster: ChaosCluster) -> int:
     """How often a driver found out it had been fenced out (a zombie's refused write)."""
     needle = "another worker drives it now"
-    return sum(path.read_text(errors="replace").count(needle)
-               for path in cluster.log_dir.glob("*.log"))
+    return sum(
+        path.read_text(errors="replace").count(needle) for path in cluster.log_dir.glob("*.log")
+    )
 
 
 def run_and_verify(cluster: ChaosCluster, say: Say = print) -> ChaosReport:
@@ -556,8 +588,10 @@ def run_and_verify(cluster: ChaosCluster, say: Say = print) -> ChaosReport:
     config = cluster.config
     for _ in range(config.workers):
         cluster.start_worker()
-    say(f"{config.workers} workers x {config.concurrency} processes on queue {cluster.queue}; "
-        f"store {cluster.server.url}; logs in {cluster.log_dir}")
+    say(
+        f"{config.workers} workers x {config.concurrency} processes on queue {cluster.queue}; "
+        f"store {cluster.server.url}; logs in {cluster.log_dir}"
+    )
     reference = run_reference(cluster, config)
     say(f"reference (uninterrupted) result: {reference}")
     log = run_chaos(cluster, say)

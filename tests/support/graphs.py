@@ -140,8 +140,9 @@ def question(text: str, **plan: Any) -> dict[str, Any]:
     return {"messages": [HumanMessage(text, id="user-1")], "plan": {"refunds": 1, **plan}}
 
 
-def make_graph_app(*, broker: str, store: str, prefix: str, queue: str, ledger_url: str,
-                   **settings: Any) -> Celery:  # fmt: skip
+def make_graph_app(
+    *, broker: str, store: str, prefix: str, queue: str, ledger_url: str, **settings: Any
+) -> Celery:
     app = Celery("agentq-graph-tests", broker=broker, set_as_current=False)
     app.conf.update(
         task_default_queue=queue,

@@ -65,16 +65,33 @@ class RedisServer:
     def start(self) -> RedisServer:
         self.directory.mkdir(parents=True, exist_ok=True)
         args = [
-            "redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
-            "--dir", str(self.directory), "--save", "", "--appendonly", "yes",
-            "--appendfsync", "always", "--daemonize", "no",
-            "--logfile", str(self.directory / "redis.log"), *self.extra,
-        ]  # fmt: skip
+            "redis-server",
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            str(self.directory),
+            "--save",
+            "",
+            "--appendonly",
+            "yes",
+            "--appendfsync",
+            "always",
+            "--daemonize",
+            "no",
+            "--logfile",
+            str(self.directory / "redis.log"),
+            *self.extra,
+        ]
         self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         client = redis.Redis(port=self.port, socket_connect_timeout=0.2)
         try:
-            wait_until(lambda: self._answers(client), timeout=STARTUP_DEADLINE,
-                       what=f"redis-server on port {self.port} answering")
+            wait_until(
+                lambda: self._answers(client),
+                timeout=STARTUP_DEADLINE,
+                what=f"redis-server on port {self.port} answering",
+            )
         finally:
             client.close()
         return self
@@ -127,19 +144,35 @@ def running_redis(directory: Path, *extra: str) -> Iterator[RedisServer]:
 def running_cluster(directory: Path, nodes: int = 3) -> Iterator[list[RedisServer]]:
     """A Redis Cluster of ``nodes`` primaries on loopback, no replicas."""
     servers = [
-        RedisServer(directory / f"node{i}", "--cluster-enabled", "yes",
-                    "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "5000")
+        RedisServer(
+            directory / f"node{i}",
+            "--cluster-enabled",
+            "yes",
+            "--cluster-config-file",
+            "nodes.conf",
+            "--cluster-node-timeout",
+            "5000",
+        )
         for i in range(nodes)
     ]
     try:
         for server in servers:
             server.start()
         subprocess.run(
-            ["redis-cli", "--cluster", "create",
-             *(f"127.0.0.1:{s.port}" for s in servers), "--cluster-replicas", "0",
-             "--cluster-yes"],
-            check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60,
-        )  # fmt: skip
+            [
+                "redis-cli",
+                "--cluster",
+                "create",
+                *(f"127.0.0.1:{s.port}" for s in servers),
+                "--cluster-replicas",
+                "0",
+                "--cluster-yes",
+            ],
+            check=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            timeout=60,
+        )
 
         def ready() -> bool:
             for server in servers:

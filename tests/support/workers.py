@@ -20,8 +20,15 @@ class WorkerProcess:
     """One prefork worker (``-c 1``) in its own session, so the whole group can be
     signalled like a container's processes."""
 
-    def __init__(self, app: Celery, env: dict[str, str], log_dir: Path, *,
-                 concurrency: int = 1, app_module: str = "tests.support.worker_app") -> None:
+    def __init__(
+        self,
+        app: Celery,
+        env: dict[str, str],
+        log_dir: Path,
+        *,
+        concurrency: int = 1,
+        app_module: str = "tests.support.worker_app",
+    ) -> None:
         self.app = app
         self.env = env
         self.app_module = app_module
@@ -33,22 +40,47 @@ class WorkerProcess:
     def start(self, *, ready_timeout: float = 60) -> WorkerProcess:
         with open(self.log, "wb") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "celery", "-A", self.app_module, "worker",
-                 "-P", "prefork", "-c", str(self.concurrency), "-n", self.name,
-                 "-Q", self.env["AGENTQ_TEST_QUEUE"], "--without-mingle", "--without-gossip",
-                 "--loglevel", "INFO"],
-                cwd=ROOT, env={**os.environ, **self.env}, stdout=log,
-                stderr=subprocess.STDOUT, start_new_session=True,
-            )  # fmt: skip
-        wait_until(self._answers_ping, timeout=ready_timeout, interval=0.2,
-                   what=f"worker {self.name} answering ping")
+                [
+                    sys.executable,
+                    "-m",
+                    "celery",
+                    "-A",
+                    self.app_module,
+                    "worker",
+                    "-P",
+                    "prefork",
+                    "-c",
+                    str(self.concurrency),
+                    "-n",
+                    self.name,
+                    "-Q",
+                    self.env["AGENTQ_TEST_QUEUE"],
+                    "--without-mingle",
+                    "--without-gossip",
+                    "--loglevel",
+                    "INFO",
+                ],
+                cwd=ROOT,
+                env={**os.environ, **self.env},
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        wait_until(
+            self._answers_ping,
+            timeout=ready_timeout,
+            interval=0.2,
+            what=f"worker {self.name} answering ping",
+        )
         return self
 
     def _answers_ping(self) -> bool:
         assert self.process is not None
         if self.process.poll() is not None:
-            raise RuntimeError(f"worker exited with {self.process.returncode}:\n"
-                               + self.log.read_text(errors="replace")[-3000:])
+            raise RuntimeError(
+                f"worker exited with {self.process.returncode}:\n"
+                + self.log.read_text(errors="replace")[-3000:]
+            )
         return bool(self.app.control.ping(destination=[self.name], timeout=0.5))
 
     @property

@@ -13,6 +13,7 @@ from typing import Any
 
 import msgpack
 
+from agentq.codec.unstorable import unserializable
 from agentq.errors import (
     CheckpointTooLarge,
     CorruptCheckpoint,
@@ -20,13 +21,12 @@ from agentq.errors import (
     UnsupportedVersion,
 )
 from agentq.records import Checkpoint
-from agentq.unstorable import unserializable
+from agentq.settings import DEFAULT_MAX_CHECKPOINT_BYTES
 
 FORMAT_VERSION = 2
 """The newest envelope version this agentq reads. Version 2 adds append-only logs; a
 checkpoint without them is still written as version 1, readable by older agentq."""
 LOG_FORMAT_VERSION = 2
-DEFAULT_MAX_CHECKPOINT_BYTES = 1024 * 1024
 
 _EXT_TUPLE = 1
 _EXT_SET = 2
@@ -122,10 +122,15 @@ class EncodedCheckpoint:
 
 # The user's fields first: a bad value is far likelier there than in the bookkeeping.
 _ENVELOPE_PATHS = (
-    ("state", "state"), ("pending", "pending"), ("cursors", "cursors"),
-    ("step", "checkpoint.step"), ("node", "checkpoint.node"), ("task", "checkpoint.task"),
-    ("token", "checkpoint.token"), ("at", "checkpoint.created_at"),
-)  # fmt: skip
+    ("state", "state"),
+    ("pending", "pending"),
+    ("cursors", "cursors"),
+    ("step", "checkpoint.step"),
+    ("node", "checkpoint.node"),
+    ("task", "checkpoint.task"),
+    ("token", "checkpoint.token"),
+    ("at", "checkpoint.created_at"),
+)
 
 
 def encode_checkpoint(
@@ -149,8 +154,10 @@ def encode_checkpoint(
             raise UnserializableState(
                 f"append-only field state.{field} is {type(state.get(field)).__name__}, not "
                 "a list; keep it a list, or stop declaring it append-only",
-                path=f"state.{field}", thread_id=thread_id, step=checkpoint.step,
-            )  # fmt: skip
+                path=f"state.{field}",
+                thread_id=thread_id,
+                step=checkpoint.step,
+            )
     envelope = {
         "v": LOG_FORMAT_VERSION if logs else 1,
         "step": checkpoint.step,
@@ -174,12 +181,13 @@ def encode_checkpoint(
         ) from exc
     appended = {
         field: [
-            encode_value(item, what=f"state.{field}[{index}]", thread_id=thread_id,
-                         step=checkpoint.step)
+            encode_value(
+                item, what=f"state.{field}[{index}]", thread_id=thread_id, step=checkpoint.step
+            )
             for index, item in enumerate(state[field][start:], start)
         ]
         for field, start in logs.items()
-    }  # fmt: skip
+    }
     size = len(data) + sum(len(item) for items in appended.values() for item in items)
     if size > limit:
         raise CheckpointTooLarge(
@@ -221,8 +229,11 @@ def decode_envelope(
         )
     logs = envelope.get("logs") or {}
     if not isinstance(logs, dict):
-        raise CorruptCheckpoint("checkpoint envelope has malformed logs; restore the key",
-                                thread_id=thread_id, step=step)
+        raise CorruptCheckpoint(
+            "checkpoint envelope has malformed logs; restore the key",
+            thread_id=thread_id,
+            step=step,
+        )
     return envelope, logs
 
 
@@ -243,8 +254,9 @@ def build_checkpoint(
                 raise CorruptCheckpoint(
                     f"the log of state.{field} holds {len(items)} items, but the checkpoint "
                     f"needs {length}; restore the store from a backup",
-                    thread_id=thread_id, step=step,
-                )  # fmt: skip
+                    thread_id=thread_id,
+                    step=step,
+                )
             state[field] = [
                 decode_value(item, what=f"state.{field}[{i}]", thread_id=thread_id, step=step)
                 for i, item in enumerate(items[:length])

@@ -9,12 +9,12 @@ from typing import Any, ClassVar
 from celery import Task
 from celery.backends.base import DisabledBackend
 
-from agentq.app import Runtime, runtime_of
-from agentq.driver import Driver
+from agentq.celery.drain import draining
+from agentq.celery.runtime import Runtime, runtime_of
+from agentq.engine.driver import Driver
 from agentq.errors import InvalidThreadId, ThreadNotFound, ThreadStopped, WaitTimeout
-from agentq.keys import validate_thread_id
+from agentq.ids import validate_thread_id
 from agentq.records import Status, ThreadMeta
-from agentq.worker import draining
 
 logger = logging.getLogger("agentq")
 
@@ -69,9 +69,7 @@ class AgentTask(Task):  # type: ignore[misc]
         runtime = self.agentq
         return Driver(self, thread_id, runtime.store, runtime.settings, draining.is_set).drive()
 
-    def apply_async(
-        self, args: Any = None, kwargs: Any = None, **options: Any
-    ) -> Any:
+    def apply_async(self, args: Any = None, kwargs: Any = None, **options: Any) -> Any:
         """Start thread ``args[0]`` with ``kwargs`` as the entry node's input (kept in the
         store, not the message) and send it with the usual Celery ``options``. Its routing
         options (``queue``, ``exchange``, ``routing_key``, ``priority``) are kept too, so
@@ -85,9 +83,12 @@ class AgentTask(Task):  # type: ignore[misc]
         thread_id = validate_thread_id(args[0])
         delay = float(options.get("countdown") or 0)
         self.agentq.store.open_thread(
-            thread_id, task=self.name, input=dict(kwargs) if kwargs else None,
-            start_grace=delay + self.agentq.settings.start_grace, options=_routing(options),
-        )  # fmt: skip
+            thread_id,
+            task=self.name,
+            input=dict(kwargs) if kwargs else None,
+            start_grace=delay + self.agentq.settings.start_grace,
+            options=_routing(options),
+        )
         return super().apply_async((thread_id,), None, **options)
 
     def enqueue(self, thread_id: str, **options: Any) -> Any:
@@ -110,8 +111,9 @@ class AgentTask(Task):  # type: ignore[misc]
 
     def on_step(self, thread_id: str, step: int, node: str, next_node: str | None) -> None:
         """Called after each committed step: reports progress to Celery and Flower."""
-        logger.info("thread %s: step %d (%s) committed, next %s", thread_id, step, node,
-                    next_node or "-")
+        logger.info(
+            "thread %s: step %d (%s) committed, next %s", thread_id, step, node, next_node or "-"
+        )
         fields = {"thread_id": thread_id, "step": step, "node": node, "next": next_node}
         if self.request.id and not isinstance(self.backend, DisabledBackend):
             self.update_state(state="PROGRESS", meta=fields)
@@ -131,9 +133,11 @@ class AgentTask(Task):  # type: ignore[misc]
         """Continue a ``waiting`` thread: ``value`` becomes ``run.resume_value`` (and what
         ``run.interrupt()`` returns)."""
         meta = self.agentq.store.reopen(
-            validate_thread_id(thread_id), from_statuses={Status.WAITING}, resume_value=value,
+            validate_thread_id(thread_id),
+            from_statuses={Status.WAITING},
+            resume_value=value,
             start_grace=self.agentq.settings.start_grace,
-        )  # fmt: skip
+        )
         return self.resend(meta, **options)
 
     def retry_thread(self, thread_id: str, **options: Any) -> Any:
@@ -162,13 +166,19 @@ class AgentTask(Task):  # type: ignore[misc]
             meta = self.thread(thread_id)
             if meta.status == Status.DONE:
                 return meta.result
-            if meta.status in (Status.FAILED, Status.CANCELLED, Status.WAITING,
-                               Status.NEEDS_ATTENTION):
+            if meta.status in (
+                Status.FAILED,
+                Status.CANCELLED,
+                Status.WAITING,
+                Status.NEEDS_ATTENTION,
+            ):
                 raise ThreadStopped(
                     f"thread is {meta.status.value}"
                     + (f": {meta.error.splitlines()[0]}" if meta.error else ""),
-                    thread_id=thread_id, status=meta.status.value, error=meta.error,
-                )  # fmt: skip
+                    thread_id=thread_id,
+                    status=meta.status.value,
+                    error=meta.error,
+                )
             if deadline is not None and time.monotonic() >= deadline:
                 raise WaitTimeout(
                     f"not finished after {timeout} s (status {meta.status.value}, step "
@@ -176,3 +186,12 @@ class AgentTask(Task):  # type: ignore[misc]
                     thread_id=thread_id,
                 )
             time.sleep(interval)
+
+
+def resend_thread(app: Any, meta: ThreadMeta) -> Any:
+    """Send a message for a thread the store holds, routed as it was first sent: through
+    its task when this process has it, else by name (the task lives in the workers' code)."""
+    task = app.tasks.get(meta.task)
+    if isinstance(task, AgentTask):
+        return task.resend(meta)
+    return app.send_task(meta.task, args=(meta.thread_id,), **meta.options)

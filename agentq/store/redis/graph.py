@@ -9,11 +9,11 @@ from typing import Any, Final
 import msgpack
 
 from agentq.errors import LeaseHeld, StaleToken, ThreadNotFound
-from agentq.langgraph.backend import Backend
-from agentq.langgraph.keys import GraphKeys, escape, unescape
-from agentq.langgraph.records import Row, StoredCheckpoint, decode_refs
-from agentq.langgraph.redis_lua import PRELUDE, SCRIPTS
-from agentq.store.redis import RedisStore
+from agentq.store.graph import Backend
+from agentq.store.graph_records import Row, StoredCheckpoint, decode_refs
+from agentq.store.redis.graph_keys import GraphKeys, escape, unescape
+from agentq.store.redis.graph_lua import PRELUDE, SCRIPTS
+from agentq.store.redis.store import RedisStore
 
 _INDEXED_LIMIT: Final = 10_000
 
@@ -23,7 +23,7 @@ def _text(value: bytes | str) -> str:
 
 
 def refusal(code: int, value: Any, thread_id: str, token: int | None) -> None:
-    """Raise what a script's refusal code means (see :mod:`agentq.langgraph.redis_lua`)."""
+    """Raise what a script's refusal code means (see :mod:`agentq.store.redis.graph_lua`)."""
     if code == -1:
         raise StaleToken(
             f"LangGraph write with fencing token {token} refused: the thread's current token "
@@ -62,10 +62,14 @@ class RedisBackend(Backend):
 
     # -- plumbing -------------------------------------------------------------------------
 
-    def _fenced(self, name: str, thread_id: str, token: int | None,
-                keys: list[str], args: list[Any]) -> Any:  # fmt: skip
-        head = [self.store_keys.meta(thread_id), self.store_keys.lock(thread_id),
-                self.store_keys.owned(thread_id)]  # fmt: skip
+    def _fenced(
+        self, name: str, thread_id: str, token: int | None, keys: list[str], args: list[Any]
+    ) -> Any:
+        head = [
+            self.store_keys.meta(thread_id),
+            self.store_keys.lock(thread_id),
+            self.store_keys.owned(thread_id),
+        ]
         code, value = self._scripts[name](
             keys=head + keys, args=["" if token is None else token, *args]
         )
@@ -113,18 +117,32 @@ class RedisBackend(Backend):
     def put(self, thread_id: str, ns: str, stored: StoredCheckpoint, token: int | None) -> None:
         k = self.keys
         index = [(k.thread_index(), thread_id)]
-        keys = [k.namespaces(thread_id), k.ns_key(thread_id, "ids", ns),
-                k.ns_key(thread_id, "cp", ns), k.ns_key(thread_id, "refs", ns),
-                k.ns_key(thread_id, "blob", ns)]  # fmt: skip
+        keys = [
+            k.namespaces(thread_id),
+            k.ns_key(thread_id, "ids", ns),
+            k.ns_key(thread_id, "cp", ns),
+            k.ns_key(thread_id, "refs", ns),
+            k.ns_key(thread_id, "blob", ns),
+        ]
         if stored.run_id is not None:
             index.append((k.run_index(stored.run_id), thread_id))
             keys.append(k.run(thread_id, stored.run_id))
         self._index(*index)
         blobs = [item for pair in stored.blobs.items() for item in pair]
-        self._fenced("put", thread_id, token, keys, [
-            escape(ns), stored.checkpoint_id, stored.record, stored.refs,
-            f"{escape(ns)}:{stored.checkpoint_id}", *blobs,
-        ])  # fmt: skip
+        self._fenced(
+            "put",
+            thread_id,
+            token,
+            keys,
+            [
+                escape(ns),
+                stored.checkpoint_id,
+                stored.record,
+                stored.refs,
+                f"{escape(ns)}:{stored.checkpoint_id}",
+                *blobs,
+            ],
+        )
 
     def put_writes(
         self,
@@ -135,8 +153,9 @@ class RedisBackend(Backend):
         token: int | None,
     ) -> None:
         args = [item for f, v, replace in writes for item in (f, v, "1" if replace else "0")]
-        self._fenced("put_writes", thread_id, token,
-                     [self.keys.writes(thread_id, ns, checkpoint_id)], args)  # fmt: skip
+        self._fenced(
+            "put_writes", thread_id, token, [self.keys.writes(thread_id, ns, checkpoint_id)], args
+        )
 
     # -- reads ----------------------------------------------------------------------------
 
@@ -155,8 +174,9 @@ class RedisBackend(Backend):
         return [self._row(ns, reply) for reply in replies]
 
     def namespaces(self, thread_id: str) -> list[str]:
-        return sorted(unescape(_text(m)) for m in
-                      self.client.smembers(self.keys.namespaces(thread_id)))  # fmt: skip
+        return sorted(
+            unescape(_text(m)) for m in self.client.smembers(self.keys.namespaces(thread_id))
+        )
 
     def threads(self) -> list[str]:
         return sorted(_text(m) for m in self.client.smembers(self.keys.thread_index()))
@@ -176,13 +196,23 @@ class RedisBackend(Backend):
             for member in self.client.smembers(self.keys.run_index(run_id)):
                 by_thread.setdefault(_text(member), []).append(run_id)
         for thread_id, runs in sorted(by_thread.items()):
-            self._fenced("delete_runs", thread_id, None, [],
-                         [self.keys.base(thread_id), *(escape(r) for r in runs)])  # fmt: skip
+            self._fenced(
+                "delete_runs",
+                thread_id,
+                None,
+                [],
+                [self.keys.base(thread_id), *(escape(r) for r in runs)],
+            )
             self._unindex(*((self.keys.run_index(r), thread_id) for r in runs))
 
     def keep_latest(self, thread_id: str) -> None:
-        self._fenced("keep_latest", thread_id, None, [self.keys.namespaces(thread_id)],
-                     [self.keys.base(thread_id)])  # fmt: skip
+        self._fenced(
+            "keep_latest",
+            thread_id,
+            None,
+            [self.keys.namespaces(thread_id)],
+            [self.keys.base(thread_id)],
+        )
 
     def copy_thread(self, source: str, target: str) -> None:
         k = self.keys
@@ -211,8 +241,7 @@ class RedisBackend(Backend):
         if not commands:
             return
         self._index((k.thread_index(), target), *((k.run_index(r), target) for r in runs))
-        self._fenced("restore", target, None, [],
-                     [msgpack.packb(commands, use_bin_type=False)])  # fmt: skip
+        self._fenced("restore", target, None, [], [msgpack.packb(commands, use_bin_type=False)])
 
     def close(self) -> None:
         pass  # the connection belongs to the store

@@ -8,7 +8,7 @@ import time
 from types import TracebackType
 
 from agentq.errors import LeaseLost
-from agentq.store.base import Store
+from agentq.store.contract import Store
 
 logger = logging.getLogger(__name__)
 

@@ -52,11 +52,14 @@ class AppendOnlyFields:
                     f"state.{field}[{index}] was changed or removed after it was committed, "
                     f"but {field!r} is append-only; append a new item instead (e.g. a "
                     f"correction), or remove {field!r} from append_only",
-                    thread_id=self.thread_id, step=step, field=field, index=index,
-                )  # fmt: skip
+                    thread_id=self.thread_id,
+                    step=step,
+                    field=field,
+                    index=index,
+                )
         return {field: len(committed) for field, committed in self._committed.items()}
 
     def committed(self, state: dict[str, Any]) -> None:
         """Record that ``state``'s fields are now stored."""
         for field, committed in self._committed.items():
-            committed.extend(copy.deepcopy(state[field][len(committed):]))
+            committed.extend(copy.deepcopy(state[field][len(committed) :]))

@@ -5,8 +5,8 @@ against every other process and it commits whole or not at all. The database run
 mode with ``synchronous=FULL``: a commit that returned is on disk before the caller
 acknowledges the step. Reads are single statements, each seeing one committed state.
 
-The tables mirror the Redis layout in :mod:`agentq.keys`: ``threads`` holds the meta (the
-columns named in :data:`~agentq.store.base.META_FIELDS`), the lease and the due time;
+The tables mirror the Redis layout in :mod:`agentq.ids`: ``threads`` holds the meta (the
+columns named in :data:`~agentq.store.contract.META_FIELDS`), the lease and the due time;
 ``checkpoints`` the snapshots; ``effects`` the idempotency records, scoped by thread id or
 ``''`` for the global ones; ``artifacts`` the content-addressed bytes a thread refers to.
 """
@@ -23,8 +23,7 @@ from collections.abc import Collection, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, Final
 
-from agentq.codec import (
-    DEFAULT_MAX_CHECKPOINT_BYTES,
+from agentq.codec.envelope import (
     build_checkpoint,
     decode_checkpoint,
     decode_envelope,
@@ -46,10 +45,10 @@ from agentq.errors import (
     ThreadNotFound,
     ThreadStateError,
 )
-from agentq.keys import validate_effect_key, validate_thread_id
+from agentq.ids import validate_effect_key, validate_thread_id
 from agentq.records import FINISHED, Checkpoint, Claim, Effect, Finding, Status, ThreadMeta
-from agentq.store.base import (
-    DEFAULT_KEEP_LAST,
+from agentq.settings import DEFAULT_KEEP_LAST, DEFAULT_MAX_CHECKPOINT_BYTES
+from agentq.store.contract import (
     META_FIELDS,
     UNSET,
     Store,
@@ -67,13 +66,24 @@ _GC_BATCH: Final = 500
 _LEASED: Final = frozenset({Status.QUEUED, Status.RETRYING, Status.RUNNING})
 
 _META_TYPES: Final = {
-    "status": "TEXT NOT NULL", "step": "INTEGER NOT NULL", "node": "TEXT",
-    "task": "TEXT NOT NULL", "attempts": "INTEGER NOT NULL DEFAULT 0",
-    "crashes": "INTEGER NOT NULL DEFAULT 0", "fence": "INTEGER NOT NULL DEFAULT 0",
-    "first": "INTEGER", "error": "TEXT", "created_at": "REAL NOT NULL",
-    "updated_at": "REAL NOT NULL", "input": "BLOB", "result": "BLOB", "interrupt": "BLOB",
-    "resume": "BLOB", "cancel": "INTEGER NOT NULL DEFAULT 0", "options": "BLOB",
-}  # fmt: skip
+    "status": "TEXT NOT NULL",
+    "step": "INTEGER NOT NULL",
+    "node": "TEXT",
+    "task": "TEXT NOT NULL",
+    "attempts": "INTEGER NOT NULL DEFAULT 0",
+    "crashes": "INTEGER NOT NULL DEFAULT 0",
+    "fence": "INTEGER NOT NULL DEFAULT 0",
+    "first": "INTEGER",
+    "error": "TEXT",
+    "created_at": "REAL NOT NULL",
+    "updated_at": "REAL NOT NULL",
+    "input": "BLOB",
+    "result": "BLOB",
+    "interrupt": "BLOB",
+    "resume": "BLOB",
+    "cancel": "INTEGER NOT NULL DEFAULT 0",
+    "options": "BLOB",
+}
 # Indexing by META_FIELDS makes a field added to the contract fail here, at import.
 _META_COLUMNS: Final = ", ".join(f'"{name}"' for name in META_FIELDS)
 _SCHEMA: Final = (
@@ -86,7 +96,7 @@ _SCHEMA: Final = (
     "CREATE TABLE IF NOT EXISTS checkpoints (thread_id TEXT NOT NULL, step INTEGER NOT NULL, "
     "data BLOB NOT NULL, PRIMARY KEY (thread_id, step))",
     'CREATE TABLE IF NOT EXISTS effects (scope TEXT NOT NULL, "key" TEXT NOT NULL, '
-    'state TEXT NOT NULL, token INTEGER NOT NULL, result BLOB, claim TEXT, '
+    "state TEXT NOT NULL, token INTEGER NOT NULL, result BLOB, claim TEXT, "
     'PRIMARY KEY (scope, "key"))',
     "CREATE TABLE IF NOT EXISTS artifacts (thread_id TEXT NOT NULL, digest TEXT NOT NULL, "
     "data BLOB NOT NULL, PRIMARY KEY (thread_id, digest))",
@@ -251,8 +261,7 @@ class SQLiteStore(Store):
                 "INSERT INTO threads (thread_id, status, step, task, created_at, updated_at, "
                 "input, due_at, options) VALUES (?, ?, -1, ?, ?, ?, ?, ?, ?) "
                 "ON CONFLICT DO NOTHING",
-                (thread_id, Status.QUEUED.value, task, now, now, data, now + start_grace,
-                 sending),
+                (thread_id, Status.QUEUED.value, task, now, now, data, now + start_grace, sending),
             ).rowcount
             meta = _read_meta(db, thread_id)
         assert meta is not None
@@ -298,9 +307,19 @@ class SQLiteStore(Store):
                     "INSERT INTO threads (thread_id, status, step, node, task, first, "
                     "created_at, updated_at, input, options) "
                     "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    (new_thread_id, Status.WAITING.value, step, node, source["task"], step,
-                     now, now, source["input"], source["options"]),
-                )  # fmt: skip
+                    (
+                        new_thread_id,
+                        Status.WAITING.value,
+                        step,
+                        node,
+                        source["task"],
+                        step,
+                        now,
+                        now,
+                        source["input"],
+                        source["options"],
+                    ),
+                )
             except sqlite3.IntegrityError:
                 raise ThreadExists(
                     f"cannot fork step {step} of {thread_id!r} into an id that is taken; "
@@ -334,9 +353,12 @@ class SQLiteStore(Store):
         validate_thread_id(thread_id)
         # The interrupt has been answered (or abandoned) once a thread is queued again.
         values: dict[str, Any] = {
-            "status": Status.QUEUED.value, "error": None, "attempts": 0, "cancel": 0,
+            "status": Status.QUEUED.value,
+            "error": None,
+            "attempts": 0,
+            "cancel": 0,
             "interrupt": None,
-        }  # fmt: skip
+        }
         if resume_value is not UNSET:
             values["resume"] = _value(resume_value, "resume_value", thread_id, None)
         with self._write() as db:
@@ -522,9 +544,20 @@ class SQLiteStore(Store):
             if not isinstance(due_in, _Unset):
                 extra["due_at"] = None if due_in is None else now + due_in
             # The driver has acted on the resume value and interrupt it read: they are spent.
-            _update(db, thread_id, now, status=Status(status).value, step=step,
-                    node=checkpoint.node, attempts=0, crashes=0, first=first, resume=None,
-                    interrupt=pause, **extra)  # fmt: skip
+            _update(
+                db,
+                thread_id,
+                now,
+                status=Status(status).value,
+                step=step,
+                node=checkpoint.node,
+                attempts=0,
+                crashes=0,
+                first=first,
+                resume=None,
+                interrupt=pause,
+                **extra,
+            )
             if release_owner is not None:
                 _release(db, thread_id, release_owner, token)
             return bool(row["cancel"])
@@ -610,8 +643,11 @@ class SQLiteStore(Store):
         with self._write() as db:
             self._fenced(db, thread_id, token)
             found = _read_effect(db, thread_id, scope, key)
-            resent = found is not None and found.state == "pending" and claim_id != "" and (
-                found.token == token and _claim_of(db, scope, key) == claim_id
+            resent = (
+                found is not None
+                and found.state == "pending"
+                and claim_id != ""
+                and (found.token == token and _claim_of(db, scope, key) == claim_id)
             )
             if found is None or (found.state == "pending" and takeover) or resent:
                 db.execute(
@@ -638,9 +674,11 @@ class SQLiteStore(Store):
                     "before running the effect",
                     thread_id=thread_id,
                 )
-            if found.state == "done" and found.token == token and _stored_result(
-                db, scope, key
-            ) == data:
+            if (
+                found.state == "done"
+                and found.token == token
+                and _stored_result(db, scope, key) == data
+            ):
                 return  # the same completion again: nothing to change
             if found.state != "pending" or found.token != token:
                 raise StaleToken(
@@ -719,17 +757,23 @@ class SQLiteStore(Store):
             (sync,) = db.execute("PRAGMA synchronous").fetchone()
         findings = []
         if str(mode).lower() != "wal":
-            findings.append(Finding(
-                "journal_mode", str(mode),
-                "without WAL, readers block writers and workers time out under load.",
-                f"put {self.path!r} on a local filesystem that supports WAL (not NFS/SMB).",
-            ))  # fmt: skip
+            findings.append(
+                Finding(
+                    "journal_mode",
+                    str(mode),
+                    "without WAL, readers block writers and workers time out under load.",
+                    f"put {self.path!r} on a local filesystem that supports WAL (not NFS/SMB).",
+                )
+            )
         if sync < 2:  # FULL (2) or EXTRA (3) fsync every commit
-            findings.append(Finding(
-                "synchronous", str(sync),
-                "commits may be acknowledged before they reach the disk and be lost.",
-                "run PRAGMA synchronous=FULL on every connection (agentq does).",
-            ))  # fmt: skip
+            findings.append(
+                Finding(
+                    "synchronous",
+                    str(sync),
+                    "commits may be acknowledged before they reach the disk and be lost.",
+                    "run PRAGMA synchronous=FULL on every connection (agentq does).",
+                )
+            )
         return findings
 
     def close(self) -> None:
@@ -872,13 +916,14 @@ def _load(db: sqlite3.Connection, thread_id: str, step: int, data: bytes) -> Che
     envelope, lengths = decode_envelope(thread_id, data, step=step)
     items = {
         field: [
-            bytes(row[0]) for row in db.execute(
-                "SELECT item FROM logs WHERE thread_id = ? AND field = ? AND idx < ? "
-                "ORDER BY idx", (thread_id, field, length),
+            bytes(row[0])
+            for row in db.execute(
+                "SELECT item FROM logs WHERE thread_id = ? AND field = ? AND idx < ? ORDER BY idx",
+                (thread_id, field, length),
             )
         ]
         for field, length in lengths.items()
-    }  # fmt: skip
+    }
     return build_checkpoint(thread_id, envelope, items, step=step)
 
 

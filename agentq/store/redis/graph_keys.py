@@ -1,4 +1,4 @@
-"""The Redis key layout of the LangGraph saver, beside agentq's own (see :mod:`agentq.keys`).
+"""The Redis key layout of the LangGraph saver, beside agentq's own (see :mod:`agentq.ids`).
 
 Every key of a thread starts with ``P thread:{T}:lg:`` — the thread's hash tag, so one Lua
 script reaches all of them on Redis Cluster too — and is registered in the thread's agentq
@@ -32,7 +32,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from agentq.keys import Keys
+from agentq.store.redis.keys import Keys
 
 _ESCAPED = re.compile(r"%(25|3A)")
 
@@ -47,7 +47,7 @@ def unescape(part: str) -> str:
 
 @dataclass(frozen=True)
 class GraphKeys:
-    """Builds the saver's key names from the store's :class:`~agentq.keys.Keys`."""
+    """Builds the saver's key names from the store's :class:`~agentq.ids.Keys`."""
 
     keys: Keys
 

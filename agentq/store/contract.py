@@ -20,11 +20,10 @@ from abc import ABC, abstractmethod
 from collections.abc import Collection, Mapping
 from typing import Any, Final, Self
 
-from agentq.codec import DEFAULT_MAX_CHECKPOINT_BYTES, decode_value
+from agentq.codec.envelope import decode_value
 from agentq.errors import InvalidArgument, RetryNotDue
 from agentq.records import Checkpoint, Claim, Effect, Finding, Status, ThreadMeta
-
-DEFAULT_KEEP_LAST: Final = 20
+from agentq.settings import DEFAULT_KEEP_LAST, DEFAULT_MAX_CHECKPOINT_BYTES
 
 
 class _Unset:
@@ -348,10 +347,24 @@ def check_ttl(thread_id: str, ttl: float) -> int:
 
 
 META_FIELDS: Final = (
-    "status", "step", "node", "task", "attempts", "crashes", "fence", "first",
-    "error", "created_at", "updated_at", "input", "result", "interrupt", "resume",
-    "cancel", "options",
-)  # fmt: skip
+    "status",
+    "step",
+    "node",
+    "task",
+    "attempts",
+    "crashes",
+    "fence",
+    "first",
+    "error",
+    "created_at",
+    "updated_at",
+    "input",
+    "result",
+    "interrupt",
+    "resume",
+    "cancel",
+    "options",
+)
 """The fields of a thread's meta, as both backends store them. ``first`` is the oldest step
 still stored; ``input``, ``result``, ``interrupt`` and ``resume`` hold msgpack bytes."""
 
@@ -360,8 +373,9 @@ def retry_not_due(thread_id: str, seconds: float) -> RetryNotDue:
     return RetryNotDue(
         f"the thread retries in {seconds:.1f} s (its rate limit's wait); leave it, recovery "
         "sends it then",
-        thread_id=thread_id, seconds=seconds,
-    )  # fmt: skip
+        thread_id=thread_id,
+        seconds=seconds,
+    )
 
 
 def meta_from_fields(thread_id: str, fields: Mapping[str, Any]) -> ThreadMeta:

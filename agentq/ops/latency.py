@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from agentq.records import Checkpoint, Status
-from agentq.store.base import Store
+from agentq.store.contract import Store
 
-PROBE_TASK: Final = "agentq.doctor.probe"
+PROBE_TASK: Final = "agentq.ops.doctor.probe"
 ROUNDS: Final = 5
 _LEASE: Final = 60.0
 _NEVER_DUE: Final = 24 * 3600.0
@@ -55,13 +55,22 @@ def measure(store: Store, rounds: int = ROUNDS) -> list[RoundTrips]:
         for step in range(rounds):
             last = step == rounds - 1
             checkpoint = Checkpoint(
-                step=step, node=None if last else "probe", state={"probe": step},
-                task=PROBE_TASK, token=token, created_at=time.time(),
-            )  # fmt: skip
+                step=step,
+                node=None if last else "probe",
+                state={"probe": step},
+                task=PROBE_TASK,
+                token=token,
+                created_at=time.time(),
+            )
             start = time.perf_counter()
-            store.commit(thread_id, token, checkpoint,
-                         status=Status.DONE if last else Status.RUNNING, due_in=None,
-                         release_owner=owner if last else None)
+            store.commit(
+                thread_id,
+                token,
+                checkpoint,
+                status=Status.DONE if last else Status.RUNNING,
+                due_in=None,
+                release_owner=owner if last else None,
+            )
             _timed(commits, start)
     except BaseException:
         # The measurement's own error is the one to see; cleaning up is best effort then.

@@ -10,10 +10,11 @@ import time
 import uuid
 from typing import Any
 
-from agentq.app import runtime_of
+from agentq.celery.runtime import runtime_of
+from agentq.celery.task import resend_thread
 from agentq.records import Status
 
-logger = logging.getLogger("agentq.sweeper")
+logger = logging.getLogger("agentq.celery.recovery")
 
 _RUNNABLE = frozenset({Status.QUEUED, Status.RUNNING, Status.RETRYING})
 GC_INTERVAL = 60.0
@@ -38,8 +39,6 @@ class Sweeper:
 
     def sweep_once(self) -> list[str]:
         """Send every due thread once; return their ids."""
-        from agentq.task import AgentTask
-
         runtime = runtime_of(self.app)
         store, settings = runtime.store, runtime.settings
         sent = []
@@ -47,13 +46,8 @@ class Sweeper:
             meta = store.meta(thread_id)
             if meta is None or meta.status not in _RUNNABLE:
                 continue
-            task = self.app.tasks.get(meta.task)
-            if isinstance(task, AgentTask):
-                task.resend(meta)
-            else:  # a task this process does not import: route it by name
-                self.app.send_task(meta.task, args=(thread_id,), **meta.options)
-            logger.info("thread %s (%s, step %d) re-sent", thread_id, meta.status.value,
-                        meta.step)
+            resend_thread(self.app, meta)
+            logger.info("thread %s (%s, step %d) re-sent", thread_id, meta.status.value, meta.step)
             sent.append(thread_id)
         if time.monotonic() >= self._gc_at:
             self._gc_at = time.monotonic() + GC_INTERVAL

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
 from agentq.settings import Settings
 from agentq.store import open_store
-from agentq.store.base import Store
+from agentq.store.contract import Store
+
+WORKER_STEP: Final = "agentq.celery.bootstep:AgentqWorkerStep"
+"""The bootstep that runs recovery and the deploy hand-over, named as Celery loads steps."""
 
 
 class Runtime:
@@ -23,9 +26,11 @@ class Runtime:
             s = self.settings
             assert isinstance(s.store, str)
             self._store = open_store(
-                s.store, prefix=s.prefix, keep_last=s.keep_last,
+                s.store,
+                prefix=s.prefix,
+                keep_last=s.keep_last,
                 max_checkpoint_bytes=s.max_checkpoint_bytes,
-            )  # fmt: skip
+            )
         return self._store
 
 
@@ -34,15 +39,12 @@ def init_app(app: Any, store: str | Store | None = None, **settings: Any) -> Run
     any field of :class:`~agentq.settings.Settings`; ``app.conf.agentq_<name>`` values are
     read first and the arguments override them. Adds the recovery sweeper and the deploy
     handoff to the app's workers."""
-    from agentq.worker import AgentqWorkerStep
-
     overrides = dict(settings)
     if store is not None:
         overrides["store"] = store
     runtime = Runtime(Settings.from_conf(app.conf, overrides))
     app._agentq_runtime = runtime
-    if AgentqWorkerStep not in app.steps["worker"]:
-        app.steps["worker"].add(AgentqWorkerStep)
+    app.steps["worker"].add(WORKER_STEP)
     return runtime
 
 

@@ -9,11 +9,11 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
-from agentq.backoff import retry_after
-from agentq.effects import DID_NOT_RUN, ToolPolicy, policy_of
+from agentq.engine.backoff import retry_after
+from agentq.engine.tool_policy import DID_NOT_RUN, ToolPolicy, policy_of
 from agentq.errors import ArtifactTooLarge, InvalidArgument, NeedsAttention
 from agentq.outcomes import Interrupted
-from agentq.store.base import Store
+from agentq.store.contract import Store
 
 
 class _NoValue:
@@ -120,7 +120,7 @@ class Run:
         that keeps the highest token it saw per thread can refuse a worker that was frozen
         between its claim and the call, which nothing on this side can stop.
         ``idempotent``/``reconcile``/``shared`` override the policy
-        declared with :func:`agentq.tool` (see :class:`~agentq.effects.ToolPolicy`).
+        declared with :func:`agentq.tool` (see :class:`~agentq.engine.tool_policy.ToolPolicy`).
 
         If ``fn`` raises an error the task retries (``retry_on``, ``should_retry``) that
         carries a ``Retry-After`` (a 429 or 503 from the tool's API), the call was refused
@@ -133,8 +133,9 @@ class Run:
             raise InvalidArgument(
                 f"tool {_name(fn)} is a coroutine function; in an async node call it with "
                 "await run.atool(...)",
-                thread_id=self.thread_id, step=self.step,
-            )  # fmt: skip
+                thread_id=self.thread_id,
+                step=self.step,
+            )
         call = self._claim(fn, args, kwargs, key, idempotent, reconcile, shared)
         if call.recorded is not NO_VALUE:
             return call.recorded
@@ -193,8 +194,9 @@ class Run:
         claim_id = uuid.uuid4().hex
         call = _Call(key, claim_id, policy.shared, dict(kwargs))
         store, thread_id = self._store, self.thread_id
-        claim = store.claim_effect(thread_id, key, self._token, shared=policy.shared,
-                                   claim_id=claim_id)
+        claim = store.claim_effect(
+            thread_id, key, self._token, shared=policy.shared, claim_id=claim_id
+        )
         if claim.outcome == "done":
             call.recorded = claim.effect.result
             return call
@@ -211,8 +213,9 @@ class Run:
                     key=key,
                     tool=name,
                 )
-            store.claim_effect(thread_id, key, self._token, shared=policy.shared, takeover=True,
-                               claim_id=claim_id)
+            store.claim_effect(
+                thread_id, key, self._token, shared=policy.shared, takeover=True, claim_id=claim_id
+            )
             if policy.reconcile is not None:
                 found = policy.reconcile(key, *args, **kwargs)
                 if found is not DID_NOT_RUN:
@@ -229,8 +232,9 @@ class Run:
         return call
 
     def _record(self, call: _Call, result: Any) -> Any:
-        self._store.complete_effect(self.thread_id, call.key, self._token, result,
-                                    shared=call.shared)
+        self._store.complete_effect(
+            self.thread_id, call.key, self._token, result, shared=call.shared
+        )
         return result
 
     def _failed(self, call: _Call, exc: Exception) -> None:
@@ -239,13 +243,19 @@ class Run:
         if not self._retryable(exc) or retry_after(exc) is None:
             return
         try:
-            self._store.release_effect(self.thread_id, call.key, self._token,
-                                       claim_id=call.claim_id, shared=call.shared)
+            self._store.release_effect(
+                self.thread_id, call.key, self._token, claim_id=call.claim_id, shared=call.shared
+            )
         except Exception:
             # The tool's own error is the one to report; a claim left pending only makes
             # the retried call ask its policy.
-            logger.warning("thread %s: could not drop the claim of %r after %r",
-                           self.thread_id, call.key, exc, exc_info=True)
+            logger.warning(
+                "thread %s: could not drop the claim of %r after %r",
+                self.thread_id,
+                call.key,
+                exc,
+                exc_info=True,
+            )
 
 
 @dataclass

@@ -18,9 +18,9 @@ from contextlib import contextmanager
 from typing import Any, Final
 
 from agentq.errors import LeaseHeld, StaleToken, StoreConfigError, ThreadNotFound
-from agentq.langgraph.backend import Backend
-from agentq.langgraph.records import Row, StoredCheckpoint, decode_refs
-from agentq.store.sqlite import BUSY_TIMEOUT, SQLiteStore, immediate_transaction
+from agentq.store.graph import Backend
+from agentq.store.graph_records import Row, StoredCheckpoint, decode_refs
+from agentq.store.sqlite.store import BUSY_TIMEOUT, SQLiteStore, immediate_transaction
 
 _SCHEMA: Final = (
     "CREATE TABLE IF NOT EXISTS lg_checkpoints (thread_id TEXT NOT NULL, ns TEXT NOT NULL, "
@@ -59,8 +59,9 @@ class SQLiteBackend(Backend):
 
     def _connect(self) -> sqlite3.Connection:
         try:
-            db = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT, isolation_level=None,
-                                 check_same_thread=False)  # fmt: skip
+            db = sqlite3.connect(
+                self.path, timeout=BUSY_TIMEOUT, isolation_level=None, check_same_thread=False
+            )
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA synchronous=FULL")
             with immediate_transaction(db):
@@ -108,9 +109,8 @@ class SQLiteBackend(Backend):
             db.execute(
                 "INSERT OR REPLACE INTO lg_checkpoints (thread_id, ns, checkpoint_id, run_id, "
                 "record, refs) VALUES (?, ?, ?, ?, ?, ?)",
-                (thread_id, ns, stored.checkpoint_id, stored.run_id, stored.record,
-                 stored.refs),
-            )  # fmt: skip
+                (thread_id, ns, stored.checkpoint_id, stored.run_id, stored.record, stored.refs),
+            )
             db.executemany(
                 "INSERT OR REPLACE INTO lg_blobs (thread_id, ns, field, value) VALUES (?, ?, ?, ?)",
                 [(thread_id, ns, f, v) for f, v in stored.blobs.items()],
@@ -188,10 +188,13 @@ class SQLiteBackend(Backend):
             return
         marks = ", ".join("?" * len(run_ids))
         with self._locked() as db:
-            threads = [row[0] for row in db.execute(
-                f"SELECT DISTINCT thread_id FROM lg_checkpoints WHERE run_id IN ({marks})",
-                tuple(run_ids),
-            ).fetchall()]  # fmt: skip
+            threads = [
+                row[0]
+                for row in db.execute(
+                    f"SELECT DISTINCT thread_id FROM lg_checkpoints WHERE run_id IN ({marks})",
+                    tuple(run_ids),
+                ).fetchall()
+            ]
         for thread_id in threads:
             with self._write(thread_id, None) as db:
                 gone = db.execute(
@@ -273,10 +276,14 @@ def _row(db: sqlite3.Connection, thread_id: str, ns: str, found: Any) -> Row:
     stored: dict[bytes, bytes] = {}
     if fields:
         marks = ", ".join("?" * len(fields))
-        stored = {bytes(f): bytes(v) for f, v in db.execute(
-            f"SELECT field, value FROM lg_blobs WHERE thread_id = ? AND ns = ? AND field IN "
-            f"({marks})", (thread_id, ns, *fields),
-        ).fetchall()}  # fmt: skip
+        stored = {
+            bytes(f): bytes(v)
+            for f, v in db.execute(
+                f"SELECT field, value FROM lg_blobs WHERE thread_id = ? AND ns = ? AND field IN "
+                f"({marks})",
+                (thread_id, ns, *fields),
+            ).fetchall()
+        }
     writes = db.execute(
         "SELECT field, value FROM lg_writes WHERE thread_id = ? AND ns = ? AND checkpoint_id = ?",
         (thread_id, ns, checkpoint_id),

@@ -16,7 +16,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 
-from agentq.langgraph.records import Row, StoredCheckpoint
+from agentq.store.graph_records import Row, StoredCheckpoint
 
 
 class Backend(ABC):

@@ -71,10 +71,11 @@ def _find_problem(value: Any, path: str) -> _Problem | None:
             return _Problem(where.path(), type(item).__name__, None)
         if id(item) in on_path:
             return _Problem(
-                where.path(), type(item).__name__,
+                where.path(),
+                type(item).__name__,
                 f"{where.path()}: this {type(item).__name__} contains itself, and a cycle "
                 "cannot be stored; store a copy without the cycle, or an id of the item",
-            )  # fmt: skip
+            )
         on_path.add(id(item))
         stack.append((item, where, True))
         stack.extend((child, at, False) for child, at in reversed(children))
@@ -99,21 +100,23 @@ def _children(item: Any, where: _Where) -> list[tuple[Any, _Where]] | None:
 def _scalar_problem(item: Any, where: _Where) -> _Problem | None:
     if isinstance(item, int) and not isinstance(item, bool) and not _INT_MIN <= item <= _INT_MAX:
         return _Problem(
-            where.path(), type(item).__name__,
+            where.path(),
+            type(item).__name__,
             f"{where.path()}: an int of {item.bit_length()} bits cannot be stored, ints must "
             "fit in 64 bits (-2**63 to 2**64-1); store it as a string, str(n), and convert it "
             "back with int() when reading it",
-        )  # fmt: skip
+        )
     if isinstance(item, str):
         try:
             item.encode()
         except UnicodeEncodeError as exc:
             return _Problem(
-                where.path(), type(item).__name__,
+                where.path(),
+                type(item).__name__,
                 f"{where.path()}: str holds a lone surrogate U+{ord(item[exc.start]):04X}, "
                 "which is not valid UTF-8 and cannot be stored; repair the text, e.g. "
                 "text.encode('utf-8', 'replace').decode()",
-            )  # fmt: skip
+            )
     return None
 
 
@@ -131,10 +134,11 @@ def unserializable(
     problem = _find_problem(value, what)
     if problem is None and (isinstance(exc, RecursionError) or "recursion" in str(exc)):
         problem = _Problem(
-            what, type(value).__name__,
+            what,
+            type(value).__name__,
             f"{what}: nested too deeply to store; flatten it, e.g. a list of records that "
             "refer to their parent by id",
-        )  # fmt: skip
+        )
     if problem is None:
         problem = _Problem(what, type(value).__name__, None)
     message = problem.message or (

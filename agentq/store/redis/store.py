@@ -1,6 +1,6 @@
 """The store on Redis and Redis-API servers with Lua (Valkey, KeyDB, Dragonfly, ...).
 
-Every write is one Lua script on the thread's keys (see :mod:`agentq.keys`), so it is
+Every write is one Lua script on the thread's keys (see :mod:`agentq.ids`), so it is
 atomic and costs one round trip. On a single server the global indexes change in the
 same script; on Redis Cluster they live in another slot and follow in a second call
 (see ``lua/_prelude.lua`` for why that ordering is safe).
@@ -27,8 +27,7 @@ from redis.cluster import RedisCluster
 from redis.commands.core import Script
 from redis.exceptions import DataError, NoScriptError, ResponseError
 
-from agentq.codec import (
-    DEFAULT_MAX_CHECKPOINT_BYTES,
+from agentq.codec.envelope import (
     build_checkpoint,
     decode_checkpoint,
     decode_envelope,
@@ -50,10 +49,10 @@ from agentq.errors import (
     ThreadNotFound,
     ThreadStateError,
 )
-from agentq.keys import Keys, validate_effect_key, validate_thread_id
+from agentq.ids import validate_effect_key, validate_thread_id
 from agentq.records import FINISHED, Checkpoint, Claim, Effect, Finding, Status, ThreadMeta
-from agentq.store.base import (
-    DEFAULT_KEEP_LAST,
+from agentq.settings import DEFAULT_KEEP_LAST, DEFAULT_MAX_CHECKPOINT_BYTES
+from agentq.store.contract import (
     UNSET,
     Store,
     _Unset,
@@ -61,6 +60,7 @@ from agentq.store.base import (
     meta_from_fields,
     retry_not_due,
 )
+from agentq.store.redis.keys import Keys
 
 RedisClient = redis.Redis | RedisCluster
 Arg = bytes | str | int | float
@@ -69,14 +69,29 @@ MAX_REMEMBERED_HEADS = 10_000
 """How many threads' latest steps a store remembers to read ``latest()`` with one ``MGET``."""
 
 _SCRIPTS = (
-    "index", "open_thread", "acquire", "renew", "release", "commit", "set_status",
-    "latest", "delete_thread", "create_fork", "claim_effect", "complete_effect", "claim_due",
-    "reopen", "request_cancel", "put_artifact", "lease_sweeper", "release_effect",
-)  # fmt: skip
+    "index",
+    "open_thread",
+    "acquire",
+    "renew",
+    "release",
+    "commit",
+    "set_status",
+    "latest",
+    "delete_thread",
+    "create_fork",
+    "claim_effect",
+    "complete_effect",
+    "claim_due",
+    "reopen",
+    "request_cancel",
+    "put_artifact",
+    "lease_sweeper",
+    "release_effect",
+)
 
 
 def _load_scripts(client: RedisClient) -> dict[str, Script]:
-    lua = files("agentq.store") / "lua"
+    lua = files("agentq.store.redis") / "lua"
     prelude = (lua / "_prelude.lua").read_text()
     return {
         name: client.register_script(prelude + (lua / f"{name}.lua").read_text())
@@ -300,8 +315,11 @@ class RedisStore(Store):
         """The meta from its stored fields; remembers the thread's latest step."""
         meta = meta_from_fields(thread_id, fields)
         names = fields.get("log_fields")
-        logged = decode_value(names, what="meta.log_fields", thread_id=thread_id,
-                              step=None) if names else ()
+        logged = (
+            decode_value(names, what="meta.log_fields", thread_id=thread_id, step=None)
+            if names
+            else ()
+        )
         self._remember(thread_id, meta.step, tuple(logged))
         return meta
 
@@ -330,10 +348,9 @@ class RedisStore(Store):
     ) -> tuple[ThreadMeta, bool]:
         validate_thread_id(thread_id)
         blobs = [
-            b"" if value is None else encode_value(value, what=name, thread_id=thread_id,
-                                                   step=None)
+            b"" if value is None else encode_value(value, what=name, thread_id=thread_id, step=None)
             for name, value in (("input", input), ("options", options or None))
-        ]  # fmt: skip
+        ]
         created, flat, _ = self._run(
             "open_thread",
             [self.keys.meta(thread_id)],
@@ -355,10 +372,11 @@ class RedisStore(Store):
         statuses = [status] if status is not None else list(Status)
         pipe = self.client.pipeline(transaction=False)
         for each in statuses:
-            pipe.zrevrange(self.keys.status_index(each.value), 0, offset + limit - 1,
-                           withscores=True)
+            pipe.zrevrange(
+                self.keys.status_index(each.value), 0, offset + limit - 1, withscores=True
+            )
         ranked = heapq.merge(*pipe.execute(), key=lambda item: -item[1])
-        ids = [member.decode() for member, _ in ranked][offset: offset + limit]
+        ids = [member.decode() for member, _ in ranked][offset : offset + limit]
         pipe = self.client.pipeline(transaction=False)
         for thread_id in ids:
             pipe.hgetall(self.keys.meta(thread_id))
@@ -377,10 +395,13 @@ class RedisStore(Store):
         self._heads.pop(thread_id, None)
         deleted, _ = self._run(
             "delete_thread",
-            [keys.meta(thread_id), keys.latest(thread_id), keys.lock(thread_id),
-             keys.owned(thread_id)],
-            [thread_id, keys.checkpoint_prefix(thread_id), finished_before,
-             keys.thread(thread_id)],
+            [
+                keys.meta(thread_id),
+                keys.latest(thread_id),
+                keys.lock(thread_id),
+                keys.owned(thread_id),
+            ],
+            [thread_id, keys.checkpoint_prefix(thread_id), finished_before, keys.thread(thread_id)],
             indexed=True,
         )
         return bool(deleted)
@@ -407,11 +428,23 @@ class RedisStore(Store):
             log_args += [field, len(items), *items]
         created, flat, _ = self._run(
             "create_fork",
-            [self.keys.meta(new_thread_id), self.keys.latest(new_thread_id),
-             self.keys.checkpoint(new_thread_id, step)],
-            [new_thread_id, data, step, source.node or "", _text(task or source.task),
-             input_blob or "", self.keys.thread(new_thread_id), _log_fields(lengths),
-             options_blob or "", *log_args],
+            [
+                self.keys.meta(new_thread_id),
+                self.keys.latest(new_thread_id),
+                self.keys.checkpoint(new_thread_id, step),
+            ],
+            [
+                new_thread_id,
+                data,
+                step,
+                source.node or "",
+                _text(task or source.task),
+                input_blob or "",
+                self.keys.thread(new_thread_id),
+                _log_fields(lengths),
+                options_blob or "",
+                *log_args,
+            ],
             indexed=True,
         )
         if not created:
@@ -431,8 +464,10 @@ class RedisStore(Store):
         start_grace: float = 30.0,
     ) -> ThreadMeta:
         validate_thread_id(thread_id)
-        blob = b"" if resume_value is UNSET else encode_value(
-            resume_value, what="resume value", thread_id=thread_id, step=None
+        blob = (
+            b""
+            if resume_value is UNSET
+            else encode_value(resume_value, what="resume value", thread_id=thread_id, step=None)
         )
         code, flat, _ = self._run(
             "reopen",
@@ -547,10 +582,11 @@ class RedisStore(Store):
             thread_id, checkpoint, limit=self.max_checkpoint_bytes, logs=logs
         )
         blobs = [
-            b"" if value is UNSET else encode_value(value, what=name, thread_id=thread_id,
-                                                    step=step)
+            b""
+            if value is UNSET
+            else encode_value(value, what=name, thread_id=thread_id, step=step)
             for name, value in (("result", result), ("interrupt", interrupt))
-        ]  # fmt: skip
+        ]
         log_args: list[Arg] = [len(encoded.appended)]
         for field, items in encoded.appended.items():
             log_args += [field, (logs or {})[field], len(items), *items]
@@ -560,9 +596,18 @@ class RedisStore(Store):
             staged,
             encoded.snapshot,
             [f"{base}meta", f"{base}latest", f"{base}checkpoint:{step}", f"{base}lock", staged],
-            [token, step, status.value, _due_arg(due_in),
-             f"{token}:{release_owner}" if release_owner else "", self.keep_last,
-             checkpoint.node or "", *blobs, _log_fields(logs or {}), *log_args],
+            [
+                token,
+                step,
+                status.value,
+                _due_arg(due_in),
+                f"{token}:{release_owner}" if release_owner else "",
+                self.keep_last,
+                checkpoint.node or "",
+                *blobs,
+                _log_fields(logs or {}),
+                *log_args,
+            ],
         )
         self._apply_index_ops(reply)
         code, value, _ = reply
@@ -580,8 +625,15 @@ class RedisStore(Store):
         script = self._scripts["commit"]
         index_keys, index_args = self._index_keys()
         stage = ("SET", staged, snapshot)
-        run = ("EVALSHA", script.sha, len(keys) + len(index_keys), *keys, *index_keys,
-               *index_args, *args)  # fmt: skip
+        run = (
+            "EVALSHA",
+            script.sha,
+            len(keys) + len(index_keys),
+            *keys,
+            *index_keys,
+            *index_args,
+            *args,
+        )
         for attempt in range(2):
             stored, reply = self._send([stage, run], transaction=True)
             if isinstance(stored, Exception):
@@ -652,14 +704,22 @@ class RedisStore(Store):
             fields["crashes"] = crashes
         for name, value in (("result", result), ("interrupt", interrupt)):
             if value is not UNSET:
-                fields[name] = b"" if value is None else encode_value(
-                    value, what=name, thread_id=thread_id, step=None
+                fields[name] = (
+                    b""
+                    if value is None
+                    else encode_value(value, what=name, thread_id=thread_id, step=None)
                 )
         code, value, _ = self._run(
             "set_status",
             [self.keys.meta(thread_id), self.keys.lock(thread_id)],
-            [thread_id, token, status.value, "" if due_in is None else due_in,
-             f"{token}:{release_owner}" if release_owner else "", *_pairs(fields)],
+            [
+                thread_id,
+                token,
+                status.value,
+                "" if due_in is None else due_in,
+                f"{token}:{release_owner}" if release_owner else "",
+                *_pairs(fields),
+            ],
             indexed=True,
         )
         self._raise_refusal(thread_id, token, code, value, None)
@@ -765,9 +825,10 @@ class RedisStore(Store):
         if not steps:
             return []
         blobs = self.client.mget([self.keys.checkpoint(thread_id, s) for s in steps])
-        return self._with_logs(thread_id, [
-            (s, _blob(data)) for s, data in zip(steps, blobs, strict=True) if data is not None
-        ])
+        return self._with_logs(
+            thread_id,
+            [(s, _blob(data)) for s, data in zip(steps, blobs, strict=True) if data is not None],
+        )
 
     # -- effects -------------------------------------------------------------------------
 
@@ -775,8 +836,11 @@ class RedisStore(Store):
         validate_thread_id(thread_id)
         validate_effect_key(key, thread_id)
         if not shared:
-            return [self.keys.effect(thread_id, key), self.keys.meta(thread_id),
-                    self.keys.owned(thread_id)]
+            return [
+                self.keys.effect(thread_id, key),
+                self.keys.meta(thread_id),
+                self.keys.owned(thread_id),
+            ]
         if self.cluster:
             return [self.keys.global_effect(key)]
         return [self.keys.global_effect(key), self.keys.meta(thread_id)]
@@ -787,8 +851,11 @@ class RedisStore(Store):
         if shared and self.cluster:
             fence = self.client.hget(self.keys.meta(thread_id), "fence")
             self._raise_refusal(
-                thread_id, token, -3 if fence is None else (-1 if int(fence) != token else 1),
-                int(fence or 0), None,
+                thread_id,
+                token,
+                -3 if fence is None else (-1 if int(fence) != token else 1),
+                int(fence or 0),
+                None,
             )
 
     def claim_effect(
@@ -808,8 +875,9 @@ class RedisStore(Store):
         )
         self._raise_refusal(thread_id, token, code, holder, None)
         if code == 2:
-            value = decode_value(result, what=f"effect {key!r} result", thread_id=thread_id,
-                                 step=None)
+            value = decode_value(
+                result, what=f"effect {key!r} result", thread_id=thread_id, step=None
+            )
             return Claim("done", Effect(key, "done", int(holder), value))
         outcome = "claimed" if code == 1 else "unknown"
         return Claim(outcome, Effect(key, "pending", int(holder)))
@@ -857,7 +925,9 @@ class RedisStore(Store):
             key,
             record["state"].decode(),
             int(record["token"]),
-            None if result is None else decode_value(
+            None
+            if result is None
+            else decode_value(
                 result, what=f"effect {key!r} result", thread_id=thread_id, step=None
             ),
         )
@@ -875,19 +945,28 @@ class RedisStore(Store):
         return [member.decode() for member in ids]
 
     def lease_sweeper(self, owner: str, ttl: float) -> bool:
-        return bool(self._scripts["lease_sweeper"](
-            keys=[self.keys.sweeper()], args=[owner, check_ttl("sweeper", ttl)]
-        ))
+        return bool(
+            self._scripts["lease_sweeper"](
+                keys=[self.keys.sweeper()], args=[owner, check_ttl("sweeper", ttl)]
+            )
+        )
 
     # -- operations ----------------------------------------------------------------------
 
     def check(self) -> list[Finding]:
         try:
-            config = {_text(name): _text(value) for name, value in
-                      self.client.config_get("*").items()}
+            config = {
+                _text(name): _text(value) for name, value in self.client.config_get("*").items()
+            }
         except redis.ResponseError as exc:
-            return [Finding("CONFIG", "unavailable", f"cannot read the server's settings "
-                            f"({exc}).", "check persistence and eviction with your provider")]
+            return [
+                Finding(
+                    "CONFIG",
+                    "unavailable",
+                    f"cannot read the server's settings ({exc}).",
+                    "check persistence and eviction with your provider",
+                )
+            ]
         return redis_findings(config)
 
     def close(self) -> None:
@@ -899,30 +978,42 @@ def redis_findings(config: dict[str, str]) -> list[Finding]:
     findings = []
     aof = config.get("appendonly") == "yes"
     if not aof and not config.get("save"):
-        findings.append(Finding(
-            "appendonly", "no",
-            "no persistence (AOF off and no RDB snapshots): a restart of the server loses "
-            "every checkpoint.",
-            "start Redis with --appendonly yes --appendfsync always",
-        ))
+        findings.append(
+            Finding(
+                "appendonly",
+                "no",
+                "no persistence (AOF off and no RDB snapshots): a restart of the server loses "
+                "every checkpoint.",
+                "start Redis with --appendonly yes --appendfsync always",
+            )
+        )
     elif not aof:
-        findings.append(Finding(
-            "appendonly", "no",
-            "only RDB snapshots: a crash loses every checkpoint written since the last one.",
-            "start Redis with --appendonly yes --appendfsync always",
-        ))
+        findings.append(
+            Finding(
+                "appendonly",
+                "no",
+                "only RDB snapshots: a crash loses every checkpoint written since the last one.",
+                "start Redis with --appendonly yes --appendfsync always",
+            )
+        )
     elif config.get("appendfsync") not in ("always", "everysec"):
-        findings.append(Finding(
-            "appendfsync", config.get("appendfsync", "?"),
-            "the OS decides when the AOF reaches disk: a power loss can drop acknowledged "
-            "checkpoints.",
-            "set appendfsync always (or everysec to risk at most one second)",
-        ))
+        findings.append(
+            Finding(
+                "appendfsync",
+                config.get("appendfsync", "?"),
+                "the OS decides when the AOF reaches disk: a power loss can drop acknowledged "
+                "checkpoints.",
+                "set appendfsync always (or everysec to risk at most one second)",
+            )
+        )
     policy = config.get("maxmemory-policy", "noeviction")
     if policy != "noeviction":
-        findings.append(Finding(
-            "maxmemory-policy", policy,
-            "Redis may evict checkpoints, leases and effect records under memory pressure.",
-            "set maxmemory-policy noeviction (writes then fail loudly instead)",
-        ))
+        findings.append(
+            Finding(
+                "maxmemory-policy",
+                policy,
+                "Redis may evict checkpoints, leases and effect records under memory pressure.",
+                "set maxmemory-policy noeviction (writes then fail loudly instead)",
+            )
+        )
     return findings

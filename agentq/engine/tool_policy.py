@@ -57,8 +57,8 @@ def tool(
 ) -> F | Callable[[F], F]:
     """Declare a tool's policy once, where it is defined; ``run.tool`` reads it::
 
-        @tool(idempotent=True)
-        def charge(amount, *, idempotency_key): ...
+    @tool(idempotent=True)
+    def charge(amount, *, idempotency_key): ...
     """
     policy = ToolPolicy(idempotent=idempotent, reconcile=reconcile, shared=shared)
 

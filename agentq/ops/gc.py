@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Final
 
 from agentq.records import FINISHED
-from agentq.store.base import Store
+from agentq.store.contract import Store
 
 CHUNK: Final = 100
 """Threads per ``gc`` call when there are more than this many to delete."""

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from agentq.celery.task import AgentTask
 from agentq.errors import InvalidArgument
-from agentq.task import AgentTask
 
 NodeFunction = TypeVar("NodeFunction", bound=Callable[..., Any])
 
@@ -51,8 +51,9 @@ def agent(app: Any, name: str, **options: Any) -> FunctionAgent:
     The entry node is ``start`` unless ``entry_node`` names another.
     """
     if not isinstance(name, str) or not name:
-        raise InvalidArgument(f"an agent needs a task name, got {name!r}; e.g. agent(app, "
-                              "'support_agent')")
+        raise InvalidArgument(
+            f"an agent needs a task name, got {name!r}; e.g. agent(app, 'support_agent')"
+        )
     cls = type(f"FunctionAgent[{name}]", (FunctionAgent,), {"name": name, **options})
     task: FunctionAgent = app.register_task(cls())
     return task

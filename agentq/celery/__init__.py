@@ -1,0 +1,1 @@
+"""agentq on Celery: the task base, app wiring, the worker bootstep, recovery."""

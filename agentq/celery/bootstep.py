@@ -1,0 +1,58 @@
+"""agentq inside a Celery worker: the sweeper, and handing threads over on shutdown."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from celery import bootsteps
+from celery.signals import worker_shutting_down
+
+from agentq.celery.drain import draining, relay_drain
+from agentq.celery.recovery import Sweeper
+
+logger = logging.getLogger("agentq.worker")
+
+
+class AgentqWorkerStep(bootsteps.StartStopStep):  # type: ignore[misc]
+    """Runs the sweeper in the worker's main process and relays shutdown to the pool."""
+
+    requires = ("celery.worker.components:Pool",)
+
+    def __init__(self, worker: Any, **kwargs: Any) -> None:
+        super().__init__(worker, **kwargs)
+        self.sweeper: Sweeper | None = None
+        self._on_signal: Any = None
+
+    def start(self, worker: Any) -> None:
+        draining.clear()  # a worker started again in the same process works normally
+        self.sweeper = Sweeper(worker.app)
+        self.sweeper.start()
+
+        # Sent from inside the SIGTERM handler: relaying here rather than in close(),
+        # which waits for the event loop to wake, lets no agent start another step.
+        def on_signal(sender: Any = None, **_: Any) -> None:
+            if sender == worker.hostname:
+                relay_drain(worker)
+
+        self._on_signal = on_signal
+        worker_shutting_down.connect(on_signal, weak=False)
+
+    def close(self, worker: Any) -> None:
+        # Every shutdown passes here (also one not started by a signal), before the pool
+        # waits for running tasks.
+        relayed = relay_drain(worker)
+        logger.info(
+            "worker shutting down: asked %d pool processes to hand over their threads", relayed
+        )
+
+    def stop(self, worker: Any) -> None:
+        if self._on_signal is not None:
+            worker_shutting_down.disconnect(self._on_signal)
+        if self.sweeper is not None:
+            self.sweeper.stop()
+
+    def terminate(self, worker: Any) -> None:
+        # A cold shutdown sends no worker_shutdown: clear the hand-over here instead.
+        self.stop(worker)
+        draining.clear()

@@ -1,0 +1,385 @@
+"""Drives one thread for one task execution: lease, resume, node loop, commit per step."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import os
+import socket
+import time
+import traceback
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Final, Protocol
+
+from agentq.engine.aio import run_coroutine
+from agentq.engine.append_only import AppendOnlyFields
+from agentq.engine.backoff import retry_delay
+from agentq.engine.lease import Heartbeat
+from agentq.engine.run import NO_VALUE, Run
+from agentq.errors import (
+    AgentqError,
+    AppendOnlyViolation,
+    CodecError,
+    FencingError,
+    LeaseHeld,
+    LogConflict,
+    NeedsAttention,
+    RetryNotDue,
+    UnknownNode,
+)
+from agentq.outcomes import Done, Interrupt, Interrupted
+from agentq.records import Checkpoint, Status, ThreadMeta
+from agentq.settings import Settings
+from agentq.store.contract import UNSET, Store
+
+logger = logging.getLogger("agentq")
+
+_IDLE = frozenset({Status.WAITING, Status.FAILED, Status.CANCELLED, Status.NEEDS_ATTENTION})
+
+
+def _owner() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+def _error_text(exc: BaseException, limit: int = 2000) -> str:
+    trace = "".join(traceback.format_exception(exc, limit=-3))
+    return f"{type(exc).__name__}: {exc}\n{trace}"[:limit]
+
+
+class Agent(Protocol):
+    """What the driver needs of the task it drives; the Celery side stays in the task.
+
+    Nodes are the agent's methods, looked up by name.
+    """
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def entry_node(self) -> str: ...
+    @property
+    def append_only(self) -> tuple[str, ...]: ...
+    def should_retry(self, exc: BaseException) -> bool: ...
+    def on_step(self, thread_id: str, step: int, node: str, next_node: str | None) -> None: ...
+    def resend(self, meta: ThreadMeta) -> Any: ...
+
+
+@dataclass
+class _Position:
+    """Where a thread stands between two steps: what the next node starts from."""
+
+    step: int
+    node: str
+    state: dict[str, Any]
+    pending: list[Any]
+    cursors: dict[str, Any]
+    resume_value: Any
+    attempts: int
+
+
+_CONTINUE: Final = object()
+"""Returned by a step whose thread goes on to the next node."""
+
+
+class Driver:
+    """Runs a thread's nodes until it finishes, pauses, fails, retries, is cancelled,
+    is handed over (``should_stop``) or loses its lease.
+
+    Every state change goes through the store under the lease's fencing token, so the
+    driver holds nothing that a crash could lose beyond the node in flight.
+    """
+
+    def __init__(
+        self,
+        task: Agent,
+        thread_id: str,
+        store: Store,
+        settings: Settings,
+        should_stop: Callable[[], bool],
+    ) -> None:
+        self.task = task
+        self.thread_id = thread_id
+        self.store = store
+        self.settings = settings
+        self.should_stop = should_stop
+        self.owner = _owner()
+
+    def drive(self) -> Any:
+        thread_id, store = self.thread_id, self.store
+        meta = store.meta(thread_id)
+        if meta is None:  # sent by name (send_task) rather than through apply_async
+            meta, _ = store.open_thread(thread_id, task=self.task.name)
+        if meta.status == Status.DONE:
+            return meta.result
+        if meta.status in _IDLE:
+            logger.info("thread %s is %s: nothing to run", thread_id, meta.status.value)
+            return None
+        crashed = meta.status == Status.RUNNING
+        try:
+            token = store.acquire(thread_id, self.owner, self.settings.lease_ttl)
+        except LeaseHeld:
+            logger.info("thread %s is driven by another worker; leaving it", thread_id)
+            return None
+        except RetryNotDue as exc:
+            logger.info(
+                "thread %s retries in %.1f s; leaving it until then", thread_id, exc.seconds
+            )
+            return None
+        try:
+            with Heartbeat(store, thread_id, self.owner, token, self.settings.lease_ttl) as beat:
+                return self._resume(token, crashed, beat)
+        except FencingError as exc:
+            logger.warning("thread %s: stopped, another worker drives it now (%s)", thread_id, exc)
+            return None
+
+    def _resume(self, token: int, crashed: bool, beat: Heartbeat) -> Any:
+        meta = self.store.meta(self.thread_id)
+        assert meta is not None
+        if meta.status != Status.RUNNING or meta.cancel_requested:
+            return self._stop_early(token, meta)
+        if crashed and not self._count_crash(token, meta):
+            return None
+        latest = self.store.latest(self.thread_id)
+        if latest is not None and latest.node is None:
+            return meta.result
+        pos = self._start_from(latest, meta)
+        logs = AppendOnlyFields(
+            self.thread_id,
+            self.task.append_only,
+            pos.state,
+            logged=latest.logs if latest is not None else (),
+        )
+        while True:
+            if beat.lost.is_set():
+                logger.warning(
+                    "thread %s: lease lost before step %d; stopping", self.thread_id, pos.step
+                )
+                return None
+            if self.should_stop():
+                return self._hand_over(token, meta, pos.step)
+            result = self._step(token, meta, pos, logs)
+            if result is not _CONTINUE:
+                return result
+
+    def _count_crash(self, token: int, meta: ThreadMeta) -> bool:
+        """Count a worker lost at this thread's step; ``False`` once it failed for it."""
+        crashes = meta.crashes + 1
+        if crashes >= self.settings.max_crashes:
+            self.store.set_status(
+                self.thread_id,
+                token,
+                Status.FAILED,
+                crashes=crashes,
+                error=f"worker lost {crashes} times at step {meta.step + 1}; the step "
+                "may crash its worker (out of memory?): fix it, then retry the thread",
+                release_owner=self.owner,
+            )
+            logger.error("thread %s: failed after %d lost workers", self.thread_id, crashes)
+            return False
+        self.store.set_status(
+            self.thread_id, token, Status.RUNNING, crashes=crashes, due_in=self.settings.lease_ttl
+        )
+        return True
+
+    def _start_from(self, latest: Checkpoint | None, meta: ThreadMeta) -> _Position:
+        resume_value = meta.resume_value if meta.resumed else NO_VALUE
+        if latest is None:
+            return _Position(0, self.task.entry_node, {}, [], {}, resume_value, meta.attempts)
+        assert latest.node is not None
+        return _Position(
+            latest.step + 1,
+            latest.node,
+            latest.state,
+            latest.pending,
+            latest.cursors,
+            resume_value,
+            meta.attempts,
+        )
+
+    def _hand_over(self, token: int, meta: ThreadMeta, step: int) -> None:
+        self.store.set_status(
+            self.thread_id, token, Status.QUEUED, due_in=0, release_owner=self.owner
+        )
+        self.task.resend(meta)
+        logger.info("thread %s: handed over before step %d (worker stopping)", self.thread_id, step)
+
+    def _run(self, token: int, pos: _Position) -> Run:
+        store, thread_id, settings = self.store, self.thread_id, self.settings
+        return Run(
+            store=store,
+            thread_id=thread_id,
+            step=pos.step,
+            node=pos.node,
+            token=token,
+            state=pos.state,
+            pending=pos.pending,
+            cursors=pos.cursors,
+            resume_value=pos.resume_value,
+            max_artifact_bytes=settings.max_artifact_bytes,
+            confirm_lease=lambda: store.renew(thread_id, self.owner, token, settings.lease_ttl),
+            retryable=self.task.should_retry,
+        )
+
+    def _step(self, token: int, meta: ThreadMeta, pos: _Position, logs: AppendOnlyFields) -> Any:
+        """Run one node and commit what it did; ``_CONTINUE`` if the thread goes on, else
+        what the task returns."""
+        thread_id, store, step = self.thread_id, self.store, pos.step
+        run = self._run(token, pos)
+        try:
+            outcome = self._call(pos.node, run, meta.input if step == 0 else None)
+        except Interrupted as pause:
+            store.set_status(
+                thread_id, token, Status.WAITING, interrupt=pause.payload, release_owner=self.owner
+            )
+            logger.info("thread %s: waiting for a human at step %d", thread_id, step)
+            return None
+        except NeedsAttention as exc:
+            store.set_status(
+                thread_id, token, Status.NEEDS_ATTENTION, error=str(exc), release_owner=self.owner
+            )
+            logger.error("%s", exc)
+            return None
+        except FencingError:
+            raise
+        except store.transient_errors:
+            # The store, not the node, failed: the thread stays running and its lease
+            # runs out, then recovery resumes it (a crash, bounded by max_crashes).
+            logger.warning(
+                "thread %s: store unreachable during step %d; leaving the thread to recovery",
+                thread_id,
+                step,
+            )
+            raise
+        except Exception as exc:
+            return self._fail_or_retry(token, step, pos.attempts, exc)
+        try:
+            checkpoint, status, extra = self._next(step, pos.node, run, outcome, token)
+            cancel = store.commit(
+                thread_id,
+                token,
+                checkpoint,
+                status=status,
+                due_in=UNSET if status == Status.RUNNING else None,
+                release_owner=None if status == Status.RUNNING else self.owner,
+                logs=logs.lengths(step, run.state),
+                **extra,
+            )
+        # Not a race (fence and step were checked first): a log that does not match
+        # the thread's declaration, e.g. a field made append-only again after it was
+        # dropped. Failing says so, where leaving it would loop through recovery.
+        except (CodecError, UnknownNode, AppendOnlyViolation, LogConflict) as exc:
+            return self._fail_or_retry(token, step, pos.attempts, exc)  # output can't be kept
+        logs.committed(run.state)
+        self.task.on_step(thread_id, step, pos.node, checkpoint.node)
+        if status != Status.RUNNING:
+            return extra.get("result")
+        if cancel:
+            store.set_status(thread_id, token, Status.CANCELLED, release_owner=self.owner)
+            logger.info("thread %s: cancelled after step %d", thread_id, step)
+            return None
+        assert checkpoint.node is not None
+        pos.step, pos.node, pos.attempts, pos.resume_value = (
+            step + 1,
+            checkpoint.node,
+            0,
+            NO_VALUE,
+        )
+        pos.state, pos.pending, pos.cursors = run.state, run.pending, run.cursors
+        return _CONTINUE
+
+    def _stop_early(self, token: int, meta: ThreadMeta) -> Any:
+        """The thread changed between our first look and the lease: honour what it is."""
+        if meta.cancel_requested and meta.status == Status.RUNNING:
+            self.store.set_status(self.thread_id, token, Status.CANCELLED, release_owner=self.owner)
+        else:
+            self.store.release(self.thread_id, self.owner, token)
+        return meta.result if meta.status == Status.DONE else None
+
+    def _call(self, node: str, run: Run, input: Any) -> Any:
+        fn = getattr(self.task, node, None)
+        if not callable(fn) or node.startswith("_"):
+            raise UnknownNode(
+                f"node {node!r} is not a method of {type(self.task).__name__}; define it or "
+                "return the name of an existing node",
+                thread_id=self.thread_id,
+                step=run.step,
+            )
+        kwargs = input if isinstance(input, dict) else {}
+        result = fn(run, **kwargs)
+        if inspect.isawaitable(result):
+            return run_coroutine(_awaited(result))
+        return result
+
+    def _next(
+        self, step: int, node: str, run: Run, outcome: Any, token: int
+    ) -> tuple[Checkpoint, Status, dict[str, Any]]:
+        extra: dict[str, Any] = {}
+        if isinstance(outcome, Done):
+            next_node, status, extra["result"] = None, Status.DONE, outcome.result
+        elif isinstance(outcome, Interrupt):
+            next_node, status, extra["interrupt"] = (
+                outcome.resume_at,
+                Status.WAITING,
+                outcome.payload,
+            )
+        elif isinstance(outcome, str):
+            next_node, status = outcome, Status.RUNNING
+        else:
+            raise UnknownNode(
+                f"node {node!r} returned {type(outcome).__name__}; return the next node's "
+                "name, Done(result) or Interrupt(payload, resume_at=...)",
+                thread_id=self.thread_id,
+                step=step,
+            )
+        checkpoint = Checkpoint(
+            step=step,
+            node=next_node,
+            state=run.state,
+            pending=run.pending,
+            cursors=run.cursors,
+            task=self.task.name,
+            token=token,
+            created_at=time.time(),
+        )
+        return checkpoint, status, extra
+
+    def _fail_or_retry(self, token: int, step: int, attempts: int, exc: Exception) -> None:
+        thread_id, settings = self.thread_id, self.settings
+        attempt = attempts + 1
+        retryable = self.task.should_retry(exc) and not isinstance(exc, AgentqError)
+        if retryable and attempt < settings.max_attempts:
+            delay = retry_delay(exc, attempt, base=settings.backoff_base, cap=settings.backoff_max)
+            self.store.set_status(
+                thread_id,
+                token,
+                Status.RETRYING,
+                due_in=delay,
+                attempts=attempt,
+                error=_error_text(exc),
+                release_owner=self.owner,
+            )
+            logger.warning(
+                "thread %s: step %d attempt %d failed (%s); retrying in %.1f s",
+                thread_id,
+                step,
+                attempt,
+                type(exc).__name__,
+                delay,
+            )
+            return None
+        gave_up = f"gave up after {attempt} attempts: " if retryable else ""
+        self.store.set_status(
+            thread_id,
+            token,
+            Status.FAILED,
+            attempts=attempt,
+            error=gave_up + _error_text(exc),
+            release_owner=self.owner,
+        )
+        logger.error("thread %s: step %d failed: %s", thread_id, step, exc)
+        raise exc
+
+
+async def _awaited(awaitable: Any) -> Any:
+    return await awaitable

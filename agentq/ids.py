@@ -1,0 +1,71 @@
+"""Thread ids and effect keys: what may name a thread or an idempotency record."""
+
+from __future__ import annotations
+
+import unicodedata
+
+from agentq.errors import InvalidThreadId
+
+MAX_THREAD_ID_LENGTH = 200
+MAX_EFFECT_KEY_LENGTH = 500
+_FORBIDDEN = {
+    "Cc": "the control character",
+    "Zl": "the line separator",
+    "Zp": "the paragraph separator",
+    "Cs": "the lone surrogate",
+}
+
+
+def validate_thread_id(thread_id: object) -> str:
+    """Return ``thread_id`` if it is a usable thread id, else raise :class:`InvalidThreadId`.
+
+    Braces would break the hash tag (and could address another thread's keys), control
+    characters and line separators break logs and terminals, and an unbounded id bloats
+    every key.
+    """
+    if not isinstance(thread_id, str):
+        raise InvalidThreadId(
+            f"thread id must be a str, got {type(thread_id).__name__}; "
+            "pass the id as a string, e.g. str(conversation.id)"
+        )
+    _check_name(thread_id, "thread id", MAX_THREAD_ID_LENGTH, thread_id=thread_id)
+    return thread_id
+
+
+def validate_effect_key(key: object, thread_id: str | None) -> str:
+    """Return ``key`` if it can name an idempotency record, else raise :class:`InvalidThreadId`."""
+    if not isinstance(key, str):
+        raise InvalidThreadId(
+            f"effect key must be a str, got {type(key).__name__}", thread_id=thread_id
+        )
+    _check_name(key, "effect key", MAX_EFFECT_KEY_LENGTH, thread_id=thread_id)
+    return key
+
+
+def _check_name(value: str, what: str, limit: int, *, thread_id: str | None) -> None:
+    shown = thread_id if what == "thread id" else None
+    if not value:
+        raise InvalidThreadId(f"{what} is empty; use a stable, non-empty id")
+    if len(value) > limit:
+        raise InvalidThreadId(
+            f"{what} is {len(value)} characters, over the limit of {limit}; "
+            "use a shorter id (e.g. a hash of the long one)",
+            thread_id=shown[:40] + "…" if shown else None,
+        )
+    if "{" in value or "}" in value:
+        raise InvalidThreadId(
+            f"{what} {value!r} contains a brace; braces are reserved for Redis Cluster hash "
+            "tags, so remove them",
+            thread_id=None,
+        )
+    # C1 controls (U+0080-U+009F, e.g. U+009B, a terminal escape introducer) and the Unicode
+    # line and paragraph separators forge log lines and terminal output just as C0 ones do;
+    # a lone surrogate cannot be encoded as a key at all.
+    if value.isprintable():  # one C-speed scan for the usual id; the loop says which
+        return
+    for ch in value:
+        kind = _FORBIDDEN.get(unicodedata.category(ch))
+        if kind:
+            raise InvalidThreadId(
+                f"{what} {value!r} contains {kind} U+{ord(ch):04X}; remove it", thread_id=None
+            )

@@ -1,0 +1,1 @@
+"""Operating a store: health checks, garbage collection, latency probes."""

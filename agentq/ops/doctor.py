@@ -1,0 +1,97 @@
+"""Checks a Celery app's settings for what would defeat recovery or exclusion."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from agentq.records import Finding
+from agentq.settings import Settings
+
+
+def celery_findings(app: Any, settings: Settings) -> list[Finding]:
+    """What in ``app``'s configuration works against agentq, each with its fix."""
+    from agentq.celery.task import AgentTask
+
+    conf = app.conf
+    findings = []
+    broker = str(conf.broker_url or "")
+    if broker.startswith(("redis://", "rediss://", "unix://")):
+        visibility = (conf.broker_transport_options or {}).get("visibility_timeout", 3600)
+        if float(visibility) < settings.lease_ttl:
+            findings.append(
+                Finding(
+                    "broker_transport_options.visibility_timeout",
+                    str(visibility),
+                    f"shorter than lease_ttl ({settings.lease_ttl} s): Redis redelivers every "
+                    "running agent while its lease is live, and each copy wakes a worker for "
+                    "nothing.",
+                    "leave visibility_timeout at its default (3600 s); agentq recovers killed "
+                    "workers through leases, not redelivery",
+                )
+            )
+    if settings.sweep_interval >= settings.lease_ttl:
+        findings.append(
+            Finding(
+                "agentq_sweep_interval",
+                str(settings.sweep_interval),
+                f"not shorter than lease_ttl ({settings.lease_ttl} s): recovery of a dead "
+                "worker's thread waits up to a whole extra lease.",
+                "use a sweep_interval of a few seconds at most, well under lease_ttl",
+            )
+        )
+    if int(conf.worker_prefetch_multiplier or 0) != 1:
+        findings.append(
+            Finding(
+                "worker_prefetch_multiplier",
+                str(conf.worker_prefetch_multiplier),
+                "a worker reserves several agent messages while one runs; a deploy then holds "
+                "threads back until their grace runs out.",
+                "set worker_prefetch_multiplier = 1",
+            )
+        )
+    if os.environ.get("REMAP_SIGTERM"):
+        findings.append(
+            Finding(
+                "REMAP_SIGTERM",
+                os.environ["REMAP_SIGTERM"],
+                "set in this environment (run doctor where the workers run): SIGTERM becomes a "
+                "cold shutdown, and a deploy kills running nodes instead of handing their "
+                "threads over after the current one.",
+                "unset REMAP_SIGTERM in the workers' environment",
+            )
+        )
+    if conf.task_always_eager:
+        findings.append(
+            Finding(
+                "task_always_eager",
+                "True",
+                "agents run inside the caller, with no worker to resume them after a crash.",
+                "turn it off outside unit tests",
+            )
+        )
+    for task in app.tasks.values():
+        if not isinstance(task, AgentTask):
+            continue
+        if not task.acks_late:
+            findings.append(
+                Finding(
+                    f"{task.name}.acks_late",
+                    "False",
+                    "the message is acknowledged before the agent runs; a killed worker's "
+                    "thread then waits for recovery instead of being redelivered at once "
+                    "(RabbitMQ).",
+                    "keep acks_late = True on agent tasks (AgentTask's default)",
+                )
+            )
+        if not task.reject_on_worker_lost:
+            findings.append(
+                Finding(
+                    f"{task.name}.reject_on_worker_lost",
+                    "False",
+                    "a pool process killed mid-step marks the task FAILURE(WorkerLostError) and "
+                    "drops the message.",
+                    "keep reject_on_worker_lost = True on agent tasks (AgentTask's default)",
+                )
+            )
+    return findings

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from agentq import backoff as backoff_module
+from agentq.engine import backoff as backoff_module
 from agentq.celery.task import AgentTask
 from agentq.engine.backoff import backoff, retry_after, retry_delay
 

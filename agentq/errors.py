@@ -29,8 +29,20 @@ class InvalidThreadId(AgentqError, ValueError):
     """Raised when a thread id is empty, too long, or holds braces or control characters."""
 
 
-class StoreConfigError(AgentqError):
+class InvalidEffectKey(InvalidArgument):
+    """Raised when an effect key is empty, too long, or holds braces or control characters."""
+
+
+class ConfigError(AgentqError):
+    """Raised when agentq is set up in a way it cannot work with."""
+
+
+class StoreConfigError(ConfigError):
     """Raised when a store URL or store option cannot be used."""
+
+
+class SettingsError(ConfigError, ValueError):
+    """Raised when an agentq setting is unknown, out of range or contradicts another."""
 
 
 class CodecError(AgentqError):

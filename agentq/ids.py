@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import unicodedata
 
-from agentq.errors import InvalidThreadId
+from agentq.errors import InvalidEffectKey, InvalidThreadId
 
 MAX_THREAD_ID_LENGTH = 200
 MAX_EFFECT_KEY_LENGTH = 500
@@ -28,32 +28,39 @@ def validate_thread_id(thread_id: object) -> str:
             f"thread id must be a str, got {type(thread_id).__name__}; "
             "pass the id as a string, e.g. str(conversation.id)"
         )
-    _check_name(thread_id, "thread id", MAX_THREAD_ID_LENGTH, thread_id=thread_id)
+    _check_name(thread_id, "thread id", MAX_THREAD_ID_LENGTH, InvalidThreadId, thread_id=thread_id)
     return thread_id
 
 
 def validate_effect_key(key: object, thread_id: str | None) -> str:
-    """Return ``key`` if it can name an idempotency record, else raise :class:`InvalidThreadId`."""
+    """Return ``key`` if it can name an idempotency record, else raise :class:`InvalidEffectKey`."""
     if not isinstance(key, str):
-        raise InvalidThreadId(
+        raise InvalidEffectKey(
             f"effect key must be a str, got {type(key).__name__}", thread_id=thread_id
         )
-    _check_name(key, "effect key", MAX_EFFECT_KEY_LENGTH, thread_id=thread_id)
+    _check_name(key, "effect key", MAX_EFFECT_KEY_LENGTH, InvalidEffectKey, thread_id=thread_id)
     return key
 
 
-def _check_name(value: str, what: str, limit: int, *, thread_id: str | None) -> None:
+def _check_name(
+    value: str,
+    what: str,
+    limit: int,
+    error: type[InvalidThreadId] | type[InvalidEffectKey],
+    *,
+    thread_id: str | None,
+) -> None:
     shown = thread_id if what == "thread id" else None
     if not value:
-        raise InvalidThreadId(f"{what} is empty; use a stable, non-empty id")
+        raise error(f"{what} is empty; use a stable, non-empty id")
     if len(value) > limit:
-        raise InvalidThreadId(
+        raise error(
             f"{what} is {len(value)} characters, over the limit of {limit}; "
             "use a shorter id (e.g. a hash of the long one)",
             thread_id=shown[:40] + "…" if shown else None,
         )
     if "{" in value or "}" in value:
-        raise InvalidThreadId(
+        raise error(
             f"{what} {value!r} contains a brace; braces are reserved for Redis Cluster hash "
             "tags, so remove them",
             thread_id=None,
@@ -66,6 +73,6 @@ def _check_name(value: str, what: str, limit: int, *, thread_id: str | None) -> 
     for ch in value:
         kind = _FORBIDDEN.get(unicodedata.category(ch))
         if kind:
-            raise InvalidThreadId(
+            raise error(
                 f"{what} {value!r} contains {kind} U+{ord(ch):04X}; remove it", thread_id=None
             )

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any, Final
 
-from agentq.errors import StoreConfigError
+from agentq.errors import SettingsError
 
 CONF_PREFIX = "agentq_"
 DEFAULT_KEEP_LAST: Final = 20
@@ -39,11 +39,11 @@ class Settings:
     def __post_init__(self) -> None:
         for name in ("lease_ttl", "start_grace", "sweep_interval", "backoff_max"):
             if getattr(self, name) <= 0:
-                raise StoreConfigError(f"agentq setting {name} must be positive")
+                raise SettingsError(f"agentq setting {name} must be positive")
         if self.max_attempts < 1 or self.max_crashes < 1:
-            raise StoreConfigError("agentq settings max_attempts and max_crashes must be >= 1")
+            raise SettingsError("agentq settings max_attempts and max_crashes must be >= 1")
         if self.backoff_base > self.backoff_max:
-            raise StoreConfigError(
+            raise SettingsError(
                 f"agentq setting backoff_base ({self.backoff_base}) exceeds backoff_max "
                 f"({self.backoff_max})"
             )
@@ -57,7 +57,7 @@ class Settings:
         """Read ``agentq_*`` keys from a Celery config, then apply ``overrides``."""
         unknown = set(overrides) - set(cls.names())
         if unknown:
-            raise StoreConfigError(
+            raise SettingsError(
                 f"unknown agentq setting(s): {', '.join(sorted(unknown))}; known: "
                 f"{', '.join(cls.names())}"
             )

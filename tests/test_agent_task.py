@@ -14,7 +14,7 @@ from celery.contrib.testing.worker import start_worker
 
 from agentq import Status
 from agentq.codec.envelope import decode_envelope
-from agentq.errors import ArtifactNotFound, InvalidThreadId, ThreadStopped
+from agentq.errors import ArtifactNotFound, InvalidArgument, InvalidThreadId, ThreadStopped
 from agentq.store.contract import Store
 from agentq.store.redis.store import RedisStore
 from tests.support.agents import Ledger, make_app
@@ -240,7 +240,7 @@ def test_bad_thread_ids_are_refused_before_sending(env: Env, bad: str) -> None:
 
 
 def test_inputs_must_be_keywords(env: Env) -> None:
-    with pytest.raises(InvalidThreadId, match="keyword arguments"):
+    with pytest.raises(InvalidArgument, match="keyword arguments"):
         env.agent("counting_agent").delay("t1", 3)
 
 

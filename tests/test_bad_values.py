@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from agentq.codec.envelope import decode_checkpoint, encode_checkpoint, encode_value
-from agentq.errors import InvalidThreadId, UnserializableState
+from agentq.errors import InvalidEffectKey, InvalidThreadId, UnserializableState
 from agentq.ids import validate_effect_key, validate_thread_id
 from agentq.records import Checkpoint
 from agentq.store.sqlite.store import SQLiteStore
@@ -51,7 +51,7 @@ def test_a_thread_id_with_a_control_or_separator_is_refused_by_code_point(char: 
 
 @pytest.mark.parametrize("char", BAD_CHARACTERS, ids=lambda c: f"U+{ord(c):04X}")
 def test_an_effect_key_with_a_control_or_separator_is_refused(char: str) -> None:
-    with pytest.raises(InvalidThreadId, match=f"effect key .* U\\+{ord(char):04X}"):
+    with pytest.raises(InvalidEffectKey, match=f"effect key .* U\\+{ord(char):04X}"):
         validate_effect_key(f"charge{char}", "t1")
 
 
@@ -66,7 +66,7 @@ def test_the_store_refuses_such_ids_before_creating_anything(
     before = snapshot(store)
     with pytest.raises(InvalidThreadId, match="U\\+2028"):
         store.open_thread("t\u20282", task="agent")
-    with pytest.raises(InvalidThreadId, match="U\\+0085"):
+    with pytest.raises(InvalidEffectKey, match="U\\+0085"):
         store.claim_effect("t1", "charge\x85card", token)
     assert snapshot(store) == before
 

@@ -12,7 +12,7 @@ from celery.backends.base import DisabledBackend
 from agentq.celery.drain import draining
 from agentq.celery.runtime import Runtime, runtime_of
 from agentq.engine.driver import Driver
-from agentq.errors import InvalidThreadId, ThreadNotFound, ThreadStopped, WaitTimeout
+from agentq.errors import InvalidArgument, ThreadNotFound, ThreadStopped, WaitTimeout
 from agentq.ids import validate_thread_id
 from agentq.records import Status, ThreadMeta
 
@@ -76,7 +76,7 @@ class AgentTask(Task):  # type: ignore[misc]
         recovery, hand-overs and resumes send it the same way. An existing thread keeps
         its first input and options and is only re-sent."""
         if not args or len(args) != 1:
-            raise InvalidThreadId(
+            raise InvalidArgument(
                 f"{self.name} takes exactly one positional argument, the thread id (got "
                 f"{len(args or ())}); pass the agent's input as keyword arguments"
             )

@@ -35,7 +35,7 @@ from langgraph.types import Command, StateSnapshot
 from agentq.celery.drain import draining
 from agentq.celery.task import AgentTask
 from agentq.engine.run import NO_VALUE, Run
-from agentq.errors import InvalidThreadId, StoreConfigError
+from agentq.errors import ConfigError, InvalidArgument
 from agentq.ids import validate_thread_id
 from agentq.langgraph.saver import AgentqSaver
 from agentq.langgraph.serde import AgentqSerializer
@@ -94,7 +94,7 @@ class GraphTask(AgentTask):
             if isinstance(source, StateGraph):
                 source = source.compile()
             if not isinstance(source, Pregel):
-                raise StoreConfigError(
+                raise ConfigError(
                     f"{self.name}: graph must be a compiled LangGraph graph, a StateGraph or "
                     f"a function returning one, not {type(source).__name__}"
                 )
@@ -106,7 +106,7 @@ class GraphTask(AgentTask):
     def apply_async(self, args: Any = None, kwargs: Any = None, **options: Any) -> Any:
         """Start thread ``args[0]`` with ``args[1]`` (optional) as the graph's input."""
         if not args or len(args) > 2 or kwargs:
-            raise InvalidThreadId(
+            raise InvalidArgument(
                 f"{self.name} takes the thread id and the graph's input: "
                 "task.delay(thread_id, input)"
             )

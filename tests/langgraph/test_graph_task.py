@@ -15,7 +15,7 @@ from celery.contrib.testing.worker import start_worker
 from langgraph.checkpoint.memory import InMemorySaver
 
 from agentq import Status
-from agentq.errors import InvalidThreadId, ThreadStopped
+from agentq.errors import InvalidArgument, InvalidThreadId, ThreadStopped
 from agentq.langgraph import AgentqSaver, GraphTask
 from agentq.store.contract import Store
 from tests.support.agents import Ledger
@@ -166,7 +166,7 @@ def test_an_unknown_tool_outcome_without_policy_needs_attention(env: Env) -> Non
 
 
 def test_delay_takes_the_thread_id_and_the_input(env: Env) -> None:
-    with pytest.raises(InvalidThreadId, match="delay\\(thread_id, input\\)"):
+    with pytest.raises(InvalidArgument, match="delay\\(thread_id, input\\)"):
         env.task.delay("t1", question("a"), question("b"))
     with pytest.raises(InvalidThreadId):
         env.task.delay("bad{id}", question("a"))

@@ -31,7 +31,6 @@ MOVED: Final[dict[str, tuple[str, ...]]] = {
     "agentq.langgraph.keys": ("agentq.store.redis.graph_keys",),
     "agentq.langgraph.records": ("agentq.store.graph_records",),
     "agentq.langgraph.redis_backend": ("agentq.store.redis.graph",),
-    "agentq.langgraph.redis_lua": ("agentq.store.redis.graph_lua",),
     "agentq.langgraph.sqlite_backend": ("agentq.store.sqlite.graph",),
     "agentq.logs": ("agentq.engine.append_only",),
     "agentq.run": ("agentq.engine.run",),

@@ -28,7 +28,6 @@ from agentq.errors import (
     CodecError,
     CorruptCheckpoint,
     InvalidArgument,
-    StoreConfigError,
     UnserializableState,
 )
 from agentq.ids import validate_thread_id
@@ -36,29 +35,11 @@ from agentq.langgraph.serde import safe_serde
 from agentq.store import graph_records as records
 from agentq.store import open_store
 from agentq.store.contract import Store
-from agentq.store.graph import Backend
+from agentq.store.graph import GraphStore
 from agentq.store.graph_records import Row, StoredCheckpoint
 
 _PAGE = 100
 _DONE = object()
-
-
-def backend_for(store: Store) -> Backend:
-    """The backend that keeps LangGraph data beside ``store``'s threads."""
-    from agentq.store.redis.store import RedisStore
-    from agentq.store.sqlite.store import SQLiteStore
-
-    if isinstance(store, RedisStore):
-        from agentq.store.redis.graph import RedisBackend
-
-        return RedisBackend(store)
-    if isinstance(store, SQLiteStore):
-        from agentq.store.sqlite.graph import SQLiteBackend
-
-        return SQLiteBackend(store)
-    raise StoreConfigError(
-        f"no LangGraph backend for {type(store).__name__}; use a RedisStore or SQLiteStore"
-    )
 
 
 class AgentqSaver(BaseCheckpointSaver[str]):
@@ -86,7 +67,7 @@ class AgentqSaver(BaseCheckpointSaver[str]):
     ) -> None:
         super().__init__(serde=safe_serde(serde))
         self.store = store
-        self.backend = backend_for(store)
+        self.backend: GraphStore = store.graph()
         self._owns_store = owns_store
         self._bound: tuple[str, int] | None = None
 
@@ -107,7 +88,6 @@ class AgentqSaver(BaseCheckpointSaver[str]):
         return clone
 
     def close(self) -> None:
-        self.backend.close()
         if self._owns_store:
             self.store.close()
 

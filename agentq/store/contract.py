@@ -24,6 +24,7 @@ from agentq.codec.envelope import decode_value
 from agentq.errors import InvalidArgument, RetryNotDue
 from agentq.records import Checkpoint, Claim, Effect, Finding, Status, ThreadMeta
 from agentq.settings import DEFAULT_KEEP_LAST, DEFAULT_MAX_CHECKPOINT_BYTES
+from agentq.store.graph import GraphStore
 
 
 class _Unset:
@@ -332,6 +333,11 @@ class Store(ABC):
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+    @abstractmethod
+    def graph(self) -> GraphStore:
+        """LangGraph's checkpoints beside this store's threads, on its connections. Each
+        call builds a new one (scripts registered, tables created): keep it."""
 
 
 def check_ttl(thread_id: str, ttl: float) -> int:

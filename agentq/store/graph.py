@@ -1,7 +1,9 @@
-"""What the saver needs from a store, in bytes: one backend per agentq store type.
+"""The graph store contract: what LangGraph's saver needs from an agentq store, in bytes.
+
+Each store gives its implementation with :meth:`~agentq.store.contract.Store.graph`.
 
 Every write carries the writer's fencing token, or ``None`` for a writer outside a graph
-task. In the same atomic step as the write, the backend reads the thread's agentq meta:
+task. In the same atomic step as the write, the graph store reads the thread's agentq meta:
 
 - with a token, the write is refused with :class:`~agentq.errors.StaleToken` unless it is
   the thread's current fence (another worker has taken the thread over since), and with
@@ -16,10 +18,11 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 
+from agentq.errors import LeaseHeld, StaleToken, ThreadNotFound
 from agentq.store.graph_records import Row, StoredCheckpoint
 
 
-class Backend(ABC):
+class GraphStore(ABC):
     """LangGraph checkpoints, blobs and writes kept beside an agentq store's threads."""
 
     @abstractmethod
@@ -75,6 +78,28 @@ class Backend(ABC):
         """Copy every checkpoint, blob and write of ``source`` into ``target``. Writing the
         target is atomic; the source is only read."""
 
-    @abstractmethod
-    def close(self) -> None:
-        """Release connections the backend opened itself."""
+
+def stale_token(thread_id: str, token: int, fence: int) -> StaleToken:
+    return StaleToken(
+        f"LangGraph write with fencing token {token} refused: the thread's current token "
+        f"is {fence}, so another worker has taken the thread over; stop this run",
+        thread_id=thread_id,
+    )
+
+
+def thread_not_found(thread_id: str) -> ThreadNotFound:
+    return ThreadNotFound(
+        "a fenced LangGraph write names a thread agentq does not hold; start the thread "
+        "through its graph task, or write without a token",
+        thread_id=thread_id,
+    )
+
+
+def lease_held(thread_id: str, ttl_ms: int) -> LeaseHeld:
+    return LeaseHeld(
+        f"a graph task drives this thread (lease for {ttl_ms} ms more), so a write "
+        "from outside it would fork the checkpoint chain; wait until the thread is "
+        "waiting or finished, or cancel it first",
+        thread_id=thread_id,
+        ttl_ms=ttl_ms,
+    )

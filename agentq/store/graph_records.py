@@ -1,4 +1,4 @@
-"""The bytes the LangGraph saver stores, shared by its Redis and SQLite backends.
+"""The bytes the LangGraph saver stores, shared by the Redis and SQLite graph stores.
 
 A checkpoint is stored as three parts, so that a write touches only what changed:
 
@@ -27,7 +27,7 @@ FORMAT_VERSION: Final = 1
 
 @dataclass(frozen=True)
 class StoredCheckpoint:
-    """What ``put`` hands a backend for one checkpoint."""
+    """What ``put`` hands a graph store for one checkpoint."""
 
     checkpoint_id: str
     record: bytes
@@ -39,7 +39,7 @@ class StoredCheckpoint:
 
 @dataclass(frozen=True)
 class Row:
-    """What a backend reads back for one checkpoint."""
+    """What a graph store reads back for one checkpoint."""
 
     ns: str
     checkpoint_id: str

@@ -1,21 +1,46 @@
-"""The saver's backend on Redis-API servers: one Lua script per write, on one thread's keys."""
+"""The graph store on Redis-API servers: one Lua script per write, on one thread's keys.
+
+The scripts are ``lua/graph_*.lua``, each with its contract at its top; they run after the
+store's ``_prelude.lua`` (whose fence check they share) and ``_graph_prelude.lua``.
+"""
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
+from importlib.resources import files
 from typing import Any, Final
 
 import msgpack
+import redis
+from redis.cluster import RedisCluster
+from redis.commands.core import Script
 
-from agentq.errors import LeaseHeld, StaleToken, ThreadNotFound
-from agentq.store.graph import Backend
+from agentq.store.graph import GraphStore, lease_held, stale_token, thread_not_found
 from agentq.store.graph_records import Row, StoredCheckpoint, decode_refs
 from agentq.store.redis.graph_keys import GraphKeys, escape, unescape
-from agentq.store.redis.graph_lua import PRELUDE, SCRIPTS
-from agentq.store.redis.store import RedisStore
+from agentq.store.redis.keys import Keys
 
 _INDEXED_LIMIT: Final = 10_000
+_SCRIPTS: Final = (
+    "put",
+    "put_writes",
+    "get",
+    "page",
+    "delete",
+    "delete_runs",
+    "keep_latest",
+    "restore",
+)
+
+
+def _load_scripts(client: redis.Redis | RedisCluster) -> dict[str, Script]:
+    lua = files("agentq.store.redis") / "lua"
+    prelude = (lua / "_prelude.lua").read_text() + (lua / "_graph_prelude.lua").read_text()
+    return {
+        name: client.register_script(prelude + (lua / f"graph_{name}.lua").read_text())
+        for name in _SCRIPTS
+    }
 
 
 def _text(value: bytes | str) -> str:
@@ -23,39 +48,24 @@ def _text(value: bytes | str) -> str:
 
 
 def refusal(code: int, value: Any, thread_id: str, token: int | None) -> None:
-    """Raise what a script's refusal code means (see :mod:`agentq.store.redis.graph_lua`)."""
+    """Raise what a script's refusal code means (see ``lua/_graph_prelude.lua``)."""
     if code == -1:
-        raise StaleToken(
-            f"LangGraph write with fencing token {token} refused: the thread's current token "
-            f"is {value}, so another worker has taken the thread over; stop this run",
-            thread_id=thread_id,
-        )
+        assert token is not None
+        raise stale_token(thread_id, token, int(value))
     if code == -3:
-        raise ThreadNotFound(
-            "a fenced LangGraph write names a thread agentq does not hold; start the thread "
-            "through its graph task, or write without a token",
-            thread_id=thread_id,
-        )
+        raise thread_not_found(thread_id)
     if code == -4:
-        raise LeaseHeld(
-            f"a graph task drives this thread (lease for {value} ms more), so a write "
-            "from outside it would fork the checkpoint chain; wait until the thread is "
-            "waiting or finished, or cancel it first",
-            thread_id=thread_id,
-            ttl_ms=int(value),
-        )
+        raise lease_held(thread_id, int(value))
 
 
-class RedisBackend(Backend):
-    """Uses the store's client and prefix; does not own the connection."""
+class RedisGraph(GraphStore):
+    """On the store's client and key prefix; the connection belongs to the store."""
 
-    def __init__(self, store: RedisStore) -> None:
-        self.client = store.client
-        self.store_keys = store.keys
-        self.keys = GraphKeys(store.keys)
-        self._scripts = {
-            name: store.client.register_script(PRELUDE + body) for name, body in SCRIPTS.items()
-        }
+    def __init__(self, client: redis.Redis | RedisCluster, keys: Keys) -> None:
+        self.client = client
+        self.store_keys = keys
+        self.keys = GraphKeys(keys)
+        self._scripts = _load_scripts(client)
         # Global index entries this process already added: they cost a round trip once.
         self._indexed: set[str] = set()
         self._indexed_lock = threading.Lock()
@@ -70,11 +80,9 @@ class RedisBackend(Backend):
             self.store_keys.lock(thread_id),
             self.store_keys.owned(thread_id),
         ]
-        code, value = self._scripts[name](
-            keys=head + keys, args=["" if token is None else token, *args]
-        )
-        refusal(code, value, thread_id, token)
-        return value
+        reply = self._scripts[name](keys=head + keys, args=["" if token is None else token, *args])
+        refusal(reply[0], reply[1], thread_id, token)
+        return reply[1]
 
     def _index(self, *entries: tuple[str, str]) -> None:
         """Add ``(index key, thread id)`` entries not yet known to be there."""
@@ -242,6 +250,3 @@ class RedisBackend(Backend):
             return
         self._index((k.thread_index(), target), *((k.run_index(r), target) for r in runs))
         self._fenced("restore", target, None, [], [msgpack.packb(commands, use_bin_type=False)])
-
-    def close(self) -> None:
-        pass  # the connection belongs to the store

@@ -1,4 +1,4 @@
-"""The Redis key layout of the LangGraph saver, beside agentq's own (see :mod:`agentq.ids`).
+"""The graph store's Redis key layout, beside the store's (:mod:`agentq.store.redis.keys`).
 
 Every key of a thread starts with ``P thread:{T}:lg:`` — the thread's hash tag, so one Lua
 script reaches all of them on Redis Cluster too — and is registered in the thread's agentq
@@ -47,7 +47,8 @@ def unescape(part: str) -> str:
 
 @dataclass(frozen=True)
 class GraphKeys:
-    """Builds the saver's key names from the store's :class:`~agentq.ids.Keys`."""
+    """Builds the graph store's key names from the store's
+    :class:`~agentq.store.redis.keys.Keys`."""
 
     keys: Keys
 

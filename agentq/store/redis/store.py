@@ -60,6 +60,7 @@ from agentq.store.contract import (
     meta_from_fields,
     retry_not_due,
 )
+from agentq.store.redis.graph import RedisGraph
 from agentq.store.redis.keys import Keys
 
 RedisClient = redis.Redis | RedisCluster
@@ -971,6 +972,9 @@ class RedisStore(Store):
 
     def close(self) -> None:
         self.client.close()
+
+    def graph(self) -> RedisGraph:
+        return RedisGraph(self.client, self.keys)
 
 
 def redis_findings(config: dict[str, str]) -> list[Finding]:

@@ -1,26 +1,28 @@
-"""The saver's backend in the agentq SQLite file: three tables beside agentq's own.
+"""The graph store in the agentq SQLite file: three tables beside the store's own.
 
-Each write is one ``BEGIN IMMEDIATE`` transaction that reads the thread's fence from
-agentq's ``threads`` table and writes only if the writer may, so the check and the write
-are one atomic step against every other process. A trigger deletes a thread's LangGraph
-rows when agentq deletes (or expires) the thread, in agentq's own transaction.
+It runs on the store's connection (one per process, reopened after ``fork()``) and its
+transactions. Each write is one ``BEGIN IMMEDIATE`` transaction that reads the thread's
+fence from the store's ``threads`` table and writes only if the writer may, so the check
+and the write are one atomic step against every other process. A trigger deletes a
+thread's LangGraph rows when the store deletes (or expires) the thread, in the store's own
+transaction.
 """
 
 from __future__ import annotations
 
 import math
-import os
 import sqlite3
-import threading
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any, Final
 
-from agentq.errors import LeaseHeld, StaleToken, StoreConfigError, ThreadNotFound
-from agentq.store.graph import Backend
+from agentq.errors import StoreConfigError
+from agentq.store.graph import GraphStore, lease_held, stale_token, thread_not_found
 from agentq.store.graph_records import Row, StoredCheckpoint, decode_refs
-from agentq.store.sqlite.store import BUSY_TIMEOUT, SQLiteStore, immediate_transaction
+
+Connection = Callable[[], AbstractContextManager[sqlite3.Connection]]
+"""Hands out the store's connection, held for the duration of the ``with``."""
 
 _SCHEMA: Final = (
     "CREATE TABLE IF NOT EXISTS lg_checkpoints (thread_id TEXT NOT NULL, ns TEXT NOT NULL, "
@@ -40,62 +42,36 @@ _SCHEMA: Final = (
 )
 
 
-class SQLiteBackend(Backend):
-    """Opens its own connection to the store's file (one per process, shared by threads
-    under a lock, reopened after ``fork()`` like the store's)."""
+class SQLiteGraph(GraphStore):
+    """On the store's connection: ``connection`` holds it, ``transaction`` holds it inside
+    one ``BEGIN IMMEDIATE`` transaction. Creates its tables at construction, so a bad file
+    fails there."""
 
-    def __init__(self, store: SQLiteStore) -> None:
-        self.path = store.path
-        self._lock = threading.Lock()
-        self._pid = os.getpid()
-        self._db: sqlite3.Connection | None = None
-        # Connections inherited through fork() stay referenced, never closed: closing one in
-        # the child could run SQLite's last-connection cleanup on the parent's WAL.
-        self._inherited: list[sqlite3.Connection] = []
-        with self._locked():
-            pass  # create the tables now, so a bad file fails at construction
-
-    # -- plumbing -------------------------------------------------------------------------
-
-    def _connect(self) -> sqlite3.Connection:
+    def __init__(self, path: str, *, connection: Connection, transaction: Connection) -> None:
+        self._connection = connection
+        self._transaction = transaction
         try:
-            db = sqlite3.connect(
-                self.path, timeout=BUSY_TIMEOUT, isolation_level=None, check_same_thread=False
-            )
-            db.execute("PRAGMA journal_mode=WAL")
-            db.execute("PRAGMA synchronous=FULL")
-            with immediate_transaction(db):
+            with transaction() as db:
                 for statement in _SCHEMA:
                     db.execute(statement)
         except sqlite3.Error as exc:
             raise StoreConfigError(
-                f"cannot keep LangGraph checkpoints in SQLite store {self.path!r} ({exc}); "
+                f"cannot keep LangGraph checkpoints in SQLite store {path!r} ({exc}); "
                 "check that it is an agentq database this user may write"
             ) from exc
-        return db
 
-    @contextmanager
-    def _locked(self) -> Iterator[sqlite3.Connection]:
-        if self._pid != os.getpid():
-            self._lock, self._pid = threading.Lock(), os.getpid()
-            if self._db is not None:
-                self._inherited.append(self._db)
-            self._db = None
-        with self._lock:
-            if self._db is None:
-                self._db = self._connect()
-            yield self._db
+    # -- plumbing -------------------------------------------------------------------------
 
     @contextmanager
     def _write(self, thread_id: str, token: int | None) -> Iterator[sqlite3.Connection]:
-        with self._locked() as db, immediate_transaction(db):
+        with self._transaction() as db:
             _check_fence(db, thread_id, token)
             yield db
 
     @contextmanager
     def _read(self) -> Iterator[sqlite3.Connection]:
         # One deferred transaction: every statement of a read sees the same snapshot.
-        with self._locked() as db:
+        with self._connection() as db:
             db.execute("BEGIN")
             try:
                 yield db
@@ -162,7 +138,7 @@ class SQLiteBackend(Backend):
             return [_row(db, thread_id, ns, found) for found in rows]
 
     def namespaces(self, thread_id: str) -> list[str]:
-        with self._locked() as db:
+        with self._connection() as db:
             rows = db.execute(
                 "SELECT DISTINCT ns FROM lg_checkpoints WHERE thread_id = ? ORDER BY ns",
                 (thread_id,),
@@ -170,7 +146,7 @@ class SQLiteBackend(Backend):
         return [row[0] for row in rows]
 
     def threads(self) -> list[str]:
-        with self._locked() as db:
+        with self._connection() as db:
             rows = db.execute(
                 "SELECT DISTINCT thread_id FROM lg_checkpoints ORDER BY thread_id"
             ).fetchall()
@@ -187,7 +163,7 @@ class SQLiteBackend(Backend):
         if not run_ids:
             return
         marks = ", ".join("?" * len(run_ids))
-        with self._locked() as db:
+        with self._connection() as db:
             threads = [
                 row[0]
                 for row in db.execute(
@@ -233,12 +209,6 @@ class SQLiteBackend(Backend):
                     (target, source),
                 )
 
-    def close(self) -> None:
-        with self._lock:
-            if self._db is not None and self._pid == os.getpid():
-                self._db.close()
-            self._db = None
-
 
 def _check_fence(db: sqlite3.Connection, thread_id: str, token: int | None) -> None:
     found = db.execute(
@@ -247,27 +217,12 @@ def _check_fence(db: sqlite3.Connection, thread_id: str, token: int | None) -> N
     if token is None:
         expires = None if found is None or found[1] is None else found[2]
         if expires is not None and expires > time.time():
-            ttl_ms = max(1, math.ceil((expires - time.time()) * 1000))
-            raise LeaseHeld(
-                f"a graph task drives this thread (lease for {ttl_ms} ms more), so a write "
-                "from outside it would fork the checkpoint chain; wait until the thread is "
-                "waiting or finished, or cancel it first",
-                thread_id=thread_id,
-                ttl_ms=ttl_ms,
-            )
+            raise lease_held(thread_id, max(1, math.ceil((expires - time.time()) * 1000)))
         return
     if found is None:
-        raise ThreadNotFound(
-            "a fenced LangGraph write names a thread agentq does not hold; start the thread "
-            "through its graph task, or write without a token",
-            thread_id=thread_id,
-        )
+        raise thread_not_found(thread_id)
     if found[0] != token:
-        raise StaleToken(
-            f"LangGraph write with fencing token {token} refused: the thread's current token "
-            f"is {found[0]}, so another worker has taken the thread over; stop this run",
-            thread_id=thread_id,
-        )
+        raise stale_token(thread_id, token, found[0])
 
 
 def _row(db: sqlite3.Connection, thread_id: str, ns: str, found: Any) -> Row:

@@ -57,6 +57,7 @@ from agentq.store.contract import (
     meta_from_fields,
     retry_not_due,
 )
+from agentq.store.sqlite.graph import SQLiteGraph
 
 BUSY_TIMEOUT: Final = 30.0
 """Seconds a write waits for another process's transaction before giving up."""
@@ -782,6 +783,9 @@ class SQLiteStore(Store):
             if self._db is not None:
                 self._db.close()
                 self._db = None
+
+    def graph(self) -> SQLiteGraph:
+        return SQLiteGraph(self.path, connection=self._locked, transaction=self._write)
 
 
 @contextmanager

@@ -1,0 +1,78 @@
+-- Shared by the LangGraph scripts (graph_*.lua), loaded after _prelude.lua.
+--
+-- Every script runs on one thread's keys, which share the thread's hash tag, so it is
+-- atomic on Redis Cluster too. Keys a script builds from ARGV (a namespace's keys, found
+-- in the namespace set) carry the same tag. Replies: {1, x} on success; a refusal is
+-- {-1, fence, 0} (stale token), {-3, 0, 0} (unknown agentq thread) or {-4, ttl ms, 0}
+-- (an unfenced write while a lease is held).
+
+-- Fencing for a LangGraph write: token '' is a writer outside a graph task, allowed only
+-- while no graph task holds the lease; a token must be the thread's current fence.
+local function refuse_graph_write(meta, lock, token)
+  if token == '' then
+    local ttl = redis.call('PTTL', lock)
+    if ttl > 0 then
+      return {-4, ttl, 0}
+    end
+    return nil
+  end
+  return refuse_stale(meta, token)
+end
+
+-- Mirrors graph_keys.escape() in Python: a namespace or id holds no ':' once escaped.
+local function escape(s)
+  return (string.gsub(s, '[%%:]', {['%'] = '%25', [':'] = '%3A'}))
+end
+
+-- One checkpoint as the client reads it: {id, record, refs, blobs, writes}.
+local function row(base, ens, id)
+  local record = redis.call('HGET', base .. 'cp:' .. ens, id)
+  if not record then
+    return false
+  end
+  local refs = redis.call('HGET', base .. 'refs:' .. ens, id) or ''
+  local fields = {}
+  if refs ~= '' then
+    fields = cmsgpack.unpack(refs)
+  end
+  local blobs = {}
+  if #fields > 0 then
+    blobs = redis.call('HMGET', base .. 'blob:' .. ens, unpack(fields))
+  end
+  local writes = redis.call('HGETALL', base .. 'w:' .. ens .. ':' .. escape(id))
+  return {id, record, refs, blobs, writes}
+end
+
+local function drop_checkpoint(base, ens, id, owned)
+  redis.call('ZREM', base .. 'ids:' .. ens, id)
+  redis.call('HDEL', base .. 'cp:' .. ens, id)
+  redis.call('HDEL', base .. 'refs:' .. ens, id)
+  local w = base .. 'w:' .. ens .. ':' .. escape(id)
+  redis.call('DEL', w)
+  redis.call('SREM', owned, w)
+end
+
+-- Deletes the namespace's blobs that no remaining checkpoint reads, and the namespace
+-- itself once it holds no checkpoint.
+local function collect(base, ens, owned)
+  if redis.call('ZCARD', base .. 'ids:' .. ens) == 0 then
+    for _, kind in ipairs({'ids:', 'cp:', 'refs:', 'blob:'}) do
+      redis.call('DEL', base .. kind .. ens)
+      redis.call('SREM', owned, base .. kind .. ens)
+    end
+    redis.call('SREM', base .. 'ns', ens)
+    return
+  end
+  local used = {}
+  for _, packed in ipairs(redis.call('HVALS', base .. 'refs:' .. ens)) do
+    for _, f in ipairs(cmsgpack.unpack(packed)) do
+      used[f] = true
+    end
+  end
+  local blob = base .. 'blob:' .. ens
+  for _, f in ipairs(redis.call('HKEYS', blob)) do
+    if not used[f] then
+      redis.call('HDEL', blob, f)
+    end
+  end
+end

@@ -13,9 +13,11 @@ import threading
 from collections.abc import Callable
 from typing import Any, Final
 
-import agentq
-from agentq import AgentTask, Done, Run
+from agentq.celery.task import AgentTask
 from agentq.demo.ledger import Ledger, open_ledger
+from agentq.engine import tool_policy
+from agentq.engine.run import Run
+from agentq.outcomes import Done
 
 ORDER: Final = "1042"
 AMOUNT_CENTS: Final = 2599
@@ -70,8 +72,8 @@ def _who() -> dict[str, int]:
 
 
 def refund_tool(ledger: Ledger) -> Callable[..., dict[str, Any]]:
-    # agentq.tool returns Any, which mypy --strict refuses as a decorator.
-    @agentq.tool(idempotent=True)
+    # tool_policy.tool returns Any, which mypy --strict refuses as a decorator.
+    @tool_policy.tool(idempotent=True)
     def refund(order: str, cents: int, reason: str, *, idempotency_key: str) -> dict[str, Any]:
         """Refund through the payment service. Safe to run again after a crash: the
         idempotency key is forwarded, and the service answers a repeated key with the

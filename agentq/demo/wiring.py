@@ -6,7 +6,7 @@ from typing import Any
 
 from celery import Celery
 
-import agentq
+from agentq.celery.runtime import init_app
 from agentq.demo.agent import DemoSupportAgent
 from agentq.demo.config import DemoConfig
 
@@ -40,7 +40,7 @@ def build_app(config: DemoConfig) -> Celery:
         demo_ledger=config.ledger,
         demo_namespace=config.namespace,
     )
-    agentq.init_app(
+    init_app(
         app,
         store=config.store,
         prefix=config.prefix,

@@ -20,8 +20,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Collection, Mapping
 from typing import Any, Final, Self
 
-from agentq.codec.envelope import decode_value
 from agentq.errors import InvalidArgument, RetryNotDue
+from agentq.ids import validate_effect_key, validate_thread_id
 from agentq.records import Checkpoint, Claim, Effect, Finding, Status, ThreadMeta
 from agentq.settings import DEFAULT_KEEP_LAST, DEFAULT_MAX_CHECKPOINT_BYTES
 from agentq.store.graph import GraphStore
@@ -37,7 +37,12 @@ UNSET: Final = _Unset()
 
 
 class Store(ABC):
-    """A durable home for threads. Subclasses: ``RedisStore``, ``SQLiteStore``."""
+    """A durable home for threads. Subclasses: ``RedisStore``, ``SQLiteStore``.
+
+    Each public method checks its arguments (thread ids, effect keys, lease TTLs) here,
+    once, then calls the backend's ``_do_<name>`` with the same arguments: a backend never
+    sees an id it could not store, and every backend refuses bad input in the same words.
+    """
 
     keep_last: int
     """How many checkpoints of a thread are kept; older ones are deleted by ``commit``."""
@@ -63,7 +68,6 @@ class Store(ABC):
 
     # -- threads -------------------------------------------------------------------------
 
-    @abstractmethod
     def open_thread(
         self,
         thread_id: str,
@@ -80,10 +84,29 @@ class Store(ABC):
 
         Atomic.
         """
+        validate_thread_id(thread_id)
+        return self._do_open_thread(
+            thread_id, task=task, input=input, start_grace=start_grace, options=options
+        )
 
     @abstractmethod
+    def _do_open_thread(
+        self,
+        thread_id: str,
+        *,
+        task: str,
+        input: Any,
+        start_grace: float,
+        options: Mapping[str, Any] | None,
+    ) -> tuple[ThreadMeta, bool]: ...
+
     def meta(self, thread_id: str) -> ThreadMeta | None:
         """Return the thread's meta, or ``None`` if the store does not hold it. Atomic."""
+        validate_thread_id(thread_id)
+        return self._do_meta(thread_id)
+
+    @abstractmethod
+    def _do_meta(self, thread_id: str) -> ThreadMeta | None: ...
 
     @abstractmethod
     def threads(
@@ -94,13 +117,16 @@ class Store(ABC):
         Not atomic across threads: each meta is read as it is at that moment.
         """
 
-    @abstractmethod
     def delete_thread(self, thread_id: str) -> bool:
         """Delete the thread with every checkpoint, effect record and index entry it owns;
         ``False`` if it did not exist. Atomic. Global effect records are not the thread's
         and stay."""
+        validate_thread_id(thread_id)
+        return self._do_delete_thread(thread_id)
 
     @abstractmethod
+    def _do_delete_thread(self, thread_id: str) -> bool: ...
+
     def fork(self, thread_id: str, step: int, new_thread_id: str) -> ThreadMeta:
         """Create ``new_thread_id`` holding a copy of checkpoint ``step`` of ``thread_id`` as
         its latest, with the source's task and input, in status ``waiting``, with no lease
@@ -110,8 +136,13 @@ class Store(ABC):
         :class:`~agentq.errors.ThreadExists` if the new id is taken. Creating the new thread
         is atomic; the source is only read.
         """
+        validate_thread_id(thread_id)
+        validate_thread_id(new_thread_id)
+        return self._do_fork(thread_id, step, new_thread_id)
 
     @abstractmethod
+    def _do_fork(self, thread_id: str, step: int, new_thread_id: str) -> ThreadMeta: ...
+
     def reopen(
         self,
         thread_id: str,
@@ -126,22 +157,51 @@ class Store(ABC):
         it from the meta). Raises :class:`~agentq.errors.ThreadStateError` for any other
         status and :class:`~agentq.errors.ThreadNotFound` for an unknown thread. Atomic.
         """
+        validate_thread_id(thread_id)
+        return self._do_reopen(
+            thread_id,
+            from_statuses=from_statuses,
+            resume_value=resume_value,
+            start_grace=start_grace,
+        )
 
     @abstractmethod
+    def _do_reopen(
+        self,
+        thread_id: str,
+        *,
+        from_statuses: Collection[Status],
+        resume_value: Any,
+        start_grace: float,
+    ) -> ThreadMeta: ...
+
     def request_cancel(self, thread_id: str) -> Status:
         """Cancel the thread and return its status afterwards. A ``running`` thread is
         flagged and its driver stops at the next step boundary; ``done``, ``failed`` and
         ``cancelled`` threads stay as they are; any other becomes ``cancelled`` at once and
         leaves the due index. Raises :class:`~agentq.errors.ThreadNotFound`. Atomic."""
+        validate_thread_id(thread_id)
+        return self._do_request_cancel(thread_id)
 
     @abstractmethod
+    def _do_request_cancel(self, thread_id: str) -> Status: ...
+
     def put_artifact(self, thread_id: str, data: bytes) -> str:
         """Store ``data`` under its SHA-256 (hex, returned) in the thread's own keyspace;
         storing the same bytes twice keeps one copy. Deleted with the thread. Atomic."""
+        validate_thread_id(thread_id)
+        return self._do_put_artifact(thread_id, data)
 
     @abstractmethod
+    def _do_put_artifact(self, thread_id: str, data: bytes) -> str: ...
+
     def get_artifact(self, thread_id: str, digest: str) -> bytes:
         """Return an artifact's bytes; :class:`~agentq.errors.ArtifactNotFound` if absent."""
+        validate_thread_id(thread_id)
+        return self._do_get_artifact(thread_id, digest)
+
+    @abstractmethod
+    def _do_get_artifact(self, thread_id: str, digest: str) -> bytes: ...
 
     @abstractmethod
     def gc(self, finished_ttl: float) -> int:
@@ -150,7 +210,6 @@ class Store(ABC):
 
     # -- lease ---------------------------------------------------------------------------
 
-    @abstractmethod
     def acquire(self, thread_id: str, owner: str, ttl: float) -> int:
         """Take the thread's lease for ``ttl`` seconds and return a new fencing token,
         greater than every token handed out for this thread before.
@@ -162,20 +221,34 @@ class Store(ABC):
         its ``set_status`` scheduled, and :class:`~agentq.errors.ThreadNotFound` for an
         unknown thread. Atomic.
         """
+        validate_thread_id(thread_id)
+        check_ttl(thread_id, ttl)
+        return self._do_acquire(thread_id, owner, ttl)
 
     @abstractmethod
+    def _do_acquire(self, thread_id: str, owner: str, ttl: float) -> int: ...
+
     def renew(self, thread_id: str, owner: str, token: int, ttl: float) -> None:
         """Extend the lease to ``ttl`` seconds from now and push the thread's due time with
         it. Raises :class:`~agentq.errors.LeaseLost` if the lease expired or changed hands.
         Atomic."""
+        validate_thread_id(thread_id)
+        check_ttl(thread_id, ttl)
+        self._do_renew(thread_id, owner, token, ttl)
 
     @abstractmethod
+    def _do_renew(self, thread_id: str, owner: str, token: int, ttl: float) -> None: ...
+
     def release(self, thread_id: str, owner: str, token: int) -> bool:
         """Give the lease up; ``False`` if it was no longer ours (nothing changes). Atomic."""
+        validate_thread_id(thread_id)
+        return self._do_release(thread_id, owner, token)
+
+    @abstractmethod
+    def _do_release(self, thread_id: str, owner: str, token: int) -> bool: ...
 
     # -- checkpoints ---------------------------------------------------------------------
 
-    @abstractmethod
     def commit(
         self,
         thread_id: str,
@@ -211,8 +284,34 @@ class Store(ABC):
         log that does not hold exactly that many items refuses the commit with
         :class:`~agentq.errors.LogConflict`. Fork and delete cover the logs.
         """
+        validate_thread_id(thread_id)
+        return self._do_commit(
+            thread_id,
+            token,
+            checkpoint,
+            status=status,
+            due_in=due_in,
+            result=result,
+            interrupt=interrupt,
+            release_owner=release_owner,
+            logs=logs,
+        )
 
     @abstractmethod
+    def _do_commit(
+        self,
+        thread_id: str,
+        token: int,
+        checkpoint: Checkpoint,
+        *,
+        status: Status,
+        due_in: float | _Unset | None,
+        result: Any,
+        interrupt: Any,
+        release_owner: str | None,
+        logs: Mapping[str, int] | None,
+    ) -> bool: ...
+
     def set_status(
         self,
         thread_id: str,
@@ -231,28 +330,70 @@ class Store(ABC):
         failure, an interrupt), fenced by ``token`` like ``commit``. Meta values left
         ``UNSET`` stay as they are. A thread set ``retrying`` with ``due_in`` cannot be
         acquired before then. Atomic."""
+        validate_thread_id(thread_id)
+        self._do_set_status(
+            thread_id,
+            token,
+            status,
+            due_in=due_in,
+            error=error,
+            attempts=attempts,
+            crashes=crashes,
+            result=result,
+            interrupt=interrupt,
+            release_owner=release_owner,
+        )
 
     @abstractmethod
+    def _do_set_status(
+        self,
+        thread_id: str,
+        token: int,
+        status: Status,
+        *,
+        due_in: float | None,
+        error: str | _Unset | None,
+        attempts: int | _Unset,
+        crashes: int | _Unset,
+        result: Any,
+        interrupt: Any,
+        release_owner: str | None,
+    ) -> None: ...
+
     def latest(self, thread_id: str) -> Checkpoint | None:
         """Return the latest checkpoint, ``None`` if none was committed. One round trip
         (on Redis, two when another process committed since this store last saw the
         thread)."""
+        validate_thread_id(thread_id)
+        return self._do_latest(thread_id)
 
     @abstractmethod
+    def _do_latest(self, thread_id: str) -> Checkpoint | None: ...
+
     def checkpoint(self, thread_id: str, step: int) -> Checkpoint:
         """Return checkpoint ``step``; :class:`~agentq.errors.CheckpointNotFound` if it was
         never written or was pruned."""
+        validate_thread_id(thread_id)
+        return self._do_checkpoint(thread_id, step)
 
     @abstractmethod
+    def _do_checkpoint(self, thread_id: str, step: int) -> Checkpoint: ...
+
     def history(
         self, thread_id: str, *, before: int | None = None, limit: int = 20
     ) -> list[Checkpoint]:
         """Return up to ``limit`` checkpoints, newest first, with steps below ``before`` when
         given (pass the last step of a page to get the next one)."""
+        validate_thread_id(thread_id)
+        return self._do_history(thread_id, before=before, limit=limit)
+
+    @abstractmethod
+    def _do_history(
+        self, thread_id: str, *, before: int | None, limit: int
+    ) -> list[Checkpoint]: ...
 
     # -- effects -------------------------------------------------------------------------
 
-    @abstractmethod
     def claim_effect(
         self,
         thread_id: str,
@@ -277,16 +418,32 @@ class Store(ABC):
         current one. Atomic (for ``shared`` records on Redis Cluster the token check and the
         claim are two steps, because they live in different slots).
         """
+        validate_thread_id(thread_id)
+        validate_effect_key(key, thread_id)
+        return self._do_claim_effect(
+            thread_id, key, token, shared=shared, takeover=takeover, claim_id=claim_id
+        )
 
     @abstractmethod
+    def _do_claim_effect(
+        self, thread_id: str, key: str, token: int, *, shared: bool, takeover: bool, claim_id: str
+    ) -> Claim: ...
+
     def complete_effect(
         self, thread_id: str, key: str, token: int, result: Any, *, shared: bool = False
     ) -> None:
         """Record the effect's result and mark it ``done``. Refused with
         :class:`~agentq.errors.StaleToken` unless ``token`` is current and holds the claim.
         Atomic."""
+        validate_thread_id(thread_id)
+        validate_effect_key(key, thread_id)
+        self._do_complete_effect(thread_id, key, token, result, shared=shared)
 
     @abstractmethod
+    def _do_complete_effect(
+        self, thread_id: str, key: str, token: int, result: Any, *, shared: bool
+    ) -> None: ...
+
     def release_effect(
         self, thread_id: str, key: str, token: int, *, claim_id: str, shared: bool = False
     ) -> None:
@@ -296,10 +453,23 @@ class Store(ABC):
         :class:`~agentq.errors.StaleToken` unless ``token`` is current and that claim is
         the pending one (tokens count per thread, a shared key is claimed by several); a
         record already gone is left so. Atomic."""
+        validate_thread_id(thread_id)
+        validate_effect_key(key, thread_id)
+        self._do_release_effect(thread_id, key, token, claim_id=claim_id, shared=shared)
 
     @abstractmethod
+    def _do_release_effect(
+        self, thread_id: str, key: str, token: int, *, claim_id: str, shared: bool
+    ) -> None: ...
+
     def effect(self, thread_id: str, key: str, *, shared: bool = False) -> Effect | None:
         """Return the idempotency record, or ``None``."""
+        validate_thread_id(thread_id)
+        validate_effect_key(key, thread_id)
+        return self._do_effect(thread_id, key, shared=shared)
+
+    @abstractmethod
+    def _do_effect(self, thread_id: str, key: str, *, shared: bool) -> Effect | None: ...
 
     # -- recovery ------------------------------------------------------------------------
 
@@ -313,10 +483,14 @@ class Store(ABC):
         so a concurrent sweeper does not send it again before the thread has had time to
         start. Atomic."""
 
-    @abstractmethod
     def lease_sweeper(self, owner: str, ttl: float) -> bool:
         """Take or extend the sweeper's lease for ``ttl`` seconds; ``False`` while another
         owner holds it. Lets one of many workers sweep at a time. Atomic."""
+        check_ttl("sweeper", ttl)
+        return self._do_lease_sweeper(owner, ttl)
+
+    @abstractmethod
+    def _do_lease_sweeper(self, owner: str, ttl: float) -> bool: ...
 
     # -- operations ----------------------------------------------------------------------
 
@@ -340,39 +514,14 @@ class Store(ABC):
         call builds a new one (scripts registered, tables created): keep it."""
 
 
-def check_ttl(thread_id: str, ttl: float) -> int:
-    """Return a lease TTL in whole milliseconds, refusing what would expire at once."""
-    millis = int(ttl * 1000)
-    if millis < 1:
+def check_ttl(thread_id: str, ttl: float) -> None:
+    """Refuse a lease TTL that would expire at once (under a millisecond)."""
+    if int(ttl * 1000) < 1:
         raise InvalidArgument(
             f"lease ttl must be at least 0.001 s, got {ttl!r}; use the lease_ttl setting "
             "(default 30 s)",
             thread_id=thread_id,
         )
-    return millis
-
-
-META_FIELDS: Final = (
-    "status",
-    "step",
-    "node",
-    "task",
-    "attempts",
-    "crashes",
-    "fence",
-    "first",
-    "error",
-    "created_at",
-    "updated_at",
-    "input",
-    "result",
-    "interrupt",
-    "resume",
-    "cancel",
-    "options",
-)
-"""The fields of a thread's meta, as both backends store them. ``first`` is the oldest step
-still stored; ``input``, ``result``, ``interrupt`` and ``resume`` hold msgpack bytes."""
 
 
 def retry_not_due(thread_id: str, seconds: float) -> RetryNotDue:
@@ -381,45 +530,4 @@ def retry_not_due(thread_id: str, seconds: float) -> RetryNotDue:
         "sends it then",
         thread_id=thread_id,
         seconds=seconds,
-    )
-
-
-def meta_from_fields(thread_id: str, fields: Mapping[str, Any]) -> ThreadMeta:
-    """Build a :class:`ThreadMeta` from stored fields (Redis hash bytes or SQLite values)."""
-
-    def text(name: str) -> str | None:
-        value = fields.get(name)
-        if value is None or value == b"" or value == "":
-            return None
-        return value.decode() if isinstance(value, bytes) else str(value)
-
-    def number(name: str, default: float = 0) -> float:
-        value = text(name)
-        return float(value) if value is not None else default
-
-    def blob(name: str) -> Any:
-        value = fields.get(name)
-        if value is None or value == b"":
-            return None
-        return decode_value(bytes(value), what=f"meta.{name}", thread_id=thread_id, step=None)
-
-    return ThreadMeta(
-        thread_id=thread_id,
-        status=Status(text("status") or "queued"),
-        step=int(number("step", -1)),
-        node=text("node"),
-        task=text("task") or "",
-        attempts=int(number("attempts")),
-        crashes=int(number("crashes")),
-        fence=int(number("fence")),
-        error=text("error"),
-        created_at=number("created_at"),
-        updated_at=number("updated_at"),
-        input=blob("input"),
-        result=blob("result"),
-        interrupt=blob("interrupt"),
-        resume_value=blob("resume"),
-        resumed=fields.get("resume") not in (None, b""),
-        cancel_requested=text("cancel") == "1",
-        options=blob("options") or {},
     )

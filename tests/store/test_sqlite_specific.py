@@ -16,7 +16,7 @@ import pytest
 
 from agentq.errors import RetryNotDue, StoreConfigError
 from agentq.records import Checkpoint, Status
-from agentq.store.contract import META_FIELDS
+from agentq.store.meta_fields import META_FIELDS
 from agentq.store.sqlite.store import SQLiteStore
 
 PAD = "x" * 2000  # big enough that a torn write would show in the data

@@ -49,17 +49,15 @@ from agentq.errors import (
     ThreadNotFound,
     ThreadStateError,
 )
-from agentq.ids import validate_effect_key, validate_thread_id
 from agentq.records import FINISHED, Checkpoint, Claim, Effect, Finding, Status, ThreadMeta
 from agentq.settings import DEFAULT_KEEP_LAST, DEFAULT_MAX_CHECKPOINT_BYTES
 from agentq.store.contract import (
     UNSET,
     Store,
     _Unset,
-    check_ttl,
-    meta_from_fields,
     retry_not_due,
 )
+from agentq.store.meta_fields import meta_from_fields
 from agentq.store.redis.graph import RedisGraph
 from agentq.store.redis.keys import Keys
 
@@ -146,6 +144,11 @@ def _exchange(connection: Any, packed: bytes, count: int) -> list[Any]:
         except ResponseError as error:
             replies.append(error)
     return replies
+
+
+def _millis(ttl: float) -> int:
+    """A lease TTL as the whole milliseconds ``PX`` takes (the contract refused < 1 ms)."""
+    return int(ttl * 1000)
 
 
 def _due_arg(due_in: float | _Unset | None) -> Arg:
@@ -338,16 +341,15 @@ class RedisStore(Store):
 
     # -- threads -------------------------------------------------------------------------
 
-    def open_thread(
+    def _do_open_thread(
         self,
         thread_id: str,
         *,
         task: str,
-        input: Any = None,
-        start_grace: float = 30.0,
-        options: Mapping[str, Any] | None = None,
+        input: Any,
+        start_grace: float,
+        options: Mapping[str, Any] | None,
     ) -> tuple[ThreadMeta, bool]:
-        validate_thread_id(thread_id)
         blobs = [
             b"" if value is None else encode_value(value, what=name, thread_id=thread_id, step=None)
             for name, value in (("input", input), ("options", options or None))
@@ -360,8 +362,7 @@ class RedisStore(Store):
         )
         return self._meta(thread_id, _hash_to_fields(flat)), bool(created)
 
-    def meta(self, thread_id: str) -> ThreadMeta | None:
-        validate_thread_id(thread_id)
+    def _do_meta(self, thread_id: str) -> ThreadMeta | None:
         fields = self.client.hgetall(self.keys.meta(thread_id))
         if not fields:
             return None
@@ -387,8 +388,7 @@ class RedisStore(Store):
                 metas.append(meta_from_fields(thread_id, _fields(fields)))
         return metas
 
-    def delete_thread(self, thread_id: str) -> bool:
-        validate_thread_id(thread_id)
+    def _do_delete_thread(self, thread_id: str) -> bool:
         return self._delete(thread_id, finished_before="")
 
     def _delete(self, thread_id: str, *, finished_before: float | str) -> bool:
@@ -407,9 +407,7 @@ class RedisStore(Store):
         )
         return bool(deleted)
 
-    def fork(self, thread_id: str, step: int, new_thread_id: str) -> ThreadMeta:
-        validate_thread_id(thread_id)
-        validate_thread_id(new_thread_id)
+    def _do_fork(self, thread_id: str, step: int, new_thread_id: str) -> ThreadMeta:
         pipe = self.client.pipeline(transaction=False)
         pipe.get(self.keys.checkpoint(thread_id, step))
         pipe.hmget(self.keys.meta(thread_id), ["task", "input", "options"])
@@ -456,15 +454,14 @@ class RedisStore(Store):
             )
         return self._meta(new_thread_id, _hash_to_fields(flat))
 
-    def reopen(
+    def _do_reopen(
         self,
         thread_id: str,
         *,
         from_statuses: Collection[Status],
-        resume_value: Any = UNSET,
-        start_grace: float = 30.0,
+        resume_value: Any,
+        start_grace: float,
     ) -> ThreadMeta:
-        validate_thread_id(thread_id)
         blob = (
             b""
             if resume_value is UNSET
@@ -479,23 +476,20 @@ class RedisStore(Store):
         self._raise_refusal(thread_id, 0, code, flat, None)
         return meta_from_fields(thread_id, _hash_to_fields(flat))
 
-    def request_cancel(self, thread_id: str) -> Status:
-        validate_thread_id(thread_id)
+    def _do_request_cancel(self, thread_id: str) -> Status:
         code, status, _ = self._run(
             "request_cancel", [self.keys.meta(thread_id)], [thread_id], indexed=True
         )
         self._raise_refusal(thread_id, 0, code, 0, None)
         return Status(_text(status))
 
-    def put_artifact(self, thread_id: str, data: bytes) -> str:
-        validate_thread_id(thread_id)
+    def _do_put_artifact(self, thread_id: str, data: bytes) -> str:
         digest = hashlib.sha256(data).hexdigest()
         key = self.keys.artifact(thread_id, digest)
         self._scripts["put_artifact"](keys=[key, self.keys.owned(thread_id)], args=[data])
         return digest
 
-    def get_artifact(self, thread_id: str, digest: str) -> bytes:
-        validate_thread_id(thread_id)
+    def _do_get_artifact(self, thread_id: str, digest: str) -> bytes:
         data = self.client.get(self.keys.artifact(thread_id, digest))
         if data is None:
             raise ArtifactNotFound(
@@ -517,12 +511,11 @@ class RedisStore(Store):
 
     # -- lease ---------------------------------------------------------------------------
 
-    def acquire(self, thread_id: str, owner: str, ttl: float) -> int:
-        validate_thread_id(thread_id)
+    def _do_acquire(self, thread_id: str, owner: str, ttl: float) -> int:
         code, value, _ = self._run(
             "acquire",
             [self.keys.lock(thread_id), self.keys.meta(thread_id)],
-            [thread_id, owner, check_ttl(thread_id, ttl)],
+            [thread_id, owner, _millis(ttl)],
             indexed=True,
         )
         if code == -2:
@@ -541,12 +534,11 @@ class RedisStore(Store):
             raise retry_not_due(thread_id, int(value) / 1000)
         return int(value)
 
-    def renew(self, thread_id: str, owner: str, token: int, ttl: float) -> None:
-        validate_thread_id(thread_id)
+    def _do_renew(self, thread_id: str, owner: str, token: int, ttl: float) -> None:
         ok, _ = self._run(
             "renew",
             [self.keys.lock(thread_id), self.keys.meta(thread_id)],
-            [thread_id, f"{token}:{owner}", check_ttl(thread_id, ttl)],
+            [thread_id, f"{token}:{owner}", _millis(ttl)],
             indexed=True,
         )
         if not ok:
@@ -556,28 +548,26 @@ class RedisStore(Store):
                 thread_id=thread_id,
             )
 
-    def release(self, thread_id: str, owner: str, token: int) -> bool:
-        validate_thread_id(thread_id)
+    def _do_release(self, thread_id: str, owner: str, token: int) -> bool:
         return bool(
             self._scripts["release"](keys=[self.keys.lock(thread_id)], args=[f"{token}:{owner}"])
         )
 
     # -- checkpoints ---------------------------------------------------------------------
 
-    def commit(
+    def _do_commit(
         self,
         thread_id: str,
         token: int,
         checkpoint: Checkpoint,
         *,
-        status: Status = Status.RUNNING,
-        due_in: float | _Unset | None = None,
-        result: Any = UNSET,
-        interrupt: Any = UNSET,
-        release_owner: str | None = None,
-        logs: Mapping[str, int] | None = None,
+        status: Status,
+        due_in: float | _Unset | None,
+        result: Any,
+        interrupt: Any,
+        release_owner: str | None,
+        logs: Mapping[str, int] | None,
     ) -> bool:
-        validate_thread_id(thread_id)
         step = checkpoint.step
         encoded = encode_checkpoint(
             thread_id, checkpoint, limit=self.max_checkpoint_bytes, logs=logs
@@ -681,21 +671,20 @@ class RedisStore(Store):
                 status=_text(value),
             )
 
-    def set_status(
+    def _do_set_status(
         self,
         thread_id: str,
         token: int,
         status: Status,
         *,
-        due_in: float | None = None,
-        error: str | _Unset | None = UNSET,
-        attempts: int | _Unset = UNSET,
-        crashes: int | _Unset = UNSET,
-        result: Any = UNSET,
-        interrupt: Any = UNSET,
-        release_owner: str | None = None,
+        due_in: float | None,
+        error: str | _Unset | None,
+        attempts: int | _Unset,
+        crashes: int | _Unset,
+        result: Any,
+        interrupt: Any,
+        release_owner: str | None,
     ) -> None:
-        validate_thread_id(thread_id)
         fields: dict[str, Any] = {}
         if not isinstance(error, _Unset):
             fields["error"] = error or ""
@@ -725,8 +714,7 @@ class RedisStore(Store):
         )
         self._raise_refusal(thread_id, token, code, value, None)
 
-    def latest(self, thread_id: str) -> Checkpoint | None:
-        validate_thread_id(thread_id)
+    def _do_latest(self, thread_id: str) -> Checkpoint | None:
         head = self._heads.get(thread_id)
         if head is not None:
             guessed, found = self._latest_at(thread_id, *head)
@@ -799,8 +787,7 @@ class RedisStore(Store):
             for step, envelope, lengths in decoded
         ]
 
-    def checkpoint(self, thread_id: str, step: int) -> Checkpoint:
-        validate_thread_id(thread_id)
+    def _do_checkpoint(self, thread_id: str, step: int) -> Checkpoint:
         data = self.client.get(self.keys.checkpoint(thread_id, step))
         if data is None:
             raise CheckpointNotFound(
@@ -811,10 +798,7 @@ class RedisStore(Store):
             )
         return self._with_logs(thread_id, [(step, _blob(data))])[0]
 
-    def history(
-        self, thread_id: str, *, before: int | None = None, limit: int = 20
-    ) -> list[Checkpoint]:
-        validate_thread_id(thread_id)
+    def _do_history(self, thread_id: str, *, before: int | None, limit: int) -> list[Checkpoint]:
         pipe = self.client.pipeline(transaction=False)
         pipe.get(self.keys.latest(thread_id))
         pipe.hget(self.keys.meta(thread_id), "first")
@@ -834,8 +818,6 @@ class RedisStore(Store):
     # -- effects -------------------------------------------------------------------------
 
     def _effect_keys(self, thread_id: str, key: str, *, shared: bool) -> list[str]:
-        validate_thread_id(thread_id)
-        validate_effect_key(key, thread_id)
         if not shared:
             return [
                 self.keys.effect(thread_id, key),
@@ -859,15 +841,15 @@ class RedisStore(Store):
                 None,
             )
 
-    def claim_effect(
+    def _do_claim_effect(
         self,
         thread_id: str,
         key: str,
         token: int,
         *,
-        shared: bool = False,
-        takeover: bool = False,
-        claim_id: str = "",
+        shared: bool,
+        takeover: bool,
+        claim_id: str,
     ) -> Claim:
         keys = self._effect_keys(thread_id, key, shared=shared)
         self._check_fence_apart(thread_id, token, shared)
@@ -883,8 +865,8 @@ class RedisStore(Store):
         outcome = "claimed" if code == 1 else "unknown"
         return Claim(outcome, Effect(key, "pending", int(holder)))
 
-    def complete_effect(
-        self, thread_id: str, key: str, token: int, result: Any, *, shared: bool = False
+    def _do_complete_effect(
+        self, thread_id: str, key: str, token: int, result: Any, *, shared: bool
     ) -> None:
         keys = self._effect_keys(thread_id, key, shared=shared)[:2]
         blob = encode_value(result, what=f"effect {key!r} result", thread_id=thread_id, step=None)
@@ -899,8 +881,8 @@ class RedisStore(Store):
         if code == -5:
             raise self._not_holder(thread_id, key, token, holder)
 
-    def release_effect(
-        self, thread_id: str, key: str, token: int, *, claim_id: str, shared: bool = False
+    def _do_release_effect(
+        self, thread_id: str, key: str, token: int, *, claim_id: str, shared: bool
     ) -> None:
         keys = self._effect_keys(thread_id, key, shared=shared)
         self._check_fence_apart(thread_id, token, shared)
@@ -917,7 +899,7 @@ class RedisStore(Store):
             thread_id=thread_id,
         )
 
-    def effect(self, thread_id: str, key: str, *, shared: bool = False) -> Effect | None:
+    def _do_effect(self, thread_id: str, key: str, *, shared: bool) -> Effect | None:
         record = _fields(self.client.hgetall(self._effect_keys(thread_id, key, shared=shared)[0]))
         if not record:
             return None
@@ -945,11 +927,9 @@ class RedisStore(Store):
         ids = self._scripts["claim_due"](keys=[self.keys.due()], args=[hold, limit])
         return [member.decode() for member in ids]
 
-    def lease_sweeper(self, owner: str, ttl: float) -> bool:
+    def _do_lease_sweeper(self, owner: str, ttl: float) -> bool:
         return bool(
-            self._scripts["lease_sweeper"](
-                keys=[self.keys.sweeper()], args=[owner, check_ttl("sweeper", ttl)]
-            )
+            self._scripts["lease_sweeper"](keys=[self.keys.sweeper()], args=[owner, _millis(ttl)])
         )
 
     # -- operations ----------------------------------------------------------------------

@@ -45,18 +45,15 @@ from agentq.errors import (
     ThreadNotFound,
     ThreadStateError,
 )
-from agentq.ids import validate_effect_key, validate_thread_id
 from agentq.records import FINISHED, Checkpoint, Claim, Effect, Finding, Status, ThreadMeta
 from agentq.settings import DEFAULT_KEEP_LAST, DEFAULT_MAX_CHECKPOINT_BYTES
 from agentq.store.contract import (
-    META_FIELDS,
     UNSET,
     Store,
     _Unset,
-    check_ttl,
-    meta_from_fields,
     retry_not_due,
 )
+from agentq.store.meta_fields import META_FIELDS, meta_from_fields
 from agentq.store.sqlite.graph import SQLiteGraph
 
 BUSY_TIMEOUT: Final = 30.0
@@ -244,16 +241,15 @@ class SQLiteStore(Store):
 
     # -- threads -------------------------------------------------------------------------
 
-    def open_thread(
+    def _do_open_thread(
         self,
         thread_id: str,
         *,
         task: str,
-        input: Any = None,
-        start_grace: float = 30.0,
-        options: Mapping[str, Any] | None = None,
+        input: Any,
+        start_grace: float,
+        options: Mapping[str, Any] | None,
     ) -> tuple[ThreadMeta, bool]:
-        validate_thread_id(thread_id)
         data = _value(input, "input", thread_id, None)
         sending = _value(options or None, "options", thread_id, None)
         with self._write() as db:
@@ -268,8 +264,7 @@ class SQLiteStore(Store):
         assert meta is not None
         return meta, created == 1
 
-    def meta(self, thread_id: str) -> ThreadMeta | None:
-        validate_thread_id(thread_id)
+    def _do_meta(self, thread_id: str) -> ThreadMeta | None:
         with self._locked() as db:
             return _read_meta(db, thread_id)
 
@@ -285,14 +280,11 @@ class SQLiteStore(Store):
             ).fetchall()
         return [meta_from_fields(row["thread_id"], dict(row)) for row in rows]
 
-    def delete_thread(self, thread_id: str) -> bool:
-        validate_thread_id(thread_id)
+    def _do_delete_thread(self, thread_id: str) -> bool:
         with self._write() as db:
             return _delete(db, [thread_id]) == 1
 
-    def fork(self, thread_id: str, step: int, new_thread_id: str) -> ThreadMeta:
-        validate_thread_id(thread_id)
-        validate_thread_id(new_thread_id)
+    def _do_fork(self, thread_id: str, step: int, new_thread_id: str) -> ThreadMeta:
         with self._write() as db:
             source = db.execute(
                 "SELECT c.data, t.task, t.input, t.options FROM checkpoints c JOIN threads t "
@@ -343,15 +335,14 @@ class SQLiteStore(Store):
         assert meta is not None
         return meta
 
-    def reopen(
+    def _do_reopen(
         self,
         thread_id: str,
         *,
         from_statuses: Collection[Status],
-        resume_value: Any = UNSET,
-        start_grace: float = 30.0,
+        resume_value: Any,
+        start_grace: float,
     ) -> ThreadMeta:
-        validate_thread_id(thread_id)
         # The interrupt has been answered (or abandoned) once a thread is queued again.
         values: dict[str, Any] = {
             "status": Status.QUEUED.value,
@@ -378,8 +369,7 @@ class SQLiteStore(Store):
         assert meta is not None
         return meta
 
-    def request_cancel(self, thread_id: str) -> Status:
-        validate_thread_id(thread_id)
+    def _do_request_cancel(self, thread_id: str) -> Status:
         with self._write() as db:
             status = _status(db, thread_id)
             if status.finished:
@@ -390,8 +380,7 @@ class SQLiteStore(Store):
             _update(db, thread_id, time.time(), status=Status.CANCELLED.value, due_at=None)
             return Status.CANCELLED
 
-    def put_artifact(self, thread_id: str, data: bytes) -> str:
-        validate_thread_id(thread_id)
+    def _do_put_artifact(self, thread_id: str, data: bytes) -> str:
         digest = hashlib.sha256(data).hexdigest()
         with self._write() as db:
             db.execute(
@@ -401,8 +390,7 @@ class SQLiteStore(Store):
             )
         return digest
 
-    def get_artifact(self, thread_id: str, digest: str) -> bytes:
-        validate_thread_id(thread_id)
+    def _do_get_artifact(self, thread_id: str, digest: str) -> bytes:
         with self._locked() as db:
             row = db.execute(
                 "SELECT data FROM artifacts WHERE thread_id = ? AND digest = ?",
@@ -433,9 +421,7 @@ class SQLiteStore(Store):
 
     # -- lease ---------------------------------------------------------------------------
 
-    def acquire(self, thread_id: str, owner: str, ttl: float) -> int:
-        validate_thread_id(thread_id)
-        check_ttl(thread_id, ttl)
+    def _do_acquire(self, thread_id: str, owner: str, ttl: float) -> int:
         with self._write() as db:
             now = time.time()
             row = db.execute(
@@ -469,9 +455,7 @@ class SQLiteStore(Store):
                 )
             return token
 
-    def renew(self, thread_id: str, owner: str, token: int, ttl: float) -> None:
-        validate_thread_id(thread_id)
-        check_ttl(thread_id, ttl)
+    def _do_renew(self, thread_id: str, owner: str, token: int, ttl: float) -> None:
         with self._write() as db:
             now = time.time()
             changed = db.execute(
@@ -487,27 +471,25 @@ class SQLiteStore(Store):
                     thread_id=thread_id,
                 )
 
-    def release(self, thread_id: str, owner: str, token: int) -> bool:
-        validate_thread_id(thread_id)
+    def _do_release(self, thread_id: str, owner: str, token: int) -> bool:
         with self._write() as db:
             return _release(db, thread_id, owner, token, live_at=time.time())
 
     # -- checkpoints ---------------------------------------------------------------------
 
-    def commit(
+    def _do_commit(
         self,
         thread_id: str,
         token: int,
         checkpoint: Checkpoint,
         *,
-        status: Status = Status.RUNNING,
-        due_in: float | _Unset | None = None,
-        result: Any = UNSET,
-        interrupt: Any = UNSET,
-        release_owner: str | None = None,
-        logs: Mapping[str, int] | None = None,
+        status: Status,
+        due_in: float | _Unset | None,
+        result: Any,
+        interrupt: Any,
+        release_owner: str | None,
+        logs: Mapping[str, int] | None,
     ) -> bool:
-        validate_thread_id(thread_id)
         step = checkpoint.step
         encoded = encode_checkpoint(
             thread_id, checkpoint, limit=self.max_checkpoint_bytes, logs=logs
@@ -563,21 +545,20 @@ class SQLiteStore(Store):
                 _release(db, thread_id, release_owner, token)
             return bool(row["cancel"])
 
-    def set_status(
+    def _do_set_status(
         self,
         thread_id: str,
         token: int,
         status: Status,
         *,
-        due_in: float | None = None,
-        error: str | _Unset | None = UNSET,
-        attempts: int | _Unset = UNSET,
-        crashes: int | _Unset = UNSET,
-        result: Any = UNSET,
-        interrupt: Any = UNSET,
-        release_owner: str | None = None,
+        due_in: float | None,
+        error: str | _Unset | None,
+        attempts: int | _Unset,
+        crashes: int | _Unset,
+        result: Any,
+        interrupt: Any,
+        release_owner: str | None,
     ) -> None:
-        validate_thread_id(thread_id)
         values: dict[str, Any] = {"status": Status(status).value}
         for name, value in (("error", error), ("attempts", attempts), ("crashes", crashes)):
             if value is not UNSET:
@@ -594,8 +575,7 @@ class SQLiteStore(Store):
             if release_owner is not None:
                 _release(db, thread_id, release_owner, token)
 
-    def latest(self, thread_id: str) -> Checkpoint | None:
-        validate_thread_id(thread_id)
+    def _do_latest(self, thread_id: str) -> Checkpoint | None:
         with self._locked() as db:
             row = db.execute(
                 "SELECT c.step, c.data FROM threads t JOIN checkpoints c "
@@ -604,8 +584,7 @@ class SQLiteStore(Store):
             ).fetchone()
             return None if row is None else _load(db, thread_id, row[0], row[1])
 
-    def checkpoint(self, thread_id: str, step: int) -> Checkpoint:
-        validate_thread_id(thread_id)
+    def _do_checkpoint(self, thread_id: str, step: int) -> Checkpoint:
         with self._locked() as db:
             row = db.execute(
                 "SELECT data FROM checkpoints WHERE thread_id = ? AND step = ?", (thread_id, step)
@@ -614,10 +593,7 @@ class SQLiteStore(Store):
                 raise _checkpoint_not_found(thread_id, step, self.keep_last)
             return _load(db, thread_id, step, row[0])
 
-    def history(
-        self, thread_id: str, *, before: int | None = None, limit: int = 20
-    ) -> list[Checkpoint]:
-        validate_thread_id(thread_id)
+    def _do_history(self, thread_id: str, *, before: int | None, limit: int) -> list[Checkpoint]:
         with self._locked() as db:
             rows = db.execute(
                 "SELECT step, data FROM checkpoints WHERE thread_id = ? AND step < ? "
@@ -628,18 +604,16 @@ class SQLiteStore(Store):
 
     # -- effects -------------------------------------------------------------------------
 
-    def claim_effect(
+    def _do_claim_effect(
         self,
         thread_id: str,
         key: str,
         token: int,
         *,
-        shared: bool = False,
-        takeover: bool = False,
-        claim_id: str = "",
+        shared: bool,
+        takeover: bool,
+        claim_id: str,
     ) -> Claim:
-        validate_thread_id(thread_id)
-        validate_effect_key(key, thread_id)
         scope = "" if shared else thread_id
         with self._write() as db:
             self._fenced(db, thread_id, token)
@@ -659,11 +633,9 @@ class SQLiteStore(Store):
                 return Claim("claimed", Effect(key, "pending", token))
         return Claim("done" if found.state == "done" else "unknown", found)
 
-    def complete_effect(
-        self, thread_id: str, key: str, token: int, result: Any, *, shared: bool = False
+    def _do_complete_effect(
+        self, thread_id: str, key: str, token: int, result: Any, *, shared: bool
     ) -> None:
-        validate_thread_id(thread_id)
-        validate_effect_key(key, thread_id)
         data = _value(result, f"effect {key!r} result", thread_id, None)
         scope = "" if shared else thread_id
         with self._write() as db:
@@ -693,11 +665,9 @@ class SQLiteStore(Store):
                 (data, scope, key),
             )
 
-    def release_effect(
-        self, thread_id: str, key: str, token: int, *, claim_id: str, shared: bool = False
+    def _do_release_effect(
+        self, thread_id: str, key: str, token: int, *, claim_id: str, shared: bool
     ) -> None:
-        validate_thread_id(thread_id)
-        validate_effect_key(key, thread_id)
         scope = "" if shared else thread_id
         with self._write() as db:
             self._fenced(db, thread_id, token)
@@ -715,9 +685,7 @@ class SQLiteStore(Store):
                 )
             db.execute('DELETE FROM effects WHERE scope = ? AND "key" = ?', (scope, key))
 
-    def effect(self, thread_id: str, key: str, *, shared: bool = False) -> Effect | None:
-        validate_thread_id(thread_id)
-        validate_effect_key(key, thread_id)
+    def _do_effect(self, thread_id: str, key: str, *, shared: bool) -> Effect | None:
         with self._locked() as db:
             return _read_effect(db, thread_id, "" if shared else thread_id, key)
 
@@ -737,8 +705,7 @@ class SQLiteStore(Store):
             )
         return ids
 
-    def lease_sweeper(self, owner: str, ttl: float) -> bool:
-        check_ttl("sweeper", ttl)
+    def _do_lease_sweeper(self, owner: str, ttl: float) -> bool:
         with self._write() as db:
             now = time.time()
             row = db.execute("SELECT owner, expires FROM leases WHERE name = 'sweeper'").fetchone()

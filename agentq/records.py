@@ -24,8 +24,22 @@ class Status(StrEnum):
         """True for the statuses retention may expire: nothing will run the thread again."""
         return self in FINISHED
 
+    @property
+    def is_live(self) -> bool:
+        """True while something should run the thread: it is queued, running or retrying,
+        and has a due time in the recovery index."""
+        return self in LIVE
+
+    @property
+    def is_idle(self) -> bool:
+        """True when nothing runs the thread until a person acts (resume, retry) or ever
+        again (failed, cancelled); ``done`` is neither live nor idle: it has its result."""
+        return self in IDLE
+
 
 FINISHED = frozenset({Status.DONE, Status.FAILED, Status.CANCELLED})
+LIVE = frozenset({Status.QUEUED, Status.RUNNING, Status.RETRYING})
+IDLE = frozenset({Status.WAITING, Status.FAILED, Status.CANCELLED, Status.NEEDS_ATTENTION})
 
 
 @dataclass(frozen=True)

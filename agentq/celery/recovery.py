@@ -12,11 +12,9 @@ from typing import Any
 
 from agentq.celery.runtime import runtime_of
 from agentq.celery.task import resend_thread
-from agentq.records import Status
 
 logger = logging.getLogger("agentq.celery.recovery")
 
-_RUNNABLE = frozenset({Status.QUEUED, Status.RUNNING, Status.RETRYING})
 GC_INTERVAL = 60.0
 
 
@@ -44,7 +42,7 @@ class Sweeper:
         sent = []
         for thread_id in store.claim_due(hold=settings.start_grace, limit=500):
             meta = store.meta(thread_id)
-            if meta is None or meta.status not in _RUNNABLE:
+            if meta is None or not meta.status.is_live:
                 continue
             resend_thread(self.app, meta)
             logger.info("thread %s (%s, step %d) re-sent", thread_id, meta.status.value, meta.step)

@@ -166,12 +166,7 @@ class AgentTask(Task):  # type: ignore[misc]
             meta = self.thread(thread_id)
             if meta.status == Status.DONE:
                 return meta.result
-            if meta.status in (
-                Status.FAILED,
-                Status.CANCELLED,
-                Status.WAITING,
-                Status.NEEDS_ATTENTION,
-            ):
+            if meta.status.is_idle:
                 raise ThreadStopped(
                     f"thread is {meta.status.value}"
                     + (f": {meta.error.splitlines()[0]}" if meta.error else ""),

@@ -36,8 +36,6 @@ from agentq.store.contract import UNSET, Store
 
 logger = logging.getLogger("agentq")
 
-_IDLE = frozenset({Status.WAITING, Status.FAILED, Status.CANCELLED, Status.NEEDS_ATTENTION})
-
 
 def _owner() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
@@ -112,7 +110,7 @@ class Driver:
             meta, _ = store.open_thread(thread_id, task=self.task.name)
         if meta.status == Status.DONE:
             return meta.result
-        if meta.status in _IDLE:
+        if meta.status.is_idle:
             logger.info("thread %s is %s: nothing to run", thread_id, meta.status.value)
             return None
         crashed = meta.status == Status.RUNNING

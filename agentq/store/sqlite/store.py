@@ -61,7 +61,6 @@ BUSY_TIMEOUT: Final = 30.0
 SCHEMA_VERSION: Final = 3
 _URL_PREFIX: Final = "sqlite:///"
 _GC_BATCH: Final = 500
-_LEASED: Final = frozenset({Status.QUEUED, Status.RETRYING, Status.RUNNING})
 
 _META_TYPES: Final = {
     "status": "TEXT NOT NULL",
@@ -448,7 +447,7 @@ class SQLiteStore(Store):
                 "WHERE thread_id = ?",
                 (token, owner, token, now + ttl, thread_id),
             )
-            if Status(row["status"]) in _LEASED:
+            if Status(row["status"]).is_live:
                 db.execute(
                     "UPDATE threads SET status = ?, due_at = ?, updated_at = ? WHERE thread_id = ?",
                     (Status.RUNNING.value, now + ttl, now, thread_id),

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from agentq.engine import backoff as backoff_module
 from agentq.celery.task import AgentTask
+from agentq.engine import backoff as backoff_module
 from agentq.engine.backoff import backoff, retry_after, retry_delay
 
 

@@ -21,6 +21,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from bench._cluster import BROKER
 from tests.support.chaos import ChaosConfig, chaos_cluster, run_and_verify
 
 
@@ -67,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         chaos_seconds=args.chaos_seconds if args.chaos_seconds is not None else arrival + 60,
         finish_timeout=120.0,
         seed=args.seed,
+        broker=BROKER,
     )
     workdir = Path(tempfile.mkdtemp(prefix="agentq-chaos-"))
     failed = True

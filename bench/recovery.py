@@ -36,6 +36,7 @@ import time
 from pathlib import Path
 
 from agentq import Status
+from bench._cluster import BROKER
 from bench._report import Result, Target, machine_line, report
 from tests.support.chaos import ChaosCluster, ChaosConfig, chaos_cluster, leases_on
 from tests.support.redis_server import wait_until
@@ -198,7 +199,9 @@ def run(
 ) -> list[Result]:
     samples = samples or (1 if quick else 3)
     plain_wait = plain_wait if plain_wait is not None else (15.0 if quick else 30.0)
-    config = ChaosConfig(threads=1, workers=2, concurrency=1, lease_ttl=lease_ttl, latency=step)
+    config = ChaosConfig(
+        threads=1, workers=2, concurrency=1, lease_ttl=lease_ttl, latency=step, broker=BROKER
+    )
     workdir = Path(tempfile.mkdtemp(prefix="agentq-recovery-"))
     try:
         with chaos_cluster(config, workdir) as cluster:

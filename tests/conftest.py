@@ -6,6 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.support.brokers import RedisBrokers, rabbitmq_vhost
 from tests.support.redis_server import RedisServer, running_redis
 
 if shutil.which("redis-server") is None:
@@ -45,3 +46,27 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServ
     """A private redis-server (AOF always) shared by the session; tests use own prefixes."""
     with running_redis(tmp_path_factory.mktemp("redis")) as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def redis_brokers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisBrokers]:
+    """A private broker redis-server shared by the session, one database per test."""
+    brokers = RedisBrokers(tmp_path_factory.mktemp("broker")).start()
+    try:
+        yield brokers
+    finally:
+        brokers.stop()
+
+
+@pytest.fixture
+def redis_broker(redis_brokers: RedisBrokers) -> Iterator[str]:
+    """A Redis broker URL (a database of the private broker server) for this test alone."""
+    with redis_brokers.database() as url:
+        yield url
+
+
+@pytest.fixture
+def rabbitmq_broker() -> Iterator[str]:
+    """An AMQP URL on a RabbitMQ vhost created for this test and deleted after it."""
+    with rabbitmq_vhost() as url:
+        yield url

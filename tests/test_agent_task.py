@@ -18,9 +18,8 @@ from agentq.errors import ArtifactNotFound, InvalidArgument, InvalidThreadId, Th
 from agentq.store.contract import Store
 from agentq.store.redis.store import RedisStore
 from tests.support.agents import Ledger, make_app
+from tests.support.brokers import RedisBrokers
 from tests.support.redis_server import RedisServer, wait_until
-
-BROKER = "redis://127.0.0.1:6379/0"
 
 
 class Env:
@@ -34,12 +33,14 @@ class Env:
 
 
 @contextlib.contextmanager
-def running(redis_server: RedisServer, *, queues: list[str] | None = None) -> Iterator[Env]:
+def running(
+    broker: str, redis_server: RedisServer, *, queues: list[str] | None = None
+) -> Iterator[Env]:
     """An app on a private prefix and an in-process worker consuming ``queues`` (by
     default the app's own default queue)."""
     prefix = f"at{uuid.uuid4().hex[:8]}:"
     app = make_app(
-        broker=BROKER,
+        broker=broker,
         store=redis_server.url,
         prefix=prefix,
         queue=f"agentq-test-{prefix}",
@@ -65,16 +66,16 @@ def running(redis_server: RedisServer, *, queues: list[str] | None = None) -> It
 
 
 @pytest.fixture
-def env(redis_server: RedisServer) -> Iterator[Env]:
-    with running(redis_server) as env:
+def env(redis_broker: str, redis_server: RedisServer) -> Iterator[Env]:
+    with running(redis_broker, redis_server) as env:
         yield env
 
 
 @pytest.fixture
-def routed_env(redis_server: RedisServer) -> Iterator[tuple[Env, str]]:
+def routed_env(redis_broker: str, redis_server: RedisServer) -> Iterator[tuple[Env, str]]:
     """A worker that consumes only a queue of its own, not the app's default queue."""
     queue = f"agentq-test-routed-{uuid.uuid4().hex[:8]}"
-    with running(redis_server, queues=[queue]) as env:
+    with running(redis_broker, redis_server, queues=[queue]) as env:
         yield env, queue
 
 
@@ -386,10 +387,12 @@ def test_large_data_lives_in_artifacts_not_checkpoints(env: Env) -> None:
         env.store.get_artifact("t1", result["ref"]["artifact"])
 
 
-def test_an_oversized_artifact_is_refused_clearly(redis_server: RedisServer) -> None:
+def test_an_oversized_artifact_is_refused_clearly(
+    redis_broker: str, redis_server: RedisServer
+) -> None:
     prefix = f"ar{uuid.uuid4().hex[:8]}:"
     app = make_app(
-        broker=BROKER,
+        broker=redis_broker,
         store=redis_server.url,
         prefix=prefix,
         queue=f"agentq-test-{prefix}",
@@ -405,20 +408,27 @@ def test_an_oversized_artifact_is_refused_clearly(redis_server: RedisServer) -> 
     assert "max_artifact_bytes" in (info.value.error or "")
 
 
+@pytest.fixture
+def result_backend(redis_brokers: RedisBrokers) -> Iterator[str]:
+    """A database of the broker server for Celery's results, apart from its messages."""
+    with redis_brokers.database() as url:
+        yield url
+
+
 # Celery's Redis result backend still calls redis-py's deprecated setex.
 @pytest.mark.filterwarnings("ignore:Call to deprecated setex:DeprecationWarning")
 def test_each_step_reports_progress_to_the_result_backend_and_flower(
-    redis_server: RedisServer,
+    redis_broker: str, result_backend: str, redis_server: RedisServer
 ) -> None:
     prefix = f"pr{uuid.uuid4().hex[:8]}:"
     app = make_app(
-        broker=BROKER,
+        broker=redis_broker,
         store=redis_server.url,
         prefix=prefix,
         queue=f"agentq-test-{prefix}",
         ledger_url=redis_server.url,
     )
-    app.conf.result_backend = "redis://127.0.0.1:6379/1"
+    app.conf.result_backend = result_backend
     app.conf.worker_send_task_events = True
     agent = app.tasks["tests.counting_agent"]
     events: list[dict[str, Any]] = []

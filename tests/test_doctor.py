@@ -19,7 +19,8 @@ class _Agent(AgentTask):
 
 
 def _findings(configure: Callable[[Celery], None] = lambda app: None) -> list[str]:
-    app = Celery("doctor", broker="redis://127.0.0.1:6379/0", set_as_current=False)
+    # The checks read the broker's URL and never connect: a name that cannot resolve.
+    app = Celery("doctor", broker="redis://broker.invalid/0", set_as_current=False)
     app.conf.update(worker_prefetch_multiplier=1, agentq_lease_ttl=30, agentq_sweep_interval=1)
     configure(app)
     agentq.init_app(app, store="sqlite:///unused.db")

@@ -23,10 +23,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_support_agent_example_runs_end_to_end_on_the_fake_model(
-    redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+    redis_broker: str, redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
-    monkeypatch.setenv("AGENTQ_BROKER", "redis://127.0.0.1:6379/0")
+    monkeypatch.setenv("AGENTQ_BROKER", redis_broker)
     monkeypatch.setenv("AGENTQ_STORE", redis_server.url)
     module = importlib.import_module("examples.support_agent")
     module = importlib.reload(module)  # read this test's environment

@@ -21,8 +21,6 @@ from agentq.errors import InvalidArgument
 from tests.support.agents import RateLimitError
 from tests.support.redis_server import RedisServer
 
-BROKER = "redis://127.0.0.1:6379/0"
-
 
 @dataclass
 class Calls:
@@ -87,9 +85,9 @@ def define_agents(app: Celery, calls: Calls) -> tuple[FunctionAgent, FunctionAge
 
 
 @pytest.fixture
-def env(redis_server: RedisServer) -> Iterator[Env]:
+def env(redis_broker: str, redis_server: RedisServer) -> Iterator[Env]:
     prefix = f"fn{uuid.uuid4().hex[:8]}:"
-    app = Celery("agentq-fn-tests", broker=BROKER, set_as_current=False)
+    app = Celery("agentq-fn-tests", broker=redis_broker, set_as_current=False)
     app.conf.update(
         task_default_queue=f"agentq-test-{prefix}",
         worker_hijack_root_logger=False,

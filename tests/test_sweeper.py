@@ -3,6 +3,7 @@ workers): it sends due threads by task name, routed as they were first sent."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import uuid
 from collections.abc import Iterator
@@ -16,12 +17,10 @@ from agentq.celery.recovery import Sweeper
 from agentq.store.contract import Store
 from tests.support.redis_server import RedisServer
 
-BROKER = "redis://127.0.0.1:6379/0"
-
 
 @pytest.fixture
-def app(redis_server: RedisServer) -> Iterator[Celery]:
-    app = Celery("agentq-sweeper-tests", broker=BROKER, set_as_current=False)
+def app(redis_broker: str, redis_server: RedisServer) -> Iterator[Celery]:
+    app = Celery("agentq-sweeper-tests", broker=redis_broker, set_as_current=False)
     app.conf.task_default_queue = f"agentq-test-sweep-default-{uuid.uuid4().hex[:8]}"
     agentq.init_app(app, store=redis_server.url, prefix=f"sw{uuid.uuid4().hex[:8]}:")
     yield app
@@ -29,17 +28,15 @@ def app(redis_server: RedisServer) -> Iterator[Celery]:
     app.close()
 
 
-def test_a_due_thread_of_an_unknown_task_is_sent_by_name_to_its_queue(app: Celery) -> None:
+def test_a_due_thread_of_an_unknown_task_is_sent_by_name_to_its_queue(
+    app: Celery, redis_broker: str
+) -> None:
     store: Store = app._agentq_runtime.store
     queue = f"agentq-test-sweep-{uuid.uuid4().hex[:8]}"
     store.open_thread("t1", task="elsewhere.agent", start_grace=0, options={"queue": queue})
-    broker = redis.Redis.from_url(BROKER)
-    try:
-        assert Sweeper(app).sweep_once() == ["t1"]
+    assert Sweeper(app).sweep_once() == ["t1"]
+    with contextlib.closing(redis.Redis.from_url(redis_broker)) as broker:
         messages = broker.lrange(queue, 0, -1)  # kombu's Redis transport: a list per queue
-        assert len(messages) == 1
-        headers = json.loads(messages[0])["headers"]
-        assert (headers["task"], headers["argsrepr"]) == ("elsewhere.agent", "('t1',)")
-    finally:
-        broker.delete(queue, app.conf.task_default_queue)
-        broker.close()
+    assert len(messages) == 1
+    headers = json.loads(messages[0])["headers"]
+    assert (headers["task"], headers["argsrepr"]) == ("elsewhere.agent", "('t1',)")

@@ -22,9 +22,12 @@ pytestmark = [pytest.mark.chaos, pytest.mark.slow]
 
 
 @pytest.fixture
-def cluster(chaos_size: tuple[int, int], tmp_path: Path) -> Iterator[ChaosCluster]:
+def cluster(
+    chaos_size: tuple[int, int], redis_broker: str, tmp_path: Path
+) -> Iterator[ChaosCluster]:
     threads, steps = chaos_size
-    with chaos_cluster(ChaosConfig(threads=threads, steps=steps), tmp_path) as cluster:
+    config = ChaosConfig(threads=threads, steps=steps, broker=redis_broker)
+    with chaos_cluster(config, tmp_path) as cluster:
         yield cluster
 
 

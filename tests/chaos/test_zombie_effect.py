@@ -24,8 +24,8 @@ pytestmark = [pytest.mark.chaos, pytest.mark.slow]
 
 
 @pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[ChaosCluster]:
-    config = ChaosConfig(threads=1, workers=2, concurrency=1, lease_ttl=2.0)
+def cluster(redis_broker: str, tmp_path: Path) -> Iterator[ChaosCluster]:
+    config = ChaosConfig(threads=1, workers=2, concurrency=1, lease_ttl=2.0, broker=redis_broker)
     with chaos_cluster(config, tmp_path) as cluster:
         yield cluster
 

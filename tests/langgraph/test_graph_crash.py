@@ -24,18 +24,16 @@ from tests.support.redis_server import RedisServer, wait_until
 from tests.support.workers import WorkerProcess
 
 pytestmark = pytest.mark.slow
-
-BROKER = "redis://127.0.0.1:6379/0"
 LEASE_TTL = 2.0
 
 
 class Cluster:
     """A store, a broker, and graph workers as subprocesses."""
 
-    def __init__(self, server: RedisServer, log_dir: Path) -> None:
+    def __init__(self, broker: str, server: RedisServer, log_dir: Path) -> None:
         prefix = f"gc{uuid.uuid4().hex[:8]}:"
         self.env = {
-            "AGENTQ_TEST_BROKER": BROKER,
+            "AGENTQ_TEST_BROKER": broker,
             "AGENTQ_TEST_STORE": server.url,
             "AGENTQ_TEST_PREFIX": prefix,
             "AGENTQ_TEST_QUEUE": f"agentq-graph-crash-{prefix}",
@@ -43,7 +41,7 @@ class Cluster:
             "AGENTQ_TEST_LEASE_TTL": str(LEASE_TTL),
         }
         self.app: Celery = make_graph_app(
-            broker=BROKER,
+            broker=broker,
             store=server.url,
             prefix=prefix,
             queue=self.env["AGENTQ_TEST_QUEUE"],
@@ -70,8 +68,8 @@ class Cluster:
 
 
 @pytest.fixture
-def cluster(redis_server: RedisServer, tmp_path: Path) -> Iterator[Cluster]:
-    env = Cluster(redis_server, tmp_path)
+def cluster(redis_broker: str, redis_server: RedisServer, tmp_path: Path) -> Iterator[Cluster]:
+    env = Cluster(redis_broker, redis_server, tmp_path)
     try:
         yield env
     finally:

@@ -22,8 +22,6 @@ from tests.support.agents import Ledger
 from tests.support.graphs import GRAPH_TASK, build_graph, make_graph_app, question
 from tests.support.redis_server import RedisServer, wait_until
 
-BROKER = "redis://127.0.0.1:6379/0"
-
 
 class Env:
     def __init__(self, app: Celery, ledger: Ledger) -> None:
@@ -34,11 +32,13 @@ class Env:
 
 
 @pytest.fixture
-def env(backend: str, redis_server: RedisServer, tmp_path: Path) -> Iterator[Env]:
+def env(
+    backend: str, redis_broker: str, redis_server: RedisServer, tmp_path: Path
+) -> Iterator[Env]:
     prefix = f"gt{uuid.uuid4().hex[:8]}:"
     store = redis_server.url if backend == "redis" else f"sqlite:///{tmp_path / 'agentq.db'}"
     app = make_graph_app(
-        broker=BROKER,
+        broker=redis_broker,
         store=store,
         prefix=prefix,
         queue=f"agentq-test-{prefix}",

@@ -25,7 +25,6 @@ from agentq.store.contract import Store
 from tests.support.agents import Ledger
 from tests.support.redis_server import RedisServer
 
-BROKER = "redis://127.0.0.1:6379/0"
 ORDERS = ("A-1", "B-2", "C-3")
 
 
@@ -68,11 +67,11 @@ def build(ledger: Ledger, thread_id: str) -> StateGraph[State]:
 
 @pytest.fixture
 def env(
-    backend: str, redis_server: RedisServer, tmp_path: Path
+    backend: str, redis_broker: str, redis_server: RedisServer, tmp_path: Path
 ) -> Iterator[tuple[GraphTask, Ledger, Store]]:
     prefix = f"tn{uuid.uuid4().hex[:8]}:"
     store = redis_server.url if backend == "redis" else f"sqlite:///{tmp_path / 'agentq.db'}"
-    app = Celery("agentq-tool-node-tests", broker=BROKER, set_as_current=False)
+    app = Celery("agentq-tool-node-tests", broker=redis_broker, set_as_current=False)
     app.conf.update(
         task_default_queue=f"agentq-test-{prefix}",
         worker_hijack_root_logger=False,

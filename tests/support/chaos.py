@@ -4,7 +4,8 @@ Shared by ``tests/chaos/test_chaos.py`` (CI size) and ``python -m bench.chaos`` 
 
 A private ``redis-server`` (AOF, ``appendfsync always``) holds the store and the ledger (the
 outside world the agent's tools change); it is SIGKILLed and restarted on the same
-directory and port. The broker is the machine's shared Redis, on a queue of the run's own.
+directory and port. The broker is the caller's (the tests give a private one), on a queue of
+the run's own.
 2-3 ``celery worker`` subprocesses (prefork) drive :class:`~tests.support.agents.ChaosAgent`
 threads while a chaos loop, bounded in count and time, does one of these at a time:
 
@@ -46,7 +47,6 @@ from tests.support.agents import ChaosAgent, ChaosLedger, make_app
 from tests.support.redis_server import RedisServer, wait_until
 from tests.support.workers import WorkerProcess
 
-SHARED_BROKER = "redis://127.0.0.1:6379/0"
 WORKER_APP = "tests.chaos.worker_app"
 ACTIONS = ("kill", "deploy", "zombie", "store")
 FINISHED = frozenset({Status.DONE, Status.FAILED, Status.CANCELLED, Status.NEEDS_ATTENTION})
@@ -86,7 +86,8 @@ class ChaosConfig:
     finish_timeout: float = 120.0
     """How long the threads may take to finish after the last action."""
     seed: int | None = None
-    broker: str = SHARED_BROKER
+    broker: str = field(kw_only=True)
+    """A Redis broker URL; the run purges its own queue from it at the end."""
 
     def __post_init__(self) -> None:
         if self.steps < 8:
@@ -108,7 +109,7 @@ class ChaosConfig:
 
 
 class ChaosCluster:
-    """The private store server, the workers, and a client app on the shared broker."""
+    """The private store server, the workers, and a client app on the broker."""
 
     def __init__(self, config: ChaosConfig, workdir: Path) -> None:
         self.config = config
@@ -213,7 +214,7 @@ def chaos_cluster(config: ChaosConfig, workdir: Path) -> Iterator[ChaosCluster]:
 
 def purge_broker(url: str, queue: str) -> None:
     """Remove the run's queue, bindings and unacked messages (left by SIGKILLed workers)
-    from the shared broker, so nothing restores them an hour later."""
+    from the broker, so nothing restores them an hour later."""
     client = redis.Redis.from_url(url)
     try:
         for key in client.scan_iter(match=f"*{queue}*", count=1000):

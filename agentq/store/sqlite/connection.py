@@ -1,0 +1,137 @@
+"""The embedded store's connection: one per process, shared by its threads, safe across fork.
+
+Every write is one ``BEGIN IMMEDIATE`` transaction, so SQLite's write lock serialises it
+against every other process and it commits whole or not at all. The database runs in WAL
+mode with ``synchronous=FULL``: a commit that returned is on disk before the caller
+acknowledges the step.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Final
+
+from agentq.errors import StoreConfigError
+from agentq.records import Finding
+from agentq.store.sqlite.schema import migrate
+
+BUSY_TIMEOUT: Final = 30.0
+"""Seconds a write waits for another process's transaction before giving up."""
+
+
+@contextmanager
+def immediate_transaction(db: sqlite3.Connection) -> Iterator[None]:
+    # IMMEDIATE takes the write lock up front: a deferred transaction that later tries to
+    # write can fail with SQLITE_BUSY without the busy timeout ever applying.
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+        db.execute("COMMIT")
+    except BaseException:
+        if db.in_transaction:
+            db.execute("ROLLBACK")
+        raise
+
+
+class SharedConnection:
+    """One connection to ``path``, shared by the threads of a process under a lock (a
+    heartbeat thread renews the lease while the task commits). A process forked after
+    opening (Celery prefork) opens its own connection on first use: SQLite connections
+    must not cross ``fork()``."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        self._pid = os.getpid()
+        self._db: sqlite3.Connection | None = None
+        # Connections inherited through fork() are kept referenced, never closed: closing
+        # one in the child could run SQLite's last-connection cleanup on the parent's WAL.
+        self._inherited: list[sqlite3.Connection] = []
+
+    @contextmanager
+    def locked(self) -> Iterator[sqlite3.Connection]:
+        """The connection, held by this thread alone until the block ends."""
+        self._after_fork()
+        with self._lock:
+            if self._db is None:
+                self._db = _connect(self.path)
+            yield self._db
+
+    @contextmanager
+    def write(self) -> Iterator[sqlite3.Connection]:
+        """The connection inside one write transaction, committed when the block ends."""
+        with self.locked() as db, immediate_transaction(db):
+            yield db
+
+    def close(self) -> None:
+        self._after_fork()
+        with self._lock:
+            if self._db is not None:
+                self._db.close()
+                self._db = None
+
+    def _after_fork(self) -> None:
+        if self._pid != os.getpid():
+            # The lock may have been held by a parent thread that does not exist here.
+            self._lock = threading.Lock()
+            if self._db is not None:
+                self._inherited.append(self._db)
+            self._db, self._pid = None, os.getpid()
+
+
+def _connect(path: str) -> sqlite3.Connection:
+    try:
+        db = sqlite3.connect(
+            path, timeout=BUSY_TIMEOUT, isolation_level=None, check_same_thread=False
+        )
+    except sqlite3.Error as exc:
+        raise StoreConfigError(
+            f"cannot open SQLite store {path!r} ({exc}); check the path and that "
+            "this user may read and write it"
+        ) from exc
+    db.row_factory = sqlite3.Row
+    try:
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=FULL")
+        with immediate_transaction(db):
+            migrate(db, path)
+    except sqlite3.DatabaseError as exc:
+        db.close()
+        raise StoreConfigError(
+            f"cannot use SQLite store {path!r} ({exc}); check that it is an agentq "
+            "database on a local disk and that no process keeps it locked"
+        ) from exc
+    except BaseException:
+        db.close()
+        raise
+    return db
+
+
+def durability_findings(db: sqlite3.Connection, path: str) -> list[Finding]:
+    """What ``agentq doctor`` reports about the connection's journal and sync settings."""
+    (mode,) = db.execute("PRAGMA journal_mode").fetchone()
+    (sync,) = db.execute("PRAGMA synchronous").fetchone()
+    findings = []
+    if str(mode).lower() != "wal":
+        findings.append(
+            Finding(
+                "journal_mode",
+                str(mode),
+                "without WAL, readers block writers and workers time out under load.",
+                f"put {path!r} on a local filesystem that supports WAL (not NFS/SMB).",
+            )
+        )
+    if sync < 2:  # FULL (2) or EXTRA (3) fsync every commit
+        findings.append(
+            Finding(
+                "synchronous",
+                str(sync),
+                "commits may be acknowledged before they reach the disk and be lost.",
+                "run PRAGMA synchronous=FULL on every connection (agentq does).",
+            )
+        )
+    return findings

@@ -1,0 +1,129 @@
+"""The embedded store's idempotency records of tool calls and other side effects."""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Any
+
+from agentq.codec.envelope import decode_value
+from agentq.errors import EffectError, StaleToken
+from agentq.records import Claim, Effect
+from agentq.store.sqlite.connection import SharedConnection
+from agentq.store.sqlite.queries import encode, fenced
+
+
+class EffectsMixin:
+    """The effect operations of :class:`~agentq.store.sqlite.store.SQLiteStore`."""
+
+    _conn: SharedConnection
+
+    def _do_claim_effect(
+        self,
+        thread_id: str,
+        key: str,
+        token: int,
+        *,
+        shared: bool,
+        takeover: bool,
+        claim_id: str,
+    ) -> Claim:
+        scope = "" if shared else thread_id
+        with self._conn.write() as db:
+            fenced(db, thread_id, token)
+            found = _read_effect(db, thread_id, scope, key)
+            resent = (
+                found is not None
+                and found.state == "pending"
+                and claim_id != ""
+                and (found.token == token and _claim_of(db, scope, key) == claim_id)
+            )
+            if found is None or (found.state == "pending" and takeover) or resent:
+                db.execute(
+                    'INSERT OR REPLACE INTO effects (scope, "key", state, token, claim) '
+                    "VALUES (?, ?, 'pending', ?, ?)",
+                    (scope, key, token, claim_id),
+                )
+                return Claim("claimed", Effect(key, "pending", token))
+        return Claim("done" if found.state == "done" else "unknown", found)
+
+    def _do_complete_effect(
+        self, thread_id: str, key: str, token: int, result: Any, *, shared: bool
+    ) -> None:
+        data = encode(result, f"effect {key!r} result", thread_id, None)
+        scope = "" if shared else thread_id
+        with self._conn.write() as db:
+            fenced(db, thread_id, token)
+            found = _read_effect(db, thread_id, scope, key)
+            if found is None:
+                raise EffectError(
+                    f"effect {key!r} has no record to complete; claim it with claim_effect() "
+                    "before running the effect",
+                    thread_id=thread_id,
+                )
+            if (
+                found.state == "done"
+                and found.token == token
+                and _stored_result(db, scope, key) == data
+            ):
+                return  # the same completion again: nothing to change
+            if found.state != "pending" or found.token != token:
+                raise StaleToken(
+                    f"effect {key!r} is {found.state} under token {found.token}, not claimed by "
+                    f"token {token}; another driver took it over: do not record this result",
+                    thread_id=thread_id,
+                )
+            db.execute(
+                "UPDATE effects SET state = 'done', result = ?, claim = NULL "
+                'WHERE scope = ? AND "key" = ?',
+                (data, scope, key),
+            )
+
+    def _do_release_effect(
+        self, thread_id: str, key: str, token: int, *, claim_id: str, shared: bool
+    ) -> None:
+        scope = "" if shared else thread_id
+        with self._conn.write() as db:
+            fenced(db, thread_id, token)
+            found = db.execute(
+                'SELECT state, token, claim FROM effects WHERE scope = ? AND "key" = ?',
+                (scope, key),
+            ).fetchone()
+            if found is None:
+                return  # already dropped: the same release again
+            if (found["state"], found["token"], found["claim"]) != ("pending", token, claim_id):
+                raise StaleToken(
+                    f"effect {key!r} is {found['state']} under token {found['token']}, not "
+                    f"this claim of token {token}; another driver took it over: leave it",
+                    thread_id=thread_id,
+                )
+            db.execute('DELETE FROM effects WHERE scope = ? AND "key" = ?', (scope, key))
+
+    def _do_effect(self, thread_id: str, key: str, *, shared: bool) -> Effect | None:
+        with self._conn.locked() as db:
+            return _read_effect(db, thread_id, "" if shared else thread_id, key)
+
+
+def _read_effect(db: sqlite3.Connection, thread_id: str, scope: str, key: str) -> Effect | None:
+    row = db.execute(
+        'SELECT state, token, result FROM effects WHERE scope = ? AND "key" = ?', (scope, key)
+    ).fetchone()
+    if row is None:
+        return None
+    result = row["result"]
+    if result is not None:
+        result = decode_value(result, what=f"effect {key!r}", thread_id=thread_id, step=None)
+    return Effect(key, row["state"], row["token"], result)
+
+
+def _stored_result(db: sqlite3.Connection, scope: str, key: str) -> bytes | None:
+    row = db.execute(
+        'SELECT result FROM effects WHERE scope = ? AND "key" = ?', (scope, key)
+    ).fetchone()
+    return None if row is None or row[0] is None else bytes(row[0])
+
+
+def _claim_of(db: sqlite3.Connection, scope: str, key: str) -> str | None:
+    row = db.execute(
+        'SELECT claim FROM effects WHERE scope = ? AND "key" = ?', (scope, key)
+    ).fetchone()
+    return None if row is None else row[0]

@@ -1,0 +1,78 @@
+"""The tables of the embedded store, and the migrations from older versions of them.
+
+The tables mirror the Redis layout in :mod:`agentq.ids`: ``threads`` holds the meta (the
+columns named in :data:`~agentq.store.contract.META_FIELDS`), the lease and the due time;
+``checkpoints`` the snapshots; ``effects`` the idempotency records, scoped by thread id or
+``''`` for the global ones; ``artifacts`` the content-addressed bytes a thread refers to.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Final
+
+from agentq.errors import StoreConfigError
+from agentq.store.meta_fields import META_FIELDS
+
+SCHEMA_VERSION: Final = 3
+
+_META_TYPES: Final = {
+    "status": "TEXT NOT NULL",
+    "step": "INTEGER NOT NULL",
+    "node": "TEXT",
+    "task": "TEXT NOT NULL",
+    "attempts": "INTEGER NOT NULL DEFAULT 0",
+    "crashes": "INTEGER NOT NULL DEFAULT 0",
+    "fence": "INTEGER NOT NULL DEFAULT 0",
+    "first": "INTEGER",
+    "error": "TEXT",
+    "created_at": "REAL NOT NULL",
+    "updated_at": "REAL NOT NULL",
+    "input": "BLOB",
+    "result": "BLOB",
+    "interrupt": "BLOB",
+    "resume": "BLOB",
+    "cancel": "INTEGER NOT NULL DEFAULT 0",
+    "options": "BLOB",
+}
+# Indexing by META_FIELDS makes a field added to the contract fail here, at import.
+META_COLUMNS: Final = ", ".join(f'"{name}"' for name in META_FIELDS)
+SCHEMA: Final = (
+    "CREATE TABLE IF NOT EXISTS threads (thread_id TEXT PRIMARY KEY, "
+    + ", ".join(f'"{name}" {_META_TYPES[name]}' for name in META_FIELDS)
+    + ", lock_owner TEXT, lock_token INTEGER, lock_expires REAL, due_at REAL, retry_at REAL)",
+    "CREATE INDEX IF NOT EXISTS threads_due ON threads(due_at) WHERE due_at IS NOT NULL",
+    "CREATE INDEX IF NOT EXISTS threads_status ON threads(status, updated_at)",
+    "CREATE INDEX IF NOT EXISTS threads_updated ON threads(updated_at)",
+    "CREATE TABLE IF NOT EXISTS checkpoints (thread_id TEXT NOT NULL, step INTEGER NOT NULL, "
+    "data BLOB NOT NULL, PRIMARY KEY (thread_id, step))",
+    'CREATE TABLE IF NOT EXISTS effects (scope TEXT NOT NULL, "key" TEXT NOT NULL, '
+    "state TEXT NOT NULL, token INTEGER NOT NULL, result BLOB, claim TEXT, "
+    'PRIMARY KEY (scope, "key"))',
+    "CREATE TABLE IF NOT EXISTS artifacts (thread_id TEXT NOT NULL, digest TEXT NOT NULL, "
+    "data BLOB NOT NULL, PRIMARY KEY (thread_id, digest))",
+    "CREATE TABLE IF NOT EXISTS leases (name TEXT PRIMARY KEY, owner TEXT NOT NULL, "
+    "expires REAL NOT NULL)",
+    # The items of append-only state fields; a snapshot records how many belong to it.
+    "CREATE TABLE IF NOT EXISTS logs (thread_id TEXT NOT NULL, field TEXT NOT NULL, "
+    "idx INTEGER NOT NULL, item BLOB NOT NULL, PRIMARY KEY (thread_id, field, idx))",
+)
+
+
+def migrate(db: sqlite3.Connection, path: str) -> None:
+    """Create the tables or bring older ones up to :data:`SCHEMA_VERSION`, inside the
+    caller's write transaction so that concurrent openers migrate once."""
+    (version,) = db.execute("PRAGMA user_version").fetchone()
+    if version > SCHEMA_VERSION:
+        raise StoreConfigError(
+            f"SQLite store {path!r} has schema version {version}, newer than "
+            f"this agentq understands ({SCHEMA_VERSION}); upgrade agentq"
+        )
+    for statement in SCHEMA:
+        db.execute(statement)
+    if version == 1:  # version 2 names each claim, to recognise a resent one
+        db.execute("ALTER TABLE effects ADD COLUMN claim TEXT")
+    if version in (1, 2):  # version 3: when a retrying thread may run, and how
+        db.execute("ALTER TABLE threads ADD COLUMN retry_at REAL")  # to send it
+        db.execute("ALTER TABLE threads ADD COLUMN options BLOB")
+    db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import threading
 from typing import Any, Final
 
 from agentq.settings import Settings
@@ -19,19 +21,32 @@ class Runtime:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self._store = settings.store if isinstance(settings.store, Store) else None
+        self._opening = threading.Lock()
+        self._pid = os.getpid()
 
     @property
     def store(self) -> Store:
         if self._store is None:
-            s = self.settings
-            assert isinstance(s.store, str)
-            self._store = open_store(
-                s.store,
-                prefix=s.prefix,
-                keep_last=s.keep_last,
-                max_checkpoint_bytes=s.max_checkpoint_bytes,
-            )
+            # A threads pool starts its tasks at once: without the lock each would open a
+            # store of its own, and a SQLite store's threads would no longer share one
+            # connection but wait on each other's file locks.
+            if self._pid != os.getpid():
+                # A parent thread may have held the lock at fork(); it does not exist here.
+                self._opening, self._pid = threading.Lock(), os.getpid()
+            with self._opening:
+                if self._store is None:
+                    self._store = self._open()
         return self._store
+
+    def _open(self) -> Store:
+        s = self.settings
+        assert isinstance(s.store, str)
+        return open_store(
+            s.store,
+            prefix=s.prefix,
+            keep_last=s.keep_last,
+            max_checkpoint_bytes=s.max_checkpoint_bytes,
+        )
 
 
 def init_app(app: Any, store: str | Store | None = None, **settings: Any) -> Runtime:

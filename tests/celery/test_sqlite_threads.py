@@ -17,6 +17,7 @@ from celery.contrib.testing.worker import start_worker
 
 import agentq
 from agentq import Done, Run, Status
+from agentq.celery.runtime import runtime_of
 
 THREADS = 100
 STEPS = 3
@@ -84,4 +85,27 @@ def test_a_hundred_threads_in_flight_all_finish(
         assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
     finally:
         store.close()
+        app.close()
+
+
+def test_threads_starting_at_once_share_one_store(tmp_path: Path) -> None:
+    app = Celery("agentq-sqlite-first-use", set_as_current=False)
+    agentq.init_app(app, store=f"sqlite:///{tmp_path / 'agentq.db'}")
+    everyone = threading.Barrier(THREADS, timeout=30)
+    stores: list[object] = []
+
+    def first_use() -> None:
+        everyone.wait()
+        stores.append(runtime_of(app).store)
+
+    threads = [threading.Thread(target=first_use) for _ in range(THREADS)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    try:
+        assert len(stores) == THREADS
+        assert len({id(store) for store in stores}) == 1
+    finally:
+        runtime_of(app).store.close()
         app.close()

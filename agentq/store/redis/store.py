@@ -60,6 +60,7 @@ from agentq.store.contract import (
 from agentq.store.meta_fields import meta_from_fields
 from agentq.store.redis.graph import RedisGraph
 from agentq.store.redis.keys import Keys
+from agentq.store.redis.transient import TRANSIENT_ERRORS, is_transient
 
 RedisClient = redis.Redis | RedisCluster
 Arg = bytes | str | int | float
@@ -194,7 +195,10 @@ class RedisStore(Store):
     :class:`redis.cluster.RedisCluster` client is used in cluster mode.
     """
 
-    transient_errors = (redis.ConnectionError, redis.TimeoutError)
+    transient_errors = TRANSIENT_ERRORS
+
+    def is_transient(self, exc: BaseException) -> bool:
+        return is_transient(exc)
 
     def __init__(
         self,

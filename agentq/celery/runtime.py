@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from agentq.settings import Settings
+from agentq.settings import Settings, connections_for
 from agentq.store import open_store
 from agentq.store.contract import Store
 
@@ -19,6 +19,8 @@ class Runtime:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self._store = settings.store if isinstance(settings.store, Store) else None
+        self.tasks_at_once = 1
+        """How many tasks this process runs at once; the worker's bootstep sets it."""
 
     @property
     def store(self) -> Store:
@@ -30,6 +32,7 @@ class Runtime:
                 prefix=s.prefix,
                 keep_last=s.keep_last,
                 max_checkpoint_bytes=s.max_checkpoint_bytes,
+                max_connections=s.max_connections or connections_for(self.tasks_at_once),
             )
         return self._store
 

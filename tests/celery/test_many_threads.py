@@ -2,74 +2,13 @@
 
 from __future__ import annotations
 
-import contextlib
-import threading
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import redis
-from celery import Celery
-from celery.contrib.testing.worker import start_worker
 
 from agentq import Status
-from agentq.store.contract import Store
-from tests.support.agents import make_app
 from tests.support.redis_server import RedisServer, running_redis, wait_until
-
-
-@contextlib.contextmanager
-def worker(
-    broker: str, store_url: str, *, concurrency: int, **settings: Any
-) -> Iterator[tuple[Celery, Store]]:
-    prefix = f"mt{uuid.uuid4().hex[:8]}:"
-    app = make_app(
-        broker=broker,
-        store=store_url,
-        prefix=prefix,
-        queue=f"agentq-test-{prefix}",
-        ledger_url=store_url,
-        lease_ttl=3,
-        sweep_interval=0.5,
-        start_grace=30,
-        **settings,
-    )
-    store: Store = app._agentq_runtime.store
-    with start_worker(
-        app, pool="threads", concurrency=concurrency, perform_ping_check=False, shutdown_timeout=30
-    ):
-        yield app, store
-    store.close()
-    app.close()
-
-
-def statuses(store: Store, thread_ids: list[str]) -> dict[str, Status]:
-    return {t: meta.status for t in thread_ids if (meta := store.meta(t)) is not None}
-
-
-class PeakClients:
-    """Samples a server's connected clients until stopped; ``peak`` excludes its own."""
-
-    def __init__(self, url: str) -> None:
-        self._client = redis.Redis.from_url(url)
-        self._stop = threading.Event()
-        self.peak = 0
-        self._thread = threading.Thread(target=self._sample, daemon=True)
-
-    def __enter__(self) -> PeakClients:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-        self._client.close()
-
-    def _sample(self) -> None:
-        while not self._stop.wait(0.02):
-            clients = int(self._client.info("clients")["connected_clients"]) - 1
-            self.peak = max(self.peak, clients)
+from tests.support.threads_worker import PeakClients, statuses, threads_worker
 
 
 def test_fifty_threads_share_a_handful_of_connections(redis_broker: str, tmp_path: Path) -> None:
@@ -77,7 +16,7 @@ def test_fifty_threads_share_a_handful_of_connections(redis_broker: str, tmp_pat
     with (
         running_redis(tmp_path / "store") as server,
         PeakClients(server.url) as clients,
-        worker(redis_broker, server.url, concurrency=50, max_connections=4) as (app, store),
+        threads_worker(redis_broker, server.url, concurrency=50, max_connections=4) as (app, store),
     ):
         agent = app.tasks["tests.waiting_agent"]
         for thread_id in thread_ids:
@@ -96,7 +35,7 @@ def test_a_stolen_lease_stops_that_thread_alone(
     redis_broker: str, redis_server: RedisServer
 ) -> None:
     thread_ids = [f"t{n}" for n in range(21)]
-    with worker(redis_broker, redis_server.url, concurrency=21) as (app, store):
+    with threads_worker(redis_broker, redis_server.url, concurrency=21) as (app, store):
         agent = app.tasks["tests.waiting_agent"]
         for thread_id in thread_ids:
             agent.delay(thread_id, steps=5, wait=0.4)

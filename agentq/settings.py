@@ -12,6 +12,19 @@ DEFAULT_KEEP_LAST: Final = 20
 DEFAULT_MAX_CHECKPOINT_BYTES: Final = 1024 * 1024
 
 
+CONNECTIONS_FOR_STEPS_CAP: Final = 50
+"""Past this many, more connections only queue commands in Redis (it runs one at a time)
+instead of in the pool: a task holds a connection only for a store call, not while its
+model call waits."""
+
+
+def connections_for(tasks_at_once: int) -> int:
+    """The default ``max_connections`` of a process running ``tasks_at_once`` tasks: one
+    per task up to :data:`CONNECTIONS_FOR_STEPS_CAP`, plus the lease keeper and the
+    recovery sweeper."""
+    return min(tasks_at_once, CONNECTIONS_FOR_STEPS_CAP) + 2
+
+
 @dataclass(frozen=True)
 class Settings:
     """Every duration is in seconds.
@@ -20,6 +33,10 @@ class Settings:
     :class:`~agentq.store.contract.Store`. A worker that dies is noticed when its lease runs
     out, so ``lease_ttl`` bounds recovery time; it is renewed every ``lease_ttl / 3`` while
     a step runs, however long that step blocks.
+
+    ``max_connections`` bounds each worker process's connections to a Redis store (per
+    node on Cluster); a task that finds them all busy waits for one instead of failing.
+    ``None`` sizes it from the tasks the process runs at once (see :func:`connections_for`).
     """
 
     store: str | object = "sqlite:///agentq.db"
@@ -35,11 +52,17 @@ class Settings:
     max_checkpoint_bytes: int = DEFAULT_MAX_CHECKPOINT_BYTES
     max_artifact_bytes: int = 64 * 1024 * 1024
     finished_ttl: float = 7 * 24 * 3600.0
+    max_connections: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("lease_ttl", "start_grace", "sweep_interval", "backoff_max"):
             if getattr(self, name) <= 0:
                 raise SettingsError(f"agentq setting {name} must be positive")
+        if self.max_connections is not None and self.max_connections < 2:
+            raise SettingsError(
+                f"agentq setting max_connections ({self.max_connections}) must be at least 2: "
+                "one for the lease keeper, one for the steps"
+            )
         if self.max_attempts < 1 or self.max_crashes < 1:
             raise SettingsError("agentq settings max_attempts and max_crashes must be >= 1")
         if self.backoff_base > self.backoff_max:

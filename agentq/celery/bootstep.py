@@ -6,12 +6,24 @@ import logging
 from typing import Any
 
 from celery import bootsteps
+from celery.concurrency.thread import TaskPool as ThreadPool
 from celery.signals import worker_shutting_down
 
 from agentq.celery.drain import draining, relay_drain
 from agentq.celery.recovery import Sweeper
+from agentq.celery.runtime import runtime_of
 
 logger = logging.getLogger("agentq.worker")
+
+
+def tasks_per_process(worker: Any) -> int:
+    """Tasks one process of this worker runs at once: all of them in a threads, gevent or
+    eventlet pool, one in each prefork child (and under solo)."""
+    pool = worker.pool_cls
+    in_process = getattr(pool, "is_green", False) or (
+        isinstance(pool, type) and issubclass(pool, ThreadPool)
+    )
+    return int(worker.concurrency) if in_process else 1
 
 
 class AgentqWorkerStep(bootsteps.StartStopStep):  # type: ignore[misc]
@@ -21,6 +33,8 @@ class AgentqWorkerStep(bootsteps.StartStopStep):  # type: ignore[misc]
 
     def __init__(self, worker: Any, **kwargs: Any) -> None:
         super().__init__(worker, **kwargs)
+        # Before the pool starts, so that prefork children inherit it.
+        runtime_of(worker.app).tasks_at_once = tasks_per_process(worker)
         self.sweeper: Sweeper | None = None
         self._on_signal: Any = None
 

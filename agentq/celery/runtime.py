@@ -6,7 +6,7 @@ import os
 import threading
 from typing import Any, Final
 
-from agentq.settings import Settings
+from agentq.settings import Settings, connections_for
 from agentq.store import open_store
 from agentq.store.contract import Store
 
@@ -23,6 +23,8 @@ class Runtime:
         self._store = settings.store if isinstance(settings.store, Store) else None
         self._opening = threading.Lock()
         self._pid = os.getpid()
+        self.tasks_at_once = 1
+        """How many tasks this process runs at once; the worker's bootstep sets it."""
 
     @property
     def store(self) -> Store:
@@ -46,6 +48,7 @@ class Runtime:
             prefix=s.prefix,
             keep_last=s.keep_last,
             max_checkpoint_bytes=s.max_checkpoint_bytes,
+            max_connections=s.max_connections or connections_for(self.tasks_at_once),
         )
 
 

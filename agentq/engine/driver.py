@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 import os
@@ -11,13 +12,14 @@ import traceback
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Final, Protocol
+from typing import Any, Final, Protocol, TypeVar
 
 from agentq.engine.aio import run_coroutine
 from agentq.engine.append_only import AppendOnlyFields
 from agentq.engine.backoff import retry_delay
-from agentq.engine.lease import Heartbeat
+from agentq.engine.lease import Lease, keeper_for
 from agentq.engine.run import NO_VALUE, Run
+from agentq.engine.store_retry import with_store_retry
 from agentq.errors import (
     AgentqError,
     AppendOnlyViolation,
@@ -35,6 +37,8 @@ from agentq.settings import Settings
 from agentq.store.contract import UNSET, Store
 
 logger = logging.getLogger("agentq")
+
+T = TypeVar("T")
 
 
 def _owner() -> str:
@@ -79,6 +83,9 @@ class _Position:
 _CONTINUE: Final = object()
 """Returned by a step whose thread goes on to the next node."""
 
+_RELOAD: Final = object()
+"""Returned by a step the store failed under: the thread goes on from its last commit."""
+
 
 class Driver:
     """Runs a thread's nodes until it finishes, pauses, fails, retries, is cancelled,
@@ -102,12 +109,34 @@ class Driver:
         self.settings = settings
         self.should_stop = should_stop
         self.owner = _owner()
+        self._started = time.monotonic()
+        self._lease: Lease | None = None
+        self._reloads = 0
+
+    def _time_left(self) -> float:
+        """How long store calls may go on being retried: while the lease is ours, or
+        before there is one, for as long as a lease would last."""
+        if self._lease is None:
+            return self.settings.lease_ttl - (time.monotonic() - self._started)
+        return 0.0 if self._lease.lost.is_set() else self._lease.remaining()
+
+    def _store(self, what: str, call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """``call(*args, **kwargs)`` on the store, retried over passing store errors."""
+        return with_store_retry(
+            self.store,
+            self.thread_id,
+            what,
+            functools.partial(call, *args, **kwargs),
+            self._time_left,
+        )
 
     def drive(self) -> Any:
         thread_id, store = self.thread_id, self.store
-        meta = store.meta(thread_id)
+        meta = self._store("reading the thread", store.meta, thread_id)
         if meta is None:  # sent by name (send_task) rather than through apply_async
-            meta, _ = store.open_thread(thread_id, task=self.task.name)
+            meta, _ = self._store(
+                "opening the thread", store.open_thread, thread_id, task=self.task.name
+            )
         if meta.status == Status.DONE:
             return meta.result
         if meta.status.is_idle:
@@ -115,7 +144,9 @@ class Driver:
             return None
         crashed = meta.status == Status.RUNNING
         try:
-            token = store.acquire(thread_id, self.owner, self.settings.lease_ttl)
+            token = self._store(
+                "taking the lease", store.acquire, thread_id, self.owner, self.settings.lease_ttl
+            )
         except LeaseHeld:
             logger.info("thread %s is driven by another worker; leaving it", thread_id)
             return None
@@ -124,21 +155,30 @@ class Driver:
                 "thread %s retries in %.1f s; leaving it until then", thread_id, exc.seconds
             )
             return None
+        keeper = keeper_for(store)
         try:
-            with Heartbeat(store, thread_id, self.owner, token, self.settings.lease_ttl) as beat:
-                return self._resume(token, crashed, beat)
+            with keeper.hold(thread_id, self.owner, token, self.settings.lease_ttl) as lease:
+                self._lease = lease
+                return self._resume(token, crashed, lease)
         except FencingError as exc:
             logger.warning("thread %s: stopped, another worker drives it now (%s)", thread_id, exc)
             return None
 
-    def _resume(self, token: int, crashed: bool, beat: Heartbeat) -> Any:
-        meta = self.store.meta(self.thread_id)
+    def _resume(self, token: int, crashed: bool, lease: Lease) -> Any:
+        meta = self._store("reading the thread", self.store.meta, self.thread_id)
         assert meta is not None
         if meta.status != Status.RUNNING or meta.cancel_requested:
             return self._stop_early(token, meta)
         if crashed and not self._count_crash(token, meta):
             return None
-        latest = self.store.latest(self.thread_id)
+        while True:
+            result = self._run_steps(token, meta, lease)
+            if result is not _RELOAD:
+                return result
+
+    def _run_steps(self, token: int, meta: ThreadMeta, lease: Lease) -> Any:
+        """Run nodes from the thread's last commit on; ``_RELOAD`` to start over from it."""
+        latest = self._store("reading the checkpoint", self.store.latest, self.thread_id)
         if latest is not None and latest.node is None:
             return meta.result
         pos = self._start_from(latest, meta)
@@ -149,7 +189,7 @@ class Driver:
             logged=latest.logs if latest is not None else (),
         )
         while True:
-            if beat.lost.is_set():
+            if lease.lost.is_set():
                 logger.warning(
                     "thread %s: lease lost before step %d; stopping", self.thread_id, pos.step
                 )
@@ -164,7 +204,9 @@ class Driver:
         """Count a worker lost at this thread's step; ``False`` once it failed for it."""
         crashes = meta.crashes + 1
         if crashes >= self.settings.max_crashes:
-            self.store.set_status(
+            self._store(
+                "failing the thread",
+                self.store.set_status,
                 self.thread_id,
                 token,
                 Status.FAILED,
@@ -175,8 +217,14 @@ class Driver:
             )
             logger.error("thread %s: failed after %d lost workers", self.thread_id, crashes)
             return False
-        self.store.set_status(
-            self.thread_id, token, Status.RUNNING, crashes=crashes, due_in=self.settings.lease_ttl
+        self._store(
+            "counting the crash",
+            self.store.set_status,
+            self.thread_id,
+            token,
+            Status.RUNNING,
+            crashes=crashes,
+            due_in=self.settings.lease_ttl,
         )
         return True
 
@@ -196,8 +244,14 @@ class Driver:
         )
 
     def _hand_over(self, token: int, meta: ThreadMeta, step: int) -> None:
-        self.store.set_status(
-            self.thread_id, token, Status.QUEUED, due_in=0, release_owner=self.owner
+        self._store(
+            "handing over",
+            self.store.set_status,
+            self.thread_id,
+            token,
+            Status.QUEUED,
+            due_in=0,
+            release_owner=self.owner,
         )
         self.task.resend(meta)
         logger.info("thread %s: handed over before step %d (worker stopping)", self.thread_id, step)
@@ -227,33 +281,40 @@ class Driver:
         try:
             outcome = self._call(pos.node, run, meta.input if step == 0 else None)
         except Interrupted as pause:
-            store.set_status(
-                thread_id, token, Status.WAITING, interrupt=pause.payload, release_owner=self.owner
+            self._store(
+                "pausing",
+                store.set_status,
+                thread_id,
+                token,
+                Status.WAITING,
+                interrupt=pause.payload,
+                release_owner=self.owner,
             )
             logger.info("thread %s: waiting for a human at step %d", thread_id, step)
             return None
         except NeedsAttention as exc:
-            store.set_status(
-                thread_id, token, Status.NEEDS_ATTENTION, error=str(exc), release_owner=self.owner
+            self._store(
+                "asking for attention",
+                store.set_status,
+                thread_id,
+                token,
+                Status.NEEDS_ATTENTION,
+                error=str(exc),
+                release_owner=self.owner,
             )
             logger.error("%s", exc)
             return None
         except FencingError:
             raise
-        except store.transient_errors:
-            # The store, not the node, failed: the thread stays running and its lease
-            # runs out, then recovery resumes it (a crash, bounded by max_crashes).
-            logger.warning(
-                "thread %s: store unreachable during step %d; leaving the thread to recovery",
-                thread_id,
-                step,
-            )
-            raise
         except Exception as exc:
+            if store.is_transient(exc):
+                return self._after_store_error(step, exc)
             return self._fail_or_retry(token, step, pos.attempts, exc)
         try:
             checkpoint, status, extra = self._next(step, pos.node, run, outcome, token)
-            cancel = store.commit(
+            cancel = self._store(
+                "committing",
+                store.commit,
                 thread_id,
                 token,
                 checkpoint,
@@ -273,7 +334,14 @@ class Driver:
         if status != Status.RUNNING:
             return extra.get("result")
         if cancel:
-            store.set_status(thread_id, token, Status.CANCELLED, release_owner=self.owner)
+            self._store(
+                "cancelling",
+                store.set_status,
+                thread_id,
+                token,
+                Status.CANCELLED,
+                release_owner=self.owner,
+            )
             logger.info("thread %s: cancelled after step %d", thread_id, step)
             return None
         assert checkpoint.node is not None
@@ -286,12 +354,41 @@ class Driver:
         pos.state, pos.pending, pos.cursors = run.state, run.pending, run.cursors
         return _CONTINUE
 
+    def _after_store_error(self, step: int, exc: Exception) -> Any:
+        """The store, not the node, failed: what the node did is not committed. Once the
+        store answers again, go on from the last commit under the same lease; if it does
+        not while the lease lasts, the error leaves the thread to recovery."""
+        self._reloads += 1
+        if self._reloads > self.settings.max_attempts:
+            raise exc
+        logger.warning(
+            "thread %s: store error during step %d (%s: %s); running it again",
+            self.thread_id,
+            step,
+            type(exc).__name__,
+            exc,
+        )
+        try:
+            self._store("waiting for the store", self.store.meta, self.thread_id)
+        except Exception:
+            raise exc from None
+        return _RELOAD
+
     def _stop_early(self, token: int, meta: ThreadMeta) -> Any:
         """The thread changed between our first look and the lease: honour what it is."""
         if meta.cancel_requested and meta.status == Status.RUNNING:
-            self.store.set_status(self.thread_id, token, Status.CANCELLED, release_owner=self.owner)
+            self._store(
+                "cancelling",
+                self.store.set_status,
+                self.thread_id,
+                token,
+                Status.CANCELLED,
+                release_owner=self.owner,
+            )
         else:
-            self.store.release(self.thread_id, self.owner, token)
+            self._store(
+                "releasing the lease", self.store.release, self.thread_id, self.owner, token
+            )
         return meta.result if meta.status == Status.DONE else None
 
     def _call(self, node: str, run: Run, input: Any) -> Any:
@@ -348,7 +445,9 @@ class Driver:
         retryable = self.task.should_retry(exc) and not isinstance(exc, AgentqError)
         if retryable and attempt < settings.max_attempts:
             delay = retry_delay(exc, attempt, base=settings.backoff_base, cap=settings.backoff_max)
-            self.store.set_status(
+            self._store(
+                "scheduling a retry",
+                self.store.set_status,
                 thread_id,
                 token,
                 Status.RETRYING,
@@ -367,7 +466,9 @@ class Driver:
             )
             return None
         gave_up = f"gave up after {attempt} attempts: " if retryable else ""
-        self.store.set_status(
+        self._store(
+            "failing the thread",
+            self.store.set_status,
             thread_id,
             token,
             Status.FAILED,

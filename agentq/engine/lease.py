@@ -1,71 +1,143 @@
-"""Keeps a thread's lease alive while a step runs, however long it blocks."""
+"""Keeps the leases of every thread a process drives alive, however long their steps block.
+
+One keeper per store per process renews all the leases it holds in one batch per beat
+(:meth:`~agentq.store.contract.Store.renew_many`: one round trip, or one per Cluster
+node), so a worker running a thousand threads has one renewing thread and one
+connection at a time for it, not a thousand.
+
+Timeline of a lease lost during a slow model call::
+
+    t=0      worker A acquires (token 7), starts a 90 s model call; renewed at 10, 20 s
+    t=25     A's process is paused (SIGSTOP, a long GC, a partition): no renewals
+    t=50     the lease expires; recovery re-sends the thread
+    t=51     worker B acquires: token 8, resumes from A's last checkpoint
+    t=120    A wakes up: its renewal is refused (``lost`` is set), and its commit with
+             token 7 is refused by the store. A stops at that boundary; B's work stands.
+
+A batch that fails as a whole (the store is restarting) is tried again on the next beat;
+a lease that has gone ``ttl`` without a successful renewal counts as lost.
+"""
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
-from types import TracebackType
+import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 
-from agentq.errors import LeaseLost
-from agentq.store.contract import Store
+from agentq.store.contract import Renewal, Store
 
 logger = logging.getLogger(__name__)
 
 
-class Heartbeat:
-    """Renews the lease every ``ttl / 3`` seconds on a daemon thread.
+@dataclass(eq=False)
+class Lease:
+    """One thread's lease as its driver holds it; ``lost`` is set once it is gone."""
 
-    Timeline of a lease lost during a slow model call::
+    thread_id: str
+    owner: str
+    token: int
+    ttl: float
+    renewed_at: float = field(default_factory=time.monotonic)
+    lost: threading.Event = field(default_factory=threading.Event)
 
-        t=0      worker A acquires (token 7), starts a 90 s model call; renews at 10, 20 s
-        t=25     A's process is paused (SIGSTOP, a long GC, a partition): no renewals
-        t=50     the lease expires; recovery re-sends the thread
-        t=51     worker B acquires: token 8, resumes from A's last checkpoint
-        t=120    A wakes up: its renewal fails (``lost`` is set), and its commit with token
-                 7 is refused by the store. A stops at that boundary; B's work stands.
+    def remaining(self) -> float:
+        """Seconds the lease is still ours for, as far as this process knows."""
+        return self.ttl - (time.monotonic() - self.renewed_at)
 
-    A renewal that fails for another reason (the store is restarting) is retried on the
-    next beat; once ``ttl`` has passed without a successful one, the lease counts as lost.
-    """
 
-    def __init__(self, store: Store, thread_id: str, owner: str, token: int, ttl: float):
-        self.store = store
-        self.thread_id = thread_id
-        self.owner = owner
-        self.token = token
-        self.ttl = ttl
-        self.lost = threading.Event()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(
-            target=self._beat, name=f"agentq-heartbeat-{thread_id}", daemon=True
-        )
+class LeaseKeeper:
+    """Renews the leases held through :meth:`hold` every ``ttl / 3`` (the shortest held),
+    on one daemon thread that runs while there is a lease to keep."""
 
-    def __enter__(self) -> Heartbeat:
-        self._thread.start()
-        return self
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self._leases: set[Lease] = set()
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._running = False
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self._stop.set()
-        self._thread.join()
+    @contextmanager
+    def hold(self, thread_id: str, owner: str, token: int, ttl: float) -> Iterator[Lease]:
+        """Keep the lease just acquired with ``token`` alive until the block ends."""
+        lease = Lease(thread_id, owner, token, ttl)
+        with self._lock:
+            self._leases.add(lease)
+            if self._running:
+                self._changed.notify()  # its ttl may be the shortest held
+            else:
+                self._running = True
+                threading.Thread(target=self._keep, name="agentq-lease-keeper", daemon=True).start()
+        try:
+            yield lease
+        finally:
+            with self._lock:
+                self._leases.discard(lease)
 
-    def _beat(self) -> None:
-        renewed_at = time.monotonic()
-        while not self._stop.wait(self.ttl / 3):
-            try:
-                self.store.renew(self.thread_id, self.owner, self.token, self.ttl)
-                renewed_at = time.monotonic()
-            except LeaseLost:
-                logger.warning("thread %s: lease lost (token %d)", self.thread_id, self.token)
-                self.lost.set()
-                return
-            except Exception:
-                logger.exception("thread %s: lease renewal failed", self.thread_id)
-                if time.monotonic() - renewed_at > self.ttl:
-                    self.lost.set()
-                    return
+    def _keep(self) -> None:
+        beat = time.monotonic()
+        while True:
+            with self._lock:
+                while True:
+                    if not self._leases:
+                        self._running = False
+                        return
+                    due = beat + min(lease.ttl for lease in self._leases) / 3
+                    if due <= time.monotonic():
+                        break
+                    self._changed.wait(due - time.monotonic())
+                leases = list(self._leases)
+            beat = time.monotonic()
+            self._renew(leases)
+
+    def _renew(self, leases: list[Lease]) -> None:
+        started = time.monotonic()
+        try:
+            renewed = self._store.renew_many(
+                [Renewal(lease.thread_id, lease.owner, lease.token, lease.ttl) for lease in leases]
+            )
+        except Exception:
+            logger.exception("renewing %d leases failed; trying again next beat", len(leases))
+            for lease in leases:
+                if lease.remaining() <= 0:
+                    logger.warning("thread %s: lease ran out unrenewed", lease.thread_id)
+                    self._lose(lease)
+            return
+        for lease, ok in zip(leases, renewed, strict=True):
+            if ok:
+                lease.renewed_at = started
+            else:
+                logger.warning("thread %s: lease lost (token %d)", lease.thread_id, lease.token)
+                self._lose(lease)
+
+    def _lose(self, lease: Lease) -> None:
+        lease.lost.set()
+        with self._lock:
+            self._leases.discard(lease)
+
+
+_keepers: weakref.WeakKeyDictionary[Store, LeaseKeeper] = weakref.WeakKeyDictionary()
+_keepers_lock = threading.Lock()
+
+
+def keeper_for(store: Store) -> LeaseKeeper:
+    """This process's keeper for ``store``, made on first use."""
+    with _keepers_lock:
+        keeper = _keepers.get(store)
+        if keeper is None:
+            keeper = _keepers[store] = LeaseKeeper(store)
+        return keeper
+
+
+def _forget_keepers() -> None:
+    # A forked child inherits the parent's keepers but not their threads.
+    global _keepers_lock
+    _keepers.clear()
+    _keepers_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_keepers)

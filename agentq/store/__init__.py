@@ -16,7 +16,9 @@ def open_store(url: str, **options: Any) -> Store:
     if url.startswith("sqlite:"):
         from agentq.store.sqlite.store import SQLiteStore
 
+        # One connection serves a process's threads; these two are Redis's alone.
         options.pop("prefix", None)
+        options.pop("max_connections", None)
         return SQLiteStore.from_url(url, **options)
     if url.startswith(("redis://", "rediss://", "unix://")):
         from agentq.store.redis.store import RedisStore

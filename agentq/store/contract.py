@@ -17,10 +17,10 @@ from the store's clock where it has one (Redis ``TIME``), so workers' clocks may
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Collection, Mapping
-from typing import Any, Final, Self
+from collections.abc import Collection, Mapping, Sequence
+from typing import Any, Final, NamedTuple, Self
 
-from agentq.errors import InvalidArgument, RetryNotDue
+from agentq.errors import InvalidArgument, LeaseLost, RetryNotDue
 from agentq.ids import validate_effect_key, validate_thread_id
 from agentq.records import Checkpoint, Claim, Effect, Finding, Status, ThreadMeta
 from agentq.settings import DEFAULT_KEEP_LAST, DEFAULT_MAX_CHECKPOINT_BYTES
@@ -34,6 +34,15 @@ class _Unset:
 
 UNSET: Final = _Unset()
 """Marks an optional meta value the caller leaves as it is (``None`` is a value)."""
+
+
+class Renewal(NamedTuple):
+    """One lease to extend in :meth:`Store.renew_many`."""
+
+    thread_id: str
+    owner: str
+    token: int
+    ttl: float
 
 
 class Store(ABC):
@@ -50,8 +59,13 @@ class Store(ABC):
     """The encoded size over which ``commit`` refuses a checkpoint."""
     transient_errors: tuple[type[BaseException], ...] = ()
     """Errors that mean the store could not be reached (a restart, a timeout): nothing was
-    decided, so a driver that meets one leaves the thread to lease recovery instead of
-    failing it."""
+    decided, so a driver that meets one tries again while its lease lasts instead of
+    failing the thread."""
+
+    def is_transient(self, exc: BaseException) -> bool:
+        """Whether ``exc`` says the store could not answer now but may soon (see
+        :attr:`transient_errors`; a backend adds refusals it knows to be passing)."""
+        return isinstance(exc, self.transient_errors)
 
     def __init__(
         self,
@@ -238,6 +252,27 @@ class Store(ABC):
 
     @abstractmethod
     def _do_renew(self, thread_id: str, owner: str, token: int, ttl: float) -> None: ...
+
+    def renew_many(self, leases: Sequence[Renewal]) -> list[bool]:
+        """:meth:`renew` every lease in ``leases`` at once: ``True`` where it was renewed,
+        ``False`` where it was lost. An error of the store itself raises, and then any of
+        them may or may not have been renewed."""
+        for lease in leases:
+            validate_thread_id(lease.thread_id)
+            check_ttl(lease.thread_id, lease.ttl)
+        return self._do_renew_many(leases)
+
+    def _do_renew_many(self, leases: Sequence[Renewal]) -> list[bool]:
+        """One call per lease; a backend that can batch them overrides this."""
+        renewed = []
+        for lease in leases:
+            try:
+                self._do_renew(*lease)
+            except LeaseLost:
+                renewed.append(False)
+            else:
+                renewed.append(True)
+        return renewed
 
     def release(self, thread_id: str, owner: str, token: int) -> bool:
         """Give the lease up; ``False`` if it was no longer ours (nothing changes). Atomic."""

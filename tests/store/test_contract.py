@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import time
 
 import msgpack
 import pytest
@@ -27,7 +28,7 @@ from agentq.errors import (
     UnsupportedVersion,
 )
 from agentq.records import Checkpoint, Status
-from agentq.store.contract import UNSET, Store
+from agentq.store.contract import UNSET, Renewal, Store
 from tests.store.raw import overwrite_checkpoint, snapshot
 from tests.support.redis_server import wait_until
 
@@ -145,6 +146,23 @@ def test_renew_extends_the_lease(store: Store) -> None:
         store.renew("t1", "w1", token, 0.3)
         with pytest.raises(LeaseHeld):
             store.acquire("t1", "w2", TTL)
+
+
+def test_renew_many_renews_each_lease_and_names_the_lost_one(store: Store) -> None:
+    for thread_id in ("t1", "t2", "t3"):
+        store.open_thread(thread_id, task="agent")
+    tokens = {t: store.acquire(t, "w1", 0.3) for t in ("t1", "t2", "t3")}
+    store.release("t2", "w1", tokens["t2"])
+    store.acquire("t2", "w2", TTL)  # t2 changed hands
+    leases = [Renewal(t, "w1", tokens[t], 0.3) for t in ("t1", "t2", "t3")]
+    outlived = time.monotonic() + 1.0  # three times the TTL: only renewals keep them
+    while time.monotonic() < outlived:
+        assert store.renew_many(leases) == [True, False, True]
+        for thread_id in ("t1", "t3"):
+            with pytest.raises(LeaseHeld):
+                store.acquire(thread_id, "w2", TTL)
+        time.sleep(0.1)  # the interval between renewals, as the lease keeper's beat
+    assert store.renew_many([]) == []
 
 
 def test_running_thread_is_due_when_its_lease_expires(store: Store) -> None:

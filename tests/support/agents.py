@@ -483,8 +483,27 @@ class ReportAgent(AgentTask):
         return Done({"size": len(data), "ref": run.state["report"]})
 
 
+class WaitingAgent(AgentTask):
+    """``steps`` steps that each block ``wait`` seconds, as a model call would; the state
+    keeps when each step ran, so a test can see threads overlap."""
+
+    name = "tests.waiting_agent"
+
+    def start(self, run: Run, steps: int, wait: float) -> str:
+        run.state.update(left=steps, wait=wait, spans=[])
+        return "think"
+
+    def think(self, run: Run) -> Any:
+        began = time.time()
+        time.sleep(run.state["wait"])  # the model call
+        run.state["spans"].append([began, time.time()])
+        run.state["left"] -= 1
+        return "think" if run.state["left"] else Done(len(run.state["spans"]))
+
+
 AGENTS = (
     SupportAgent,
+    WaitingAgent,
     ApprovalAgent,
     NotesAgent,
     FlakyToolAgent,

@@ -60,6 +60,7 @@ from agentq.store.contract import (
 from agentq.store.meta_fields import meta_from_fields
 from agentq.store.redis.graph import RedisGraph
 from agentq.store.redis.keys import Keys
+from agentq.store.redis.transient import TRANSIENT_ERRORS, is_transient
 
 RedisClient = redis.Redis | RedisCluster
 Arg = bytes | str | int | float
@@ -194,7 +195,10 @@ class RedisStore(Store):
     :class:`redis.cluster.RedisCluster` client is used in cluster mode.
     """
 
-    transient_errors = (redis.ConnectionError, redis.TimeoutError)
+    transient_errors = TRANSIENT_ERRORS
+
+    def is_transient(self, exc: BaseException) -> bool:
+        return is_transient(exc)
 
     def __init__(
         self,
@@ -224,10 +228,14 @@ class RedisStore(Store):
         guess that ``latest()`` checks on the server, never trusts."""
 
     @classmethod
-    def from_url(cls, url: str, *, cluster: bool = False, **options: Any) -> RedisStore:
+    def from_url(
+        cls, url: str, *, cluster: bool = False, max_connections: int | None = None, **options: Any
+    ) -> RedisStore:
         """Connect with a ``redis://``, ``rediss://`` or ``unix://`` URL (user, password and
-        database as redis-py reads them). ``cluster=True`` uses Redis Cluster; other
-        keyword arguments go to :class:`RedisStore`."""
+        database as redis-py reads them). ``cluster=True`` uses Redis Cluster. The client's
+        pool blocks when ``max_connections`` (per node on Cluster; redis-py's default if
+        ``None``) are in use, until one is free or its timeout passes; other keyword
+        arguments go to :class:`RedisStore`."""
         if not url.startswith(("redis://", "rediss://", "unix://")):
             raise StoreConfigError(
                 f"unsupported Redis URL {url!r}; use redis://, rediss:// or unix://"
@@ -241,9 +249,16 @@ class RedisStore(Store):
                 f"the Redis URL's database {database!r} is not a number; write e.g. "
                 "redis://host:6379/1"
             )
+        pool: dict[str, Any] = (
+            {} if max_connections is None else {"max_connections": max_connections}
+        )
         try:
             client: RedisClient = (
-                RedisCluster.from_url(url) if cluster else redis.Redis.from_url(url)
+                RedisCluster.from_url(
+                    url, connection_pool_class=redis.BlockingConnectionPool, **pool
+                )
+                if cluster
+                else redis.Redis.from_pool(redis.BlockingConnectionPool.from_url(url, **pool))
             )
         except ValueError as exc:  # the message names the part, never the password
             raise StoreConfigError(f"the Redis URL cannot be used: {exc}") from exc

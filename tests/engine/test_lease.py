@@ -1,0 +1,100 @@
+"""The lease keeper: one thread per store per process renews every lease it holds."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack
+from pathlib import Path
+
+import pytest
+
+from agentq.engine.lease import LeaseKeeper, keeper_for
+from agentq.errors import LeaseHeld
+from agentq.store.contract import Store
+from agentq.store.redis.store import RedisStore
+from agentq.store.sqlite.store import SQLiteStore
+from tests.support.redis_server import RedisServer, running_redis, wait_until
+
+TTL = 0.6
+
+
+@pytest.fixture(params=["redis", "sqlite"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    backend: Store
+    if request.param == "redis":
+        server: RedisServer = request.getfixturevalue("redis_server")
+        with RedisStore.from_url(server.url, prefix=f"{request.node.name}:") as backend:
+            yield backend
+    else:
+        with SQLiteStore(tmp_path / "agentq.db") as backend:
+            yield backend
+
+
+def keeper_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "agentq-lease-keeper"]
+
+
+def acquired(store: Store, count: int) -> list[tuple[str, int]]:
+    leases = []
+    for n in range(count):
+        store.open_thread(f"t{n}", task="agent")
+        leases.append((f"t{n}", store.acquire(f"t{n}", "w1", TTL)))
+    return leases
+
+
+def test_one_keeper_renews_every_lease_held(store: Store) -> None:
+    keeper = LeaseKeeper(store)
+    with ExitStack() as held:
+        leases = [
+            held.enter_context(keeper.hold(t, "w1", token, TTL)) for t, token in acquired(store, 50)
+        ]
+        assert len(keeper_threads()) == 1
+        first = leases[0].renewed_at
+        # Three beats and more than a TTL: the leases are alive only if renewed.
+        wait_until(lambda: leases[0].renewed_at > first + TTL, timeout=10, what="renewals")
+        for lease in leases:
+            assert not lease.lost.is_set()
+            with pytest.raises(LeaseHeld):
+                store.acquire(lease.thread_id, "w2", TTL)
+    wait_until(lambda: not keeper_threads(), timeout=10, what="the idle keeper to stop")
+
+
+def test_a_refused_renewal_loses_that_lease_alone(store: Store) -> None:
+    keeper = LeaseKeeper(store)
+    (stolen, stolen_token), *others = acquired(store, 5)
+    with ExitStack() as held:
+        lost = held.enter_context(keeper.hold(stolen, "w1", stolen_token, TTL))
+        kept = [held.enter_context(keeper.hold(t, "w1", token, TTL)) for t, token in others]
+        store.release(stolen, "w1", stolen_token)
+        store.acquire(stolen, "w2", 30)
+        wait_until(lost.lost.is_set, timeout=10, what="the stolen lease to be lost")
+        first = kept[0].renewed_at
+        wait_until(lambda: kept[0].renewed_at > first, timeout=10, what="a later renewal")
+        assert not any(lease.lost.is_set() for lease in kept)
+
+
+def test_a_store_outage_loses_the_leases_once_their_ttl_has_passed(tmp_path: Path) -> None:
+    with running_redis(tmp_path / "redis") as server, RedisStore.from_url(server.url) as store:
+        keeper = LeaseKeeper(store)
+        with ExitStack() as held:
+            leases = [
+                held.enter_context(keeper.hold(t, "w1", token, TTL))
+                for t, token in acquired(store, 3)
+            ]
+            renewed = leases[0].renewed_at
+            wait_until(lambda: leases[0].renewed_at > renewed, timeout=10, what="a renewal")
+            server.kill()
+            down = leases[0].renewed_at
+            wait_until(
+                lambda: all(lease.lost.is_set() for lease in leases), timeout=10, what="lost leases"
+            )
+            # Not before their TTL ran out since the last renewal that reached the store.
+            assert time.monotonic() - down >= TTL
+
+
+def test_keeper_for_gives_one_keeper_per_store(store: Store, tmp_path: Path) -> None:
+    assert keeper_for(store) is keeper_for(store)
+    with SQLiteStore(tmp_path / "other.db") as other:
+        assert keeper_for(other) is not keeper_for(store)

@@ -13,7 +13,7 @@ import math
 import os
 import sqlite3
 import time
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any, Final
 
 from agentq.codec.envelope import decode_checkpoint, decode_envelope
@@ -28,7 +28,7 @@ from agentq.errors import (
 )
 from agentq.records import FINISHED, Finding, Status, ThreadMeta
 from agentq.settings import DEFAULT_KEEP_LAST, DEFAULT_MAX_CHECKPOINT_BYTES
-from agentq.store.contract import UNSET, Store, retry_not_due
+from agentq.store.contract import UNSET, Renewal, Store, retry_not_due
 from agentq.store.meta_fields import meta_from_fields
 from agentq.store.sqlite.checkpoints import CheckpointsMixin
 from agentq.store.sqlite.connection import SharedConnection, durability_findings
@@ -314,20 +314,33 @@ class SQLiteStore(CheckpointsMixin, EffectsMixin, Store):
             return token
 
     def _do_renew(self, thread_id: str, owner: str, token: int, ttl: float) -> None:
-        with self._conn.write() as db:
+        if not self._do_renew_many([Renewal(thread_id, owner, token, ttl)])[0]:
+            raise LeaseLost(
+                f"the lease of {owner!r} with token {token} expired or passed to another "
+                "worker; stop driving this thread, its new driver resumes it",
+                thread_id=thread_id,
+            )
+
+    def _do_renew_many(self, leases: Sequence[Renewal]) -> list[bool]:
+        with self._conn.write() as db:  # one transaction, one fsync, for all of them
             now = time.time()
-            changed = db.execute(
-                "UPDATE threads SET lock_expires = ?1, due_at = CASE WHEN status = ?2 "
-                "THEN ?1 ELSE due_at END WHERE thread_id = ?3 AND lock_owner = ?4 "
-                "AND lock_token = ?5 AND lock_expires > ?6",
-                (now + ttl, Status.RUNNING.value, thread_id, owner, token, now),
-            ).rowcount
-            if not changed:
-                raise LeaseLost(
-                    f"the lease of {owner!r} with token {token} expired or passed to another "
-                    "worker; stop driving this thread, its new driver resumes it",
-                    thread_id=thread_id,
-                )
+            return [
+                db.execute(
+                    "UPDATE threads SET lock_expires = ?1, due_at = CASE WHEN status = ?2 "
+                    "THEN ?1 ELSE due_at END WHERE thread_id = ?3 AND lock_owner = ?4 "
+                    "AND lock_token = ?5 AND lock_expires > ?6",
+                    (
+                        now + lease.ttl,
+                        Status.RUNNING.value,
+                        lease.thread_id,
+                        lease.owner,
+                        lease.token,
+                        now,
+                    ),
+                ).rowcount
+                == 1
+                for lease in leases
+            ]
 
     def _do_release(self, thread_id: str, owner: str, token: int) -> bool:
         with self._conn.write() as db:

@@ -25,9 +25,12 @@ import queue
 import sys
 import threading
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 from agentq.errors import ReentrantRunCoroutine
+
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
 
 _lock = threading.Lock()
 _loop: asyncio.AbstractEventLoop | None = None
@@ -58,13 +61,14 @@ def run_coroutine(coro: Coroutine[Any, Any, Any]) -> Any:
         raise
 
 
-async def blocking(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+async def blocking(fn: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
     """Run the blocking call ``fn(*args, **kwargs)`` off the loop: in the pool slot waiting
     for this coroutine when there is one, else in a thread."""
     slot = _slot.get()
     if slot is None:
         return await asyncio.to_thread(fn, *args, **kwargs)
-    return await asyncio.wrap_future(slot.submit(lambda: fn(*args, **kwargs)))
+    result: _T = await asyncio.wrap_future(slot.submit(lambda: fn(*args, **kwargs)))
+    return result
 
 
 async def _in_slot(slot: _Slot, coro: Coroutine[Any, Any, Any]) -> Any:
@@ -130,11 +134,13 @@ class _Slot:
         if not done.set_running_or_notify_cancel():
             return  # the coroutine stopped waiting for it
         try:
-            done.set_result(call())
-        except BaseException as exc:
+            result = call()
+        except Exception as exc:
             done.set_exception(exc)
-            if not isinstance(exc, Exception):
-                raise  # a time limit or a shutdown stops the slot's wait too
+        else:
+            done.set_result(result)
+        # A time limit or a shutdown goes on up through the slot's wait, which cancels the
+        # coroutine; handed to the coroutine it would end the loop's thread instead.
 
 
 class _SlotExecutor(concurrent.futures.ThreadPoolExecutor):

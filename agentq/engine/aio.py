@@ -65,9 +65,10 @@ async def blocking(fn: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwargs) ->
     """Run the blocking call ``fn(*args, **kwargs)`` off the loop: in the pool slot waiting
     for this coroutine when there is one, else in a thread."""
     slot = _slot.get()
-    if slot is None:
+    done = slot.submit(lambda: fn(*args, **kwargs)) if slot is not None else None
+    if done is None:
         return await asyncio.to_thread(fn, *args, **kwargs)
-    result: _T = await asyncio.wrap_future(slot.submit(lambda: fn(*args, **kwargs)))
+    result: _T = await asyncio.wrap_future(done)
     return result
 
 
@@ -83,9 +84,11 @@ class _Slot:
 
     def __init__(self) -> None:
         self._jobs: collections.deque[_Job] = collections.deque()
+        self._closed = False
         self._gevent = _gevent_patched()
-        self._bell: queue.SimpleQueue[None] = queue.SimpleQueue()
-        if self._gevent:
+        if not self._gevent:
+            self._bell: queue.SimpleQueue[None] = queue.SimpleQueue()
+        else:
             from gevent import get_hub
             from gevent.event import Event
 
@@ -95,11 +98,20 @@ class _Slot:
             self._watcher = get_hub().loop.async_()
             self._watcher.start(self._ready.set)
 
-    def submit(self, call: Callable[[], Any]) -> concurrent.futures.Future[Any]:
-        done: concurrent.futures.Future[Any] = concurrent.futures.Future()
-        self._jobs.append((call, done))
+    def submit(self, call: Callable[[], Any]) -> concurrent.futures.Future[Any] | None:
+        """Hand ``call`` to the waiting slot; ``None`` once it has stopped waiting (a task
+        that outlived the coroutine), when the call must run elsewhere."""
+        job: _Job = (call, concurrent.futures.Future())
+        self._jobs.append(job)
+        if self._closed:
+            # Taken back unless the slot's last look at its jobs found it first.
+            try:
+                self._jobs.remove(job)
+            except ValueError:
+                return job[1]
+            return None
         self.wake()
-        return done
+        return job[1]
 
     def wake(self) -> None:
         if self._gevent:
@@ -116,12 +128,18 @@ class _Slot:
                 while self._jobs:
                     self._run(*self._jobs.popleft())
                 if future.done():
+                    self._closed = True
+                    while self._jobs:  # handed over before the close was seen: still ours
+                        self._run(*self._jobs.popleft())
                     return
                 self._sleep()
         finally:
+            self._closed = True
+            while self._jobs:  # interrupted: the coroutine is being cancelled
+                self._jobs.popleft()[1].cancel()
             if self._gevent:
+                # Stopped, not closed: the loop's thread may still send to it once.
                 self._watcher.stop()
-                self._watcher.close()
 
     def _sleep(self) -> None:
         if self._gevent:
@@ -154,8 +172,9 @@ class _SlotExecutor(concurrent.futures.ThreadPoolExecutor):
         self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any
     ) -> concurrent.futures.Future[Any]:
         slot = _slot.get()
-        if slot is not None:
-            return slot.submit(lambda: fn(*args, **kwargs))
+        handed = slot.submit(lambda: fn(*args, **kwargs)) if slot is not None else None
+        if handed is not None:
+            return handed
         done: concurrent.futures.Future[Any] = concurrent.futures.Future()
         try:
             done.set_result(fn(*args, **kwargs))

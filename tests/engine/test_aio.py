@@ -51,6 +51,25 @@ def test_blocking_calls_run_in_the_waiting_thread() -> None:
     assert blocking_thread == threading.get_ident() != loop_thread
 
 
+def test_a_task_outliving_its_node_runs_its_blocking_calls_in_a_thread() -> None:
+    go = asyncio.Event()  # bound to the loop on first use there
+
+    async def late() -> int:
+        await go.wait()
+        return await blocking(threading.get_ident)
+
+    async def node() -> asyncio.Task[int]:
+        return asyncio.get_running_loop().create_task(late())
+
+    task = run_coroutine(node())  # the slot has stopped waiting when the task goes on
+
+    async def release() -> int:
+        go.set()
+        return await task
+
+    assert run_coroutine(release()) != threading.get_ident()
+
+
 def test_blocking_errors_reach_the_coroutine() -> None:
     def refuse() -> None:
         raise LookupError("nope")

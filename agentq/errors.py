@@ -173,6 +173,11 @@ class UnknownNode(AgentqError):
     something that is not a node name, ``Done`` or ``Interrupt``."""
 
 
+class ReentrantRunCoroutine(AgentqError, RuntimeError):
+    """Raised when a coroutine running on agentq's event loop asks that loop to run another
+    coroutine and wait for it, which would never end; it should ``await`` it instead."""
+
+
 class ThreadStopped(AgentqError):
     """Raised by ``wait()`` when a thread ends without a result: failed, cancelled,
     waiting for a human or needing attention. ``status`` and ``error`` say which."""

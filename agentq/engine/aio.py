@@ -1,24 +1,221 @@
-"""One event loop per worker process for ``async def`` nodes and tools."""
+"""One event loop per worker process for ``async def`` nodes and tools.
+
+The loop runs forever on a daemon OS thread of its own, started on first use and started
+again in a forked child (the parent's thread does not survive a fork). Every pool slot
+(a prefork child's main thread, one of ``-P threads``' threads, one of ``-P gevent``'s
+greenlets) submits its node's coroutine to that loop and waits for it, so the async nodes of
+all slots interleave on the one loop, and an async client created inside a node stays bound
+to a loop that is still running at the next step, whichever slot runs it.
+
+While it waits, the slot also runs the blocking calls its coroutine hands back with
+:func:`blocking` (the store's round trips of ``run.atool`` and of the LangGraph saver): they
+never stall the other nodes on the loop, they run where the store's connections belong (under
+gevent a socket is the hub's and must not be used from another OS thread), and there are at
+most as many at once as there are pool slots.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import collections
+import concurrent.futures
+import contextvars
 import os
-from collections.abc import Coroutine
-from typing import Any
+import queue
+import sys
+import threading
+from collections.abc import Callable, Coroutine
+from typing import Any, ParamSpec, TypeVar
 
+from agentq.errors import ReentrantRunCoroutine
+
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
+
+_lock = threading.Lock()
 _loop: asyncio.AbstractEventLoop | None = None
-_loop_pid = 0
+
+_Job = tuple[Callable[[], Any], concurrent.futures.Future[Any]]
+_slot: contextvars.ContextVar[_Slot | None] = contextvars.ContextVar("agentq_slot", default=None)
 
 
 def run_coroutine(coro: Coroutine[Any, Any, Any]) -> Any:
-    """Run ``coro`` to completion on this process's loop, created on first use.
+    """Run ``coro`` on this process's loop and return its result, waiting in the calling
+    thread (or greenlet) meanwhile; if the wait is interrupted (a time limit, a shutdown),
+    the coroutine is cancelled and the interruption propagates."""
+    loop = _process_loop()
+    if asyncio._get_running_loop() is loop:
+        coro.close()  # never awaited, on purpose: no warning about it
+        raise ReentrantRunCoroutine(
+            "run_coroutine was called from a coroutine already running on agentq's loop, "
+            "which would wait for itself; await the coroutine instead"
+        )
+    slot = _Slot()
+    future = asyncio.run_coroutine_threadsafe(_in_slot(slot, coro), loop)
+    future.add_done_callback(lambda _: slot.wake())
+    try:
+        slot.serve(future)
+        return future.result()
+    except BaseException:
+        future.cancel()
+        raise
 
-    Async clients created inside nodes stay bound to this one loop, so they can be
-    reused across steps and threads; a forked child gets a loop of its own.
-    """
-    global _loop, _loop_pid
-    if _loop is None or _loop_pid != os.getpid() or _loop.is_closed():
-        _loop = asyncio.new_event_loop()
-        _loop_pid = os.getpid()
-    return _loop.run_until_complete(coro)
+
+async def blocking(fn: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
+    """Run the blocking call ``fn(*args, **kwargs)`` off the loop: in the pool slot waiting
+    for this coroutine when there is one, else in a thread."""
+    slot = _slot.get()
+    done = slot.submit(lambda: fn(*args, **kwargs)) if slot is not None else None
+    if done is None:
+        return await asyncio.to_thread(fn, *args, **kwargs)
+    result: _T = await asyncio.wrap_future(done)
+    return result
+
+
+async def _in_slot(slot: _Slot, coro: Coroutine[Any, Any, Any]) -> Any:
+    # Tasks the coroutine starts copy this context, so their blocking calls find the slot too.
+    _slot.set(slot)
+    return await coro
+
+
+class _Slot:
+    """The calling side of one :func:`run_coroutine`: the jobs handed to it, and a way to
+    sleep until there is one or the coroutine is done that suits the pool."""
+
+    def __init__(self) -> None:
+        self._jobs: collections.deque[_Job] = collections.deque()
+        self._closed = False
+        self._gevent = _gevent_patched()
+        if not self._gevent:
+            self._bell: queue.SimpleQueue[None] = queue.SimpleQueue()
+        else:
+            from gevent import get_hub
+            from gevent.event import Event
+
+            # The watcher's callback runs in the hub, where setting a gevent Event is safe;
+            # started before anything can send to it, so no send is lost.
+            self._ready = Event()
+            self._watcher = get_hub().loop.async_()
+            self._watcher.start(self._ready.set)
+
+    def submit(self, call: Callable[[], Any]) -> concurrent.futures.Future[Any] | None:
+        """Hand ``call`` to the waiting slot; ``None`` once it has stopped waiting (a task
+        that outlived the coroutine), when the call must run elsewhere."""
+        job: _Job = (call, concurrent.futures.Future())
+        self._jobs.append(job)
+        if self._closed:
+            # Taken back unless the slot's last look at its jobs found it first.
+            try:
+                self._jobs.remove(job)
+            except ValueError:
+                return job[1]
+            return None
+        self.wake()
+        return job[1]
+
+    def wake(self) -> None:
+        if self._gevent:
+            self._watcher.send()
+        else:
+            self._bell.put(None)
+
+    def serve(self, future: concurrent.futures.Future[Any]) -> None:
+        """Run the jobs handed over until ``future`` is done."""
+        try:
+            while True:
+                if self._gevent:
+                    self._ready.clear()  # before looking: a send from now on sets it again
+                while self._jobs:
+                    self._run(*self._jobs.popleft())
+                if future.done():
+                    self._closed = True
+                    while self._jobs:  # handed over before the close was seen: still ours
+                        self._run(*self._jobs.popleft())
+                    return
+                self._sleep()
+        finally:
+            self._closed = True
+            while self._jobs:  # interrupted: the coroutine is being cancelled
+                self._jobs.popleft()[1].cancel()
+            if self._gevent:
+                # Stopped, not closed: the loop's thread may still send to it once.
+                self._watcher.stop()
+
+    def _sleep(self) -> None:
+        if self._gevent:
+            # Parks this greenlet only: the hub runs the others until the loop thread sends.
+            self._ready.wait()
+        else:
+            self._bell.get()
+
+    def _run(self, call: Callable[[], Any], done: concurrent.futures.Future[Any]) -> None:
+        if not done.set_running_or_notify_cancel():
+            return  # the coroutine stopped waiting for it
+        try:
+            result = call()
+        except Exception as exc:
+            done.set_exception(exc)
+        else:
+            done.set_result(result)
+        # A time limit or a shutdown goes on up through the slot's wait, which cancels the
+        # coroutine; handed to the coroutine it would end the loop's thread instead.
+
+
+class _SlotExecutor(concurrent.futures.ThreadPoolExecutor):
+    """The loop's default executor under gevent, where ``threading`` makes greenlets of a
+    hub that never runs in the loop's thread: ``run_in_executor(None, ...)`` (the loop's
+    own ``getaddrinfo`` among them) runs in the waiting greenlet, as :func:`blocking` does.
+    Outside a node it runs inline, on the loop's thread. A ``ThreadPoolExecutor`` because
+    asyncio accepts no other; it starts no thread."""
+
+    def submit(
+        self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any
+    ) -> concurrent.futures.Future[Any]:
+        slot = _slot.get()
+        handed = slot.submit(lambda: fn(*args, **kwargs)) if slot is not None else None
+        if handed is not None:
+            return handed
+        done: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        try:
+            done.set_result(fn(*args, **kwargs))
+        except Exception as exc:
+            done.set_exception(exc)
+        return done
+
+
+def _process_loop() -> asyncio.AbstractEventLoop:
+    global _loop
+    with _lock:
+        if _loop is None:
+            _loop = _start_loop()
+        return _loop
+
+
+def _start_loop() -> asyncio.AbstractEventLoop:
+    if _gevent_patched():
+        from gevent.monkey import get_original
+
+        # A real OS thread and a real selector: gevent's would need the hub to run them.
+        selector = get_original("selectors", "DefaultSelector")()
+        loop: asyncio.AbstractEventLoop = asyncio.SelectorEventLoop(selector)
+        loop.set_default_executor(_SlotExecutor())
+        get_original("_thread", "start_new_thread")(loop.run_forever, ())
+    else:
+        loop = asyncio.new_event_loop()
+        threading.Thread(target=loop.run_forever, name="agentq-asyncio", daemon=True).start()
+    return loop
+
+
+def _gevent_patched() -> bool:
+    monkey = sys.modules.get("gevent.monkey")
+    return monkey is not None and bool(monkey.is_module_patched("threading"))
+
+
+def _forget_loop() -> None:
+    global _lock, _loop
+    # The parent's loop thread is not in the child, and its lock may have been held.
+    _lock = threading.Lock()
+    _loop = None
+
+
+os.register_at_fork(after_in_child=_forget_loop)

@@ -5,10 +5,11 @@ from __future__ import annotations
 import inspect
 import logging
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, Final
 
+from agentq.engine import aio
 from agentq.engine.backoff import retry_after
 from agentq.engine.tool_policy import DID_NOT_RUN, ToolPolicy, policy_of
 from agentq.errors import ArtifactTooLarge, InvalidArgument, NeedsAttention
@@ -136,15 +137,8 @@ class Run:
                 thread_id=self.thread_id,
                 step=self.step,
             )
-        call = self._claim(fn, args, kwargs, key, idempotent, reconcile, shared)
-        if call.recorded is not NO_VALUE:
-            return call.recorded
-        try:
-            result = fn(*args, **call.kwargs)
-        except Exception as exc:
-            self._failed(call, exc)
-            raise
-        return self._record(call, result)
+        options = _Options(key, idempotent, reconcile, shared)
+        return _drive(self._effect(fn, args, kwargs, options, _inline, _called_plain))
 
     async def atool(
         self,
@@ -158,38 +152,50 @@ class Run:
     ) -> Any:
         """:meth:`tool` for an ``async def`` tool, awaited in the node's event loop; the
         claim, the policies and ``reconcile`` (a plain function) are the same. A plain
-        function works too: its result is recorded as it is."""
-        call = self._claim(fn, args, kwargs, key, idempotent, reconcile, shared)
+        function works too: its result is recorded as it is.
+
+        The store's round trips (claim, record) run off the loop, in the pool slot waiting
+        for the node, so a slow store never stalls the other nodes sharing the loop."""
+        options = _Options(key, idempotent, reconcile, shared)
+        return await self._effect(fn, args, kwargs, options, aio.blocking, _called_awaited)
+
+    async def _effect(
+        self,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        options: _Options,
+        offload: Callable[..., Awaitable[Any]],
+        invoke: Callable[..., Awaitable[Any]],
+    ) -> Any:
+        """One tool call from its claim to its record; ``offload`` runs the store's calls,
+        ``invoke`` the tool itself."""
+        call = await offload(self._claim, fn, args, kwargs, options)
         if call.recorded is not NO_VALUE:
             return call.recorded
         try:
-            result = fn(*args, **call.kwargs)
-            if inspect.isawaitable(result):
-                result = await result
+            result = await invoke(fn, args, call.kwargs)
         except Exception as exc:
-            self._failed(call, exc)
+            await offload(self._failed, call, exc)
             raise
-        return self._record(call, result)
+        return await offload(self._record, call, result)
 
     def _claim(
         self,
         fn: Callable[..., Any],
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
-        key: str | None,
-        idempotent: bool | None,
-        reconcile: Callable[..., Any] | None,
-        shared: bool | None,
+        options: _Options,
     ) -> _Call:
         """Claim the call's key; settle an outcome already recorded or left unknown."""
         declared = policy_of(fn)
         policy = ToolPolicy(
-            idempotent=declared.idempotent if idempotent is None else idempotent,
-            reconcile=declared.reconcile if reconcile is None else reconcile,
-            shared=declared.shared if shared is None else shared,
+            idempotent=declared.idempotent if options.idempotent is None else options.idempotent,
+            reconcile=declared.reconcile if options.reconcile is None else options.reconcile,
+            shared=declared.shared if options.shared is None else options.shared,
         )
         self._calls += 1
-        key = key if key is not None else f"step{self.step}.call{self._calls}"
+        key = options.key if options.key is not None else f"step{self.step}.call{self._calls}"
         # Names this call, so that a claim resent after a lost reply is known as ours.
         claim_id = uuid.uuid4().hex
         call = _Call(key, claim_id, policy.shared, dict(kwargs))
@@ -258,6 +264,16 @@ class Run:
             )
 
 
+@dataclass(frozen=True)
+class _Options:
+    """What a ``tool``/``atool`` call says about itself, over the tool's declared policy."""
+
+    key: str | None
+    idempotent: bool | None
+    reconcile: Callable[..., Any] | None
+    shared: bool | None
+
+
 @dataclass
 class _Call:
     """One tool call between its claim and its record."""
@@ -268,6 +284,30 @@ class _Call:
     kwargs: dict[str, Any]
     recorded: Any = NO_VALUE
     """The outcome already recorded (a replay) or reconciled, else ``NO_VALUE``."""
+
+
+async def _inline(fn: Callable[..., Any], *args: Any) -> Any:
+    return fn(*args)
+
+
+async def _called_plain(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: Any) -> Any:
+    return fn(*args, **kwargs)
+
+
+async def _called_awaited(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: Any) -> Any:
+    result = fn(*args, **kwargs)
+    return await result if inspect.isawaitable(result) else result
+
+
+def _drive(coro: Coroutine[Any, Any, Any]) -> Any:
+    """The result of a coroutine that never suspends (``tool``'s, whose every step is
+    plain), without an event loop."""
+    try:
+        coro.send(None)
+    except StopIteration as stop:
+        return stop.value
+    coro.close()
+    raise RuntimeError("a plain tool call suspended")
 
 
 def _name(fn: Callable[..., Any]) -> str:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import heapq
 import random
@@ -24,6 +23,7 @@ from langgraph.checkpoint.base import (
 )
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
+from agentq.engine import aio
 from agentq.errors import (
     CodecError,
     CorruptCheckpoint,
@@ -347,10 +347,10 @@ class AgentqSaver(BaseCheckpointSaver[str]):
         number = 0 if current is None else int(str(current).split(".")[0])
         return f"{number + 1:032}.{random.random():016}"
 
-    # -- async twins: the same calls on a worker thread -----------------------------------
+    # -- async twins: the same calls off the loop (in the node's pool slot under agentq) --
 
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
-        return await asyncio.to_thread(self.get_tuple, config)
+        return await aio.blocking(self.get_tuple, config)
 
     async def alist(
         self,
@@ -361,7 +361,7 @@ class AgentqSaver(BaseCheckpointSaver[str]):
         limit: int | None = None,
     ) -> AsyncIterator[CheckpointTuple]:
         items = self.list(config, filter=filter, before=before, limit=limit)
-        while (item := await asyncio.to_thread(next, items, _DONE)) is not _DONE:
+        while (item := await aio.blocking(next, items, _DONE)) is not _DONE:
             assert isinstance(item, CheckpointTuple)
             yield item
 
@@ -372,7 +372,7 @@ class AgentqSaver(BaseCheckpointSaver[str]):
         metadata: CheckpointMetadata,
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
-        return await asyncio.to_thread(self.put, config, checkpoint, metadata, new_versions)
+        return await aio.blocking(self.put, config, checkpoint, metadata, new_versions)
 
     async def aput_writes(
         self,
@@ -381,19 +381,19 @@ class AgentqSaver(BaseCheckpointSaver[str]):
         task_id: str,
         task_path: str = "",
     ) -> None:
-        await asyncio.to_thread(self.put_writes, config, writes, task_id, task_path)
+        await aio.blocking(self.put_writes, config, writes, task_id, task_path)
 
     async def adelete_thread(self, thread_id: str) -> None:
-        await asyncio.to_thread(self.delete_thread, thread_id)
+        await aio.blocking(self.delete_thread, thread_id)
 
     async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
-        await asyncio.to_thread(self.delete_for_runs, run_ids)
+        await aio.blocking(self.delete_for_runs, run_ids)
 
     async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
-        await asyncio.to_thread(self.copy_thread, source_thread_id, target_thread_id)
+        await aio.blocking(self.copy_thread, source_thread_id, target_thread_id)
 
     async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
-        await asyncio.to_thread(self.prune, thread_ids, strategy=strategy)
+        await aio.blocking(self.prune, thread_ids, strategy=strategy)
 
 
 def _target(config: RunnableConfig) -> tuple[str, str]:

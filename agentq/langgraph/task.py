@@ -28,12 +28,15 @@ from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, cast
 
 from langchain_core.runnables import RunnableConfig
+from langgraph._internal._runnable import RunnableCallable
 from langgraph.graph import StateGraph
 from langgraph.pregel import Pregel
 from langgraph.types import Command, StateSnapshot
 
 from agentq.celery.drain import draining
 from agentq.celery.task import AgentTask
+from agentq.engine import aio
+from agentq.engine.aio import run_coroutine
 from agentq.engine.run import NO_VALUE, Run
 from agentq.errors import ConfigError, InvalidArgument
 from agentq.ids import validate_thread_id
@@ -65,6 +68,11 @@ class GraphTask(AgentTask):
     allowed_types: ClassVar[tuple[tuple[str, ...] | type, ...]] = ()
     recursion_limit: ClassVar[int | None] = None
     entry_node: ClassVar[str] = "run_graph"
+    run_async: ClassVar[bool | None] = None
+    """Whether the graph runs with ``astream`` on the worker's event loop rather than with
+    ``stream``. ``None``: when one of its nodes (in subgraphs too) is an ``async def``,
+    which LangGraph can only run through its async API. Set ``True`` when the async code
+    is deeper than a node, such as async-only tools in a ``ToolNode``."""
 
     _saver: AgentqSaver | None = None
     _compiled: AnyGraph | None = None
@@ -146,9 +154,13 @@ class GraphTask(AgentTask):
         if self.recursion_limit is not None:
             config["recursion_limit"] = self.recursion_limit
         first = self._first_input(graph, saver, config, run, input)
-        for _ in graph.stream(first, config, stream_mode="updates", durability="sync"):
-            if draining.is_set() or self._cancel_requested(run.thread_id):
-                return self.entry_node  # commit here: the driver hands over or cancels
+        run_async = self.run_async if self.run_async is not None else has_async_nodes(graph)
+        if run_async:
+            stopped = run_coroutine(self._astream(graph, first, config, run.thread_id))
+        else:
+            stopped = self._stream(graph, first, config, run.thread_id)
+        if stopped:
+            return self.entry_node  # commit here: the driver hands over or cancels
         snapshot = graph.get_state(config)
         if snapshot.interrupts or snapshot.next:
             # A static breakpoint (interrupt_before/after) stops with no Interrupt object.
@@ -158,6 +170,22 @@ class GraphTask(AgentTask):
                 to_plain(payload or {"next": list(snapshot.next)}), resume_at=self.entry_node
             )
         return Done(self.result(snapshot.values))
+
+    def _stream(self, graph: AnyGraph, first: Any, config: RunnableConfig, thread_id: str) -> bool:
+        """Run the graph; whether it stopped early, between two super-steps."""
+        for _ in graph.stream(first, config, stream_mode="updates", durability="sync"):
+            if draining.is_set() or self._cancel_requested(thread_id):
+                return True
+        return False
+
+    async def _astream(
+        self, graph: AnyGraph, first: Any, config: RunnableConfig, thread_id: str
+    ) -> bool:
+        """:meth:`_stream` with ``astream``."""
+        async for _ in graph.astream(first, config, stream_mode="updates", durability="sync"):
+            if draining.is_set() or await aio.blocking(self._cancel_requested, thread_id):
+                return True
+        return False
 
     def _first_input(
         self, graph: AnyGraph, saver: AgentqSaver, config: RunnableConfig, run: Run, input: Any
@@ -193,6 +221,19 @@ def graph_task(
         f"GraphTask[{name}]", (base,), {"name": name, "graph": _as_attribute(graph), **attributes}
     )
     return cast(GraphTask, app.register_task(task_class()))
+
+
+def has_async_nodes(graph: AnyGraph) -> bool:
+    """Whether a node of ``graph`` or of a subgraph in it is an ``async def``, which only
+    LangGraph's async API runs ("No synchronous function provided" from ``stream``)."""
+    for node in graph.nodes.values():
+        bound = node.bound
+        if isinstance(bound, Pregel):
+            if has_async_nodes(bound):
+                return True
+        elif isinstance(bound, RunnableCallable) and bound.func is None:
+            return True
+    return False
 
 
 def _as_attribute(graph: Any) -> Any:

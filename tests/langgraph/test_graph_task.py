@@ -17,9 +17,16 @@ from langgraph.checkpoint.memory import InMemorySaver
 from agentq import Status
 from agentq.errors import InvalidArgument, InvalidThreadId, ThreadStopped
 from agentq.langgraph import AgentqSaver, GraphTask
+from agentq.langgraph.task import has_async_nodes
 from agentq.store.contract import Store
 from tests.support.agents import Ledger
-from tests.support.graphs import GRAPH_TASK, build_graph, make_graph_app, question
+from tests.support.graphs import (
+    ASYNC_GRAPH_TASK,
+    GRAPH_TASK,
+    build_graph,
+    make_graph_app,
+    question,
+)
 from tests.support.redis_server import RedisServer, wait_until
 
 
@@ -194,3 +201,12 @@ def test_a_subclass_may_give_its_graph_as_a_plain_factory(env: Env) -> None:
 
     task = env.app.register_task(Subclassed())
     assert task.compiled().checkpointer is task.saver
+
+
+def test_a_graph_of_async_nodes_runs_with_astream(env: Env) -> None:
+    task: GraphTask = env.app.tasks[ASYNC_GRAPH_TASK]
+    assert has_async_nodes(task.compiled()) and not has_async_nodes(env.task.compiled())
+    task.delay("a1", {"n": 4})
+    assert task.wait("a1", timeout=30) == {"n": 9}
+    assert env.ledger.tool_calls("a1") == {"lookup": 1}
+    assert task.state("a1").values == {"n": 9}

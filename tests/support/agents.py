@@ -276,6 +276,33 @@ class CountingAgent(AgentTask):
         return Done(run.state["i"])
 
 
+class NappingAgent(AgentTask):
+    """Two ``async def`` steps, each awaiting an async tool that naps ``seconds`` under its
+    claim; the result says which process and event loop ran them and when each nap began
+    and ended, so a test can see many threads' naps overlap on one loop."""
+
+    name = "tests.napping_agent"
+
+    async def start(self, run: Run, seconds: float) -> str:
+        run.state["seconds"] = seconds
+        run.state["naps"] = [await self._nap(run, "first")]
+        return "again"
+
+    async def again(self, run: Run) -> Done:
+        run.state["naps"].append(await self._nap(run, "second"))
+        loop = id(asyncio.get_running_loop())
+        return Done({"pid": os.getpid(), "loop": loop, "naps": run.state["naps"]})
+
+    async def _nap(self, run: Run, key: str) -> list[float]:
+        async def nap(seconds: float) -> list[float]:
+            began = time.time()
+            await asyncio.sleep(seconds)
+            return [began, time.time()]
+
+        nap_span: list[float] = await run.atool(nap, run.state["seconds"], key=key)
+        return nap_span
+
+
 class BrokenAgent(AgentTask):
     """Fails with a bug until the ledger says it is fixed; or stores what cannot be stored,
     returns nonsense, or edits its append-only log."""
@@ -508,6 +535,7 @@ AGENTS = (
     NotesAgent,
     FlakyToolAgent,
     CountingAgent,
+    NappingAgent,
     BrokenAgent,
     ReportAgent,
 )

@@ -6,6 +6,7 @@ tool runs and the refunds the "payment service" applied, and holds the crash poi
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Annotated, Any, TypedDict
 
@@ -27,10 +28,11 @@ from langgraph.types import interrupt
 
 import agentq
 from agentq import DID_NOT_RUN
-from agentq.langgraph import graph_task, tool_call
+from agentq.langgraph import current_run, graph_task, tool_call
 from tests.support.agents import Ledger, RateLimitError, refund_tool
 
 GRAPH_TASK = "tests.refund_graph"
+ASYNC_GRAPH_TASK = "tests.async_graph"
 
 
 class ScriptedChatModel(BaseChatModel):
@@ -140,6 +142,38 @@ def question(text: str, **plan: Any) -> dict[str, Any]:
     return {"messages": [HumanMessage(text, id="user-1")], "plan": {"refunds": 1, **plan}}
 
 
+class Count(TypedDict):
+    n: int
+
+
+def build_async_graph(ledger: Ledger) -> StateGraph[Count]:
+    """Two ``async def`` nodes, the first awaiting an async tool under its claim."""
+
+    async def double(state: Count, config: RunnableConfig) -> dict[str, Any]:
+        run = current_run(config)
+        assert run is not None
+        thread_id = config["configurable"]["thread_id"]
+
+        async def lookup(n: int) -> int:
+            await asyncio.sleep(0)
+            ledger.client.hincrby(ledger.key("calls", thread_id), "lookup", 1)
+            return n * 2
+
+        return {"n": await run.atool(lookup, state["n"], key="lookup", idempotent=True)}
+
+    async def increment(state: Count) -> dict[str, Any]:
+        await asyncio.sleep(0)
+        return {"n": state["n"] + 1}
+
+    builder = StateGraph(Count)
+    builder.add_node("double", double)
+    builder.add_node("increment", increment)
+    builder.add_edge(START, "double")
+    builder.add_edge("double", "increment")
+    builder.add_edge("increment", END)
+    return builder
+
+
 def make_graph_app(
     *, broker: str, store: str, prefix: str, queue: str, ledger_url: str, **settings: Any
 ) -> Celery:
@@ -152,4 +186,5 @@ def make_graph_app(
     agentq.init_app(app, store=store, prefix=prefix, **settings)
     ledger = Ledger(ledger_url, prefix.rstrip(":"))
     graph_task(app, lambda: build_graph(ledger), name=GRAPH_TASK, retry_on=(RateLimitError,))
+    graph_task(app, lambda: build_async_graph(ledger), name=ASYNC_GRAPH_TASK)
     return app

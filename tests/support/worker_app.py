@@ -5,8 +5,10 @@ Configured from the environment by ``tests.support.workers.WorkerProcess``.
 
 from __future__ import annotations
 
+import asyncio
 import os
 
+from agentq.engine.aio import run_coroutine
 from tests.support.agents import make_app
 
 app = make_app(
@@ -21,3 +23,7 @@ app = make_app(
     max_crashes=int(os.environ.get("AGENTQ_TEST_MAX_CRASHES", "3")),
 )
 app.conf.worker_prefetch_multiplier = 1
+
+if os.environ.get("AGENTQ_TEST_LOOP_BEFORE_FORK"):
+    # The main process starts agentq's loop, so that prefork's children inherit it forked.
+    run_coroutine(asyncio.sleep(0))

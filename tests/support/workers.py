@@ -17,8 +17,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 class WorkerProcess:
-    """One prefork worker (``-c 1``) in its own session, so the whole group can be
-    signalled like a container's processes."""
+    """One worker (prefork ``-c 1`` unless told) in its own session, so the whole group
+    can be signalled like a container's processes."""
 
     def __init__(
         self,
@@ -27,6 +27,7 @@ class WorkerProcess:
         log_dir: Path,
         *,
         concurrency: int = 1,
+        pool: str = "prefork",
         app_module: str = "tests.support.worker_app",
     ) -> None:
         self.app = app
@@ -35,6 +36,7 @@ class WorkerProcess:
         self.name = f"w{uuid.uuid4().hex[:6]}@agentq-test"
         self.log = log_dir / f"{self.name.split('@')[0]}.log"
         self.concurrency = concurrency
+        self.pool = pool
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self, *, ready_timeout: float = 60) -> WorkerProcess:
@@ -48,7 +50,7 @@ class WorkerProcess:
                     self.app_module,
                     "worker",
                     "-P",
-                    "prefork",
+                    self.pool,
                     "-c",
                     str(self.concurrency),
                     "-n",

@@ -1,0 +1,198 @@
+"""The worker process's event loop: shared by every pool slot, remade after a fork."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from types import FrameType
+
+import pytest
+
+from agentq.engine.aio import blocking, run_coroutine
+from agentq.errors import ReentrantRunCoroutine
+from tests.support.workers import ROOT
+
+SLOTS = 50
+
+
+def test_coroutines_of_many_threads_wait_at_once_on_one_loop() -> None:
+    inside = 0
+    all_inside = asyncio.Event()  # made and set only on the loop's thread
+
+    async def node() -> tuple[int, int]:
+        nonlocal inside
+        inside += 1
+        if inside == SLOTS:
+            all_inside.set()
+        # Only returns if every slot's coroutine is waiting here at the same time.
+        await asyncio.wait_for(all_inside.wait(), timeout=30)
+        return id(asyncio.get_running_loop()), threading.get_ident()
+
+    with ThreadPoolExecutor(SLOTS) as pool:
+        seen = list(pool.map(lambda _: run_coroutine(node()), range(SLOTS)))
+    loops, threads = {loop for loop, _ in seen}, {thread for _, thread in seen}
+    assert len(loops) == 1 and len(threads) == 1
+    (loop_thread,) = [t for t in threading.enumerate() if t.ident in threads]
+    assert loop_thread.name == "agentq-asyncio" and loop_thread.daemon
+
+
+def test_blocking_calls_run_in_the_waiting_thread() -> None:
+    async def node() -> tuple[int, int]:
+        return threading.get_ident(), await blocking(threading.get_ident)
+
+    loop_thread, blocking_thread = run_coroutine(node())
+    assert blocking_thread == threading.get_ident() != loop_thread
+
+
+def test_a_task_outliving_its_node_runs_its_blocking_calls_in_a_thread() -> None:
+    go = asyncio.Event()  # bound to the loop on first use there
+
+    async def late() -> int:
+        await go.wait()
+        return await blocking(threading.get_ident)
+
+    async def node() -> asyncio.Task[int]:
+        return asyncio.get_running_loop().create_task(late())
+
+    task = run_coroutine(node())  # the slot has stopped waiting when the task goes on
+
+    async def release() -> int:
+        go.set()
+        return await task
+
+    assert run_coroutine(release()) != threading.get_ident()
+
+
+def test_blocking_errors_reach_the_coroutine() -> None:
+    def refuse() -> None:
+        raise LookupError("nope")
+
+    async def node() -> str:
+        try:
+            await blocking(refuse)
+        except LookupError as exc:
+            return str(exc)
+        return "not raised"
+
+    assert run_coroutine(node()) == "nope"
+
+
+def test_a_forked_child_gets_a_loop_of_its_own() -> None:
+    async def loop_thread() -> int:
+        return threading.get_native_id()
+
+    parent = run_coroutine(loop_thread())
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report its loop's thread and leave without cleanup
+        try:
+            os.write(write, str(run_coroutine(loop_thread())).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        child = int(pipe.read() or 0)
+    assert os.waitpid(pid, 0)[1] == 0
+    assert child and child != parent
+    assert run_coroutine(loop_thread()) == parent  # the parent's loop is untouched
+
+
+def test_a_coroutine_on_the_loop_cannot_wait_for_the_loop() -> None:
+    async def inner() -> None:
+        pass
+
+    async def node() -> None:
+        run_coroutine(inner())
+
+    with pytest.raises(ReentrantRunCoroutine, match="await the coroutine instead"):
+        run_coroutine(node())
+
+
+class Stop(BaseException):
+    """What a time limit or a shutdown raises in the waiting thread."""
+
+
+@pytest.fixture
+def stop_on_alarm() -> Iterator[None]:
+    def stop(signum: int, frame: FrameType | None) -> None:
+        raise Stop
+
+    previous = signal.signal(signal.SIGALRM, stop)
+    yield
+    signal.signal(signal.SIGALRM, previous)
+
+
+def test_an_interrupted_wait_cancels_the_coroutine(stop_on_alarm: None) -> None:
+    cancelled = threading.Event()
+
+    async def node() -> None:
+        try:
+            # Signalled from the waiting thread, so the handler interrupts its wait.
+            await blocking(os.kill, os.getpid(), signal.SIGALRM)
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    with pytest.raises(Stop):
+        run_coroutine(node())
+    assert cancelled.wait(timeout=10)
+    assert run_coroutine(asyncio.sleep(0, "the loop runs on")) == "the loop runs on"
+
+
+GEVENT_SCRIPT = """
+from gevent import monkey
+
+monkey.patch_all()
+
+import asyncio
+import threading
+
+import gevent
+from gevent.monkey import get_original
+
+from agentq.engine.aio import blocking, run_coroutine
+
+real_ident = get_original("threading", "get_ident")
+hub_thread = real_ident()
+inside = 0
+all_inside = None
+
+async def node(i):
+    global inside, all_inside
+    all_inside = all_inside or asyncio.Event()
+    inside += 1
+    if inside == {slots}:
+        all_inside.set()
+    await asyncio.wait_for(all_inside.wait(), timeout=30)
+    infos = await asyncio.get_running_loop().getaddrinfo("localhost", 80)
+    assert infos and real_ident() != hub_thread
+    # gevent.sleep only returns if the hub runs: the greenlet waits without blocking it.
+    return await blocking(lambda: (gevent.sleep(0), real_ident())[1])
+
+greenlets = [gevent.spawn(run_coroutine, node(i)) for i in range({slots})]
+gevent.joinall(greenlets, timeout=60, raise_error=True)
+assert [g.value for g in greenlets] == [hub_thread] * {slots}, [g.value for g in greenlets]
+print("ok")
+"""
+
+
+def test_under_gevent_greenlets_wait_on_a_real_thread_without_blocking_the_hub() -> None:
+    pytest.importorskip("gevent")
+    script = textwrap.dedent(GEVENT_SCRIPT).format(slots=SLOTS)
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr

@@ -21,7 +21,9 @@ Command = Sequence[EncodableT]
 
 def _exchange(connection: Any, commands: Sequence[Command]) -> list[Any]:
     """Write ``commands`` and read one reply each, error replies as exceptions in place."""
-    connection.send_packed_command(connection.pack_commands(commands))
+    # One buffer, one write: pack_commands keeps a large argument (a snapshot) as a chunk
+    # of its own, and each chunk would cost a system call.
+    connection.send_packed_command([b"".join(connection.pack_commands(commands))])
     replies: list[Any] = []
     for _ in commands:
         try:

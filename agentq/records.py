@@ -97,12 +97,29 @@ class ThreadMeta:
     reused for every later send."""
 
 
+class EffectState(StrEnum):
+    """Where an idempotency record is. Stored as the plain string value."""
+
+    PENDING = "pending"
+    """Claimed, its result not recorded yet."""
+    DONE = "done"
+    """Completed: the record holds the effect's result."""
+
+
+class ClaimOutcome(StrEnum):
+    """What claiming an effect key found (see :class:`Claim`)."""
+
+    CLAIMED = "claimed"
+    DONE = "done"
+    UNKNOWN = "unknown"
+
+
 @dataclass(frozen=True)
 class Effect:
     """An idempotency record: ``state`` is ``pending`` from its claim until completed ``done``."""
 
     key: str
-    state: str
+    state: EffectState
     token: int
     result: Any = None
 
@@ -116,7 +133,7 @@ class Claim:
     earlier driver claimed it and never recorded an outcome: it may or may not have run).
     """
 
-    outcome: str
+    outcome: ClaimOutcome
     effect: Effect
 
 

@@ -13,6 +13,8 @@ After the table, one ``ratio <name> <value>`` / ``figure <name> <value>`` line p
 The benchmarks (each also runs alone as ``python -m bench.<name> [--quick]``):
 
 - ``store``: commit ÷ raw SET, resume ÷ raw GET at 1/10/100 KB (:mod:`bench.store`);
+- ``wire``: the commit encoded by redis-py's ``pack_commands`` against a hand-written
+  encoder and a redis-py pipeline (:mod:`bench.wire`);
 - ``steps``: per-step latency and bytes written against conversation length;
 - ``agent``: agent steps/s ÷ a raw SET loop ÷ bare Celery, and per-step overhead;
 - ``storage``: store size of a finished 200-step thread ÷ its final state, and LangGraph's;
@@ -162,6 +164,7 @@ def external_runner(name: str) -> Runner | None:
 BENCHMARKS: dict[str, Runner] = {
     "codec": _module_runner("codec"),
     "store": store_results,
+    "wire": _module_runner("wire"),
     "steps": _module_runner("steps"),
     "storage": _module_runner("storage"),
     "agent": _module_runner("agent"),

@@ -14,6 +14,7 @@ from agentq.engine.backoff import retry_after
 from agentq.engine.tool_policy import DID_NOT_RUN, ToolPolicy, policy_of
 from agentq.errors import ArtifactTooLarge, InvalidArgument, NeedsAttention
 from agentq.outcomes import Interrupted
+from agentq.records import ClaimOutcome
 from agentq.store.contract import Store
 
 
@@ -203,10 +204,10 @@ class Run:
         claim = store.claim_effect(
             thread_id, key, self._token, shared=policy.shared, claim_id=claim_id
         )
-        if claim.outcome == "done":
+        if claim.outcome == ClaimOutcome.DONE:
             call.recorded = claim.effect.result
             return call
-        if claim.outcome == "unknown":
+        if claim.outcome == ClaimOutcome.UNKNOWN:
             if not (policy.idempotent or policy.reconcile):
                 name = _name(fn)
                 raise NeedsAttention(

@@ -8,18 +8,18 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
-from importlib.resources import files
 from typing import Any, Final
 
 import msgpack
 import redis
 from redis.cluster import RedisCluster
-from redis.commands.core import Script
 
 from agentq.store.graph import GraphStore, lease_held, stale_token, thread_not_found
 from agentq.store.graph_records import Row, StoredCheckpoint, decode_refs
 from agentq.store.redis.graph_keys import GraphKeys, escape, unescape
 from agentq.store.redis.keys import Keys
+from agentq.store.redis.refusal import Refusal
+from agentq.store.redis.scripts import load_scripts
 
 _INDEXED_LIMIT: Final = 10_000
 _SCRIPTS: Final = (
@@ -34,27 +34,18 @@ _SCRIPTS: Final = (
 )
 
 
-def _load_scripts(client: redis.Redis | RedisCluster) -> dict[str, Script]:
-    lua = files("agentq.store.redis") / "lua"
-    prelude = (lua / "_prelude.lua").read_text() + (lua / "_graph_prelude.lua").read_text()
-    return {
-        name: client.register_script(prelude + (lua / f"graph_{name}.lua").read_text())
-        for name in _SCRIPTS
-    }
-
-
 def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
 def refusal(code: int, value: Any, thread_id: str, token: int | None) -> None:
     """Raise what a script's refusal code means (see ``lua/_graph_prelude.lua``)."""
-    if code == -1:
+    if code == Refusal.STALE_TOKEN:
         assert token is not None
         raise stale_token(thread_id, token, int(value))
-    if code == -3:
+    if code == Refusal.THREAD_NOT_FOUND:
         raise thread_not_found(thread_id)
-    if code == -4:
+    if code == Refusal.LEASE_HELD:
         raise lease_held(thread_id, int(value))
 
 
@@ -65,7 +56,9 @@ class RedisGraph(GraphStore):
         self.client = client
         self.store_keys = keys
         self.keys = GraphKeys(keys)
-        self._scripts = _load_scripts(client)
+        self._scripts = load_scripts(
+            client, _SCRIPTS, ("_prelude", "_graph_prelude"), prefix="graph_"
+        )
         # Global index entries this process already added: they cost a round trip once.
         self._indexed: set[str] = set()
         self._indexed_lock = threading.Lock()

@@ -7,7 +7,7 @@ from typing import Any
 
 from agentq.codec.envelope import decode_value
 from agentq.errors import EffectError, StaleToken
-from agentq.records import Claim, Effect
+from agentq.records import Claim, ClaimOutcome, Effect, EffectState
 from agentq.store.sqlite.connection import SharedConnection
 from agentq.store.sqlite.queries import encode, fenced
 
@@ -33,18 +33,19 @@ class EffectsMixin:
             found = _read_effect(db, thread_id, scope, key)
             resent = (
                 found is not None
-                and found.state == "pending"
+                and found.state == EffectState.PENDING
                 and claim_id != ""
                 and (found.token == token and _claim_of(db, scope, key) == claim_id)
             )
-            if found is None or (found.state == "pending" and takeover) or resent:
+            if found is None or (found.state == EffectState.PENDING and takeover) or resent:
                 db.execute(
                     'INSERT OR REPLACE INTO effects (scope, "key", state, token, claim) '
                     "VALUES (?, ?, 'pending', ?, ?)",
                     (scope, key, token, claim_id),
                 )
-                return Claim("claimed", Effect(key, "pending", token))
-        return Claim("done" if found.state == "done" else "unknown", found)
+                return Claim(ClaimOutcome.CLAIMED, Effect(key, EffectState.PENDING, token))
+        done = found.state == EffectState.DONE
+        return Claim(ClaimOutcome.DONE if done else ClaimOutcome.UNKNOWN, found)
 
     def _do_complete_effect(
         self, thread_id: str, key: str, token: int, result: Any, *, shared: bool
@@ -61,12 +62,12 @@ class EffectsMixin:
                     thread_id=thread_id,
                 )
             if (
-                found.state == "done"
+                found.state == EffectState.DONE
                 and found.token == token
                 and _stored_result(db, scope, key) == data
             ):
                 return  # the same completion again: nothing to change
-            if found.state != "pending" or found.token != token:
+            if found.state != EffectState.PENDING or found.token != token:
                 raise StaleToken(
                     f"effect {key!r} is {found.state} under token {found.token}, not claimed by "
                     f"token {token}; another driver took it over: do not record this result",
@@ -112,7 +113,7 @@ def _read_effect(db: sqlite3.Connection, thread_id: str, scope: str, key: str) -
     result = row["result"]
     if result is not None:
         result = decode_value(result, what=f"effect {key!r}", thread_id=thread_id, step=None)
-    return Effect(key, row["state"], row["token"], result)
+    return Effect(key, EffectState(row["state"]), row["token"], result)
 
 
 def _stored_result(db: sqlite3.Connection, scope: str, key: str) -> bytes | None:

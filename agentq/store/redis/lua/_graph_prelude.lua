@@ -3,8 +3,8 @@
 -- Every script runs on one thread's keys, which share the thread's hash tag, so it is
 -- atomic on Redis Cluster too. Keys a script builds from ARGV (a namespace's keys, found
 -- in the namespace set) carry the same tag. Replies: {1, x} on success; a refusal is
--- {-1, fence, 0} (stale token), {-3, 0, 0} (unknown agentq thread) or {-4, ttl ms, 0}
--- (an unfenced write while a lease is held).
+-- {STALE_TOKEN, fence, 0}, {THREAD_NOT_FOUND, 0, 0} (unknown agentq thread) or
+-- {LEASE_HELD, ttl ms, 0} (an unfenced write while a lease is held).
 
 -- Fencing for a LangGraph write: token '' is a writer outside a graph task, allowed only
 -- while no graph task holds the lease; a token must be the thread's current fence.
@@ -12,7 +12,7 @@ local function refuse_graph_write(meta, lock, token)
   if token == '' then
     local ttl = redis.call('PTTL', lock)
     if ttl > 0 then
-      return {-4, ttl, 0}
+      return {REFUSAL.LEASE_HELD, ttl, 0}
     end
     return nil
   end

@@ -1,6 +1,3 @@
---!df flags=allow-undeclared-keys
--- (Dragonfly's flag, a comment elsewhere: the scripts address keys built from the
--- thread's key prefix, such as the checkpoints they prune, beside those in KEYS.)
 -- Shared by every script that moves a thread between statuses or in the due index.
 --
 -- Convention for those scripts: ARGV[1] is the status-index key prefix and the due index
@@ -9,6 +6,28 @@
 -- due key, and the script returns the index changes ("ops") for index.lua to apply
 -- next. Index entries are only ever removed after the thread changed, so a crash between
 -- the two leaves an early due time (recovery re-checks the thread), never a missing one.
+--
+-- The status names (STATUS.RUNNING, ...) and the sets LIVE, IDLE and FINISHED come before
+-- this prelude, generated from agentq.records, so no script spells a status set by hand.
+--
+-- A script that addresses keys it builds from a key prefix (checkpoints it prunes, logs,
+-- the status indexes) beside those in KEYS starts with Dragonfly's line
+-- `--!df flags=allow-undeclared-keys` (a comment elsewhere); the loader puts it first,
+-- before this prelude. Scripts whose keys are all in KEYS go without it.
+
+-- Every refusal reply is {REFUSAL.<name>, value, ...}: one meaning per code in every
+-- script, the same names as agentq.store.redis.refusal.Refusal (a test keeps them equal).
+local REFUSAL = {
+  STALE_TOKEN = -1,
+  STEP_CONFLICT = -2,
+  THREAD_NOT_FOUND = -3,
+  NOT_CLAIMED = -4,
+  NOT_HOLDER = -5,
+  STATUS_REFUSED = -6,
+  LOG_CONFLICT = -7,
+  RETRY_NOT_DUE = -8,
+  LEASE_HELD = -9,
+}
 
 local function now_seconds()
   local t = redis.call('TIME')
@@ -60,7 +79,7 @@ local function update_thread(meta, lock, thread_id, new_status, due_in, release,
   local due = 'clear'
   if due_in ~= '' then
     due = now + tonumber(due_in)
-    if new_status == 'retrying' then
+    if new_status == STATUS.RETRYING then
       -- acquire.lua refuses the thread until then, on this server's clock; every digit,
       -- as acquire.lua puts it back in the due index.
       redis.call('HSET', meta, 'retry_at', string.format('%.17g', due))
@@ -73,10 +92,10 @@ end
 local function refuse_stale(meta, token)
   local fence = tonumber(redis.call('HGET', meta, 'fence'))
   if not fence then
-    return {-3, 0, 0}
+    return {REFUSAL.THREAD_NOT_FOUND, 0, 0}
   end
   if fence ~= tonumber(token) then
-    return {-1, fence, 0}
+    return {REFUSAL.STALE_TOKEN, fence, 0}
   end
   return nil
 end

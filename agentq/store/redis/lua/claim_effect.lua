@@ -3,8 +3,8 @@
 -- [3]: the thread's set of owned keys (thread-scoped records only).
 -- ARGV[1]: token, [2]: '1' to take over a pending record, [3]: the claim's id ('' for
 -- none): a pending record holding the same id is this very claim, resent.
--- Returns {1, token, nil} claimed; {2, token, result} done; {3, token, nil} unknown
--- outcome; {-1, fence, nil} stale token; {-3, 0, nil} unknown thread.
+-- Returns {1, token, 0} claimed; {2, token, result} done; {3, token, 0} unknown
+-- outcome; {STALE_TOKEN, fence, 0}; {THREAD_NOT_FOUND, 0, 0}.
 local refused = refuse_stale_effect(ARGV[1])
 if refused then
   return refused

@@ -1,3 +1,4 @@
+--!df flags=allow-undeclared-keys
 -- Writes checkpoint n if the token is current and the latest step is n-1.
 -- The snapshot is not an argument: the caller SETs it to the staged key first, in the same
 -- MULTI, so its bytes never pass through Lua. This script moves it into place with RENAME,
@@ -11,9 +12,9 @@
 -- [11] the names of the append-only fields (msgpack; '' for none), [12] how many logs
 -- follow, each as (field, length before, count, count items).
 -- The thread id and key prefix are read from KEYS[1].
--- Returns {1, cancel requested 0|1, ops}; {-1, current fence, 0} for a stale token;
--- {-2, latest, 0} for a step conflict; {-3, 0, 0} for an unknown thread; {-7, field, 0}
--- when a log's length is not the one the checkpoint extends. A refusal changes no key:
+-- Returns {1, cancel requested 0|1, ops}; {STALE_TOKEN, current fence, 0};
+-- {STEP_CONFLICT, latest, 0}; {THREAD_NOT_FOUND, 0, 0}; {LOG_CONFLICT, field, 0} when a
+-- log's length is not the one the checkpoint extends. A refusal changes no key:
 -- it deletes the staged snapshot its own transaction wrote.
 local meta, staged = KEYS[1], KEYS[5]
 local current = redis.call('HMGET', meta, 'fence', 'first', 'cancel', 'status', 'attempts',
@@ -21,11 +22,11 @@ local current = redis.call('HMGET', meta, 'fence', 'first', 'cancel', 'status', 
 local fence = tonumber(current[1])
 if not fence then
   redis.call('DEL', staged)
-  return {-3, 0, 0}
+  return {REFUSAL.THREAD_NOT_FOUND, 0, 0}
 end
 if fence ~= tonumber(ARGV[2]) then
   redis.call('DEL', staged)
-  return {-1, fence, 0}
+  return {REFUSAL.STALE_TOKEN, fence, 0}
 end
 local cancel = current[3] == '1' and 1 or 0
 local step = tonumber(ARGV[3])
@@ -38,11 +39,11 @@ if latest == step then
   if same then
     return {1, cancel, 0}
   end
-  return {-2, latest, 0}
+  return {REFUSAL.STEP_CONFLICT, latest, 0}
 end
 if latest ~= step - 1 then
   redis.call('DEL', staged)
-  return {-2, latest, 0}
+  return {REFUSAL.STEP_CONFLICT, latest, 0}
 end
 local base = string.sub(meta, 1, -5)
 local logs = {}
@@ -52,7 +53,7 @@ for _ = 1, tonumber(ARGV[12]) do
                before = tonumber(ARGV[i + 1]), first = i + 3, count = tonumber(ARGV[i + 2])}
   if redis.call('LLEN', log.key) ~= log.before then
     redis.call('DEL', staged)
-    return {-7, log.field, 0}
+    return {REFUSAL.LOG_CONFLICT, log.field, 0}
   end
   logs[#logs + 1] = log
   i = log.first + log.count

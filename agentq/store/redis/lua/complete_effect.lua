@@ -1,15 +1,15 @@
 -- Records an effect's result under the claim that ran it.
 -- KEYS[1]: effect record, [2]: meta (omitted for a shared record on Redis Cluster).
 -- ARGV[1]: token, [2]: result bytes.
--- Returns {1, token, 0}; {-1, fence, 0} stale token; {-3, 0, 0} unknown thread;
--- {-4, 0, 0} no record; {-5, holder, 0} when not pending under this token.
+-- Returns {1, token, 0}; {STALE_TOKEN, fence, 0}; {THREAD_NOT_FOUND, 0, 0};
+-- {NOT_CLAIMED, 0, 0} no record; {NOT_HOLDER, holder, 0} when not pending under this token.
 local refused = refuse_stale_effect(ARGV[1])
 if refused then
   return refused
 end
 local state = redis.call('HGET', KEYS[1], 'state')
 if not state then
-  return {-4, 0, 0}
+  return {REFUSAL.NOT_CLAIMED, 0, 0}
 end
 local holder = redis.call('HGET', KEYS[1], 'token')
 -- A client that resends after a lost reply finds its own write: report it as done.
@@ -17,7 +17,7 @@ if state == 'done' and holder == ARGV[1] and redis.call('HGET', KEYS[1], 'result
   return {1, tonumber(ARGV[1]), 0}
 end
 if state ~= 'pending' or holder ~= ARGV[1] then
-  return {-5, tonumber(holder), 0}
+  return {REFUSAL.NOT_HOLDER, tonumber(holder), 0}
 end
 redis.call('HSET', KEYS[1], 'state', 'done', 'result', ARGV[2])
 -- A done record is answered from its state; the claim's id only served while pending.

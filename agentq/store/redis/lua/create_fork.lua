@@ -1,3 +1,4 @@
+--!df flags=allow-undeclared-keys
 -- Creates a thread from a copied snapshot, in status 'waiting'.
 -- KEYS[1]: meta, [2]: latest, [3]: checkpoint n, [due index].
 -- ARGV[1]: status prefix or '', [2] new thread id, [3] snapshot bytes, [4] n, [5] node
@@ -11,7 +12,7 @@ if redis.call('EXISTS', meta) == 1 then
   return {0, 0, 0}
 end
 local now = now_seconds()
-redis.call('HSET', meta, 'status', 'waiting', 'step', ARGV[4], 'task', ARGV[6], 'attempts', 0,
+redis.call('HSET', meta, 'status', STATUS.WAITING, 'step', ARGV[4], 'task', ARGV[6], 'attempts', 0,
   'crashes', 0, 'fence', 0, 'first', ARGV[4], 'created_at', tostring(now),
   'updated_at', tostring(now))
 if ARGV[5] ~= '' then
@@ -37,5 +38,5 @@ for _ = 1, tonumber(ARGV[11]) do
 end
 redis.call('SET', KEYS[2], ARGV[4])
 redis.call('SET', KEYS[3], ARGV[3])
-local ops = index(ARGV[2], '', 'waiting', 'clear', now)
+local ops = index(ARGV[2], '', STATUS.WAITING, 'clear', now)
 return {1, redis.call('HGETALL', meta), ops}

@@ -1,3 +1,4 @@
+--!df flags=allow-undeclared-keys
 -- Deletes a thread and every key it owns.
 -- KEYS[1]: meta, [2]: latest, [3]: lock, [4]: set of owned keys, [due index].
 -- ARGV[1]: status prefix or '', [2] thread id, [3] checkpoint key prefix, [4] '' or a
@@ -10,8 +11,7 @@ if not status then
   return {0, 0}
 end
 if ARGV[4] ~= '' then
-  local finished = status == 'done' or status == 'failed' or status == 'cancelled'
-  if not finished or tonumber(redis.call('HGET', meta, 'updated_at')) >= tonumber(ARGV[4]) then
+  if not FINISHED[status] or tonumber(redis.call('HGET', meta, 'updated_at')) >= tonumber(ARGV[4]) then
     return {0, 0}
   end
 end

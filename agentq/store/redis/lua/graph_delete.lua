@@ -1,3 +1,4 @@
+--!df flags=allow-undeclared-keys
 -- Deletes every LangGraph key of the thread.
 -- KEYS[1] meta, [2] lock, [3] owned.
 -- ARGV[1] token or '', [2] thread key base.

@@ -1,3 +1,4 @@
+--!df flags=allow-undeclared-keys
 -- Deletes the thread's LangGraph checkpoints written by the given runs, and the blobs no
 -- remaining checkpoint reads.
 -- KEYS[1] meta, [2] lock, [3] owned.

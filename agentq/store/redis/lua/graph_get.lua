@@ -1,3 +1,4 @@
+--!df flags=allow-undeclared-keys
 -- Reads one LangGraph checkpoint (or the namespace's latest) with its blobs and writes.
 -- KEYS[1] ids.
 -- ARGV[1] thread key base, [2] escaped namespace, [3] checkpoint id or '' for the latest.

@@ -1,3 +1,4 @@
+--!df flags=allow-undeclared-keys
 -- Keeps only the latest LangGraph checkpoint of each namespace, its writes and the blobs
 -- it reads.
 -- KEYS[1] meta, [2] lock, [3] owned, [4] namespace set.

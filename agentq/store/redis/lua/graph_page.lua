@@ -1,3 +1,4 @@
+--!df flags=allow-undeclared-keys
 -- Reads up to ARGV[4] LangGraph checkpoints of a namespace, newest first.
 -- KEYS[1] ids.
 -- ARGV[1] thread key base, [2] escaped namespace, [3] only ids below this one ('' for

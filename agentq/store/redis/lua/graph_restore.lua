@@ -1,3 +1,4 @@
+--!df flags=allow-undeclared-keys
 -- Writes a copied LangGraph thread: applies commands to the target thread's own keys.
 -- KEYS[1] meta, [2] lock, [3] owned (all the target's).
 -- ARGV[1] token or '', [2] msgpack list of commands, each {name, key, args...}; the

@@ -1,3 +1,4 @@
+--!df flags=allow-undeclared-keys
 -- Reads the latest checkpoint, with its append-only logs, in one round trip.
 -- KEYS[1]: latest.  ARGV[1]: checkpoint key prefix, [2]: the thread's key prefix.
 -- Returns {n, snapshot bytes, field, items, field, items, ...}, or nil when nothing was

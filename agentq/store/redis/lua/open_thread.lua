@@ -1,3 +1,4 @@
+--!df flags=allow-undeclared-keys
 -- Creates a thread as 'queued' unless it exists.
 -- KEYS[1]: meta, [due index].
 -- ARGV[1]: status prefix or '', [2] thread id, [3] task name, [4] input (msgpack, '' for
@@ -8,7 +9,7 @@ if redis.call('EXISTS', meta) == 1 then
   return {0, redis.call('HGETALL', meta), 0}
 end
 local now = now_seconds()
-redis.call('HSET', meta, 'status', 'queued', 'step', -1, 'task', ARGV[3], 'attempts', 0,
+redis.call('HSET', meta, 'status', STATUS.QUEUED, 'step', -1, 'task', ARGV[3], 'attempts', 0,
   'crashes', 0, 'fence', 0, 'first', 0, 'created_at', tostring(now), 'updated_at', tostring(now))
 if ARGV[4] ~= '' then
   redis.call('HSET', meta, 'input', ARGV[4])
@@ -16,5 +17,5 @@ end
 if ARGV[6] ~= '' then
   redis.call('HSET', meta, 'options', ARGV[6])
 end
-local ops = index(ARGV[2], '', 'queued', now + tonumber(ARGV[5]), now)
+local ops = index(ARGV[2], '', STATUS.QUEUED, now + tonumber(ARGV[5]), now)
 return {1, redis.call('HGETALL', meta), ops}

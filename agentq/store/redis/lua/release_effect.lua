@@ -3,7 +3,7 @@
 -- [3]: the thread's set of owned keys (thread-scoped records only).
 -- ARGV[1]: token, [2]: the claim's id.
 -- Returns {1, token, 0} dropped, or already gone (a resend after a lost reply);
--- {-1, fence, 0} stale token; {-3, 0, 0} unknown thread; {-5, holder, 0} when not this
+-- {STALE_TOKEN, fence, 0}; {THREAD_NOT_FOUND, 0, 0}; {NOT_HOLDER, holder, 0} when not this
 -- claim pending under this token (a shared key's holder may be another thread).
 local refused = refuse_stale_effect(ARGV[1])
 if refused then
@@ -15,7 +15,7 @@ if not state then
 end
 local holder = redis.call('HGET', KEYS[1], 'token')
 if state ~= 'pending' or holder ~= ARGV[1] or redis.call('HGET', KEYS[1], 'claim') ~= ARGV[2] then
-  return {-5, tonumber(holder), 0}
+  return {REFUSAL.NOT_HOLDER, tonumber(holder), 0}
 end
 redis.call('DEL', KEYS[1])
 if #KEYS >= 3 then

@@ -7,7 +7,7 @@ if redis.call('GET', KEYS[1]) ~= ARGV[3] then
 end
 redis.call('PEXPIRE', KEYS[1], ARGV[4])
 local ops = 0
-if redis.call('HGET', KEYS[2], 'status') == 'running' then
+if redis.call('HGET', KEYS[2], 'status') == STATUS.RUNNING then
   local now = now_seconds()
   ops = index(ARGV[2], '', '', now + tonumber(ARGV[4]) / 1000, now)
 end

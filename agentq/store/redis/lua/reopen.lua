@@ -1,13 +1,14 @@
+--!df flags=allow-undeclared-keys
 -- Queues a thread again that nobody drives, if its status allows it.
 -- KEYS[1]: meta, [due index].
 -- ARGV[1]: status prefix or '', [2] thread id, [3] start grace in seconds, [4] resume
 -- value (msgpack) or '' for none, [5..] the statuses it may be reopened from.
--- Returns {1, meta as a flat HGETALL list, ops}; {-3, 0, 0} for an unknown thread;
--- {-6, current status, 0} when the status does not allow it.
+-- Returns {1, meta as a flat HGETALL list, ops}; {THREAD_NOT_FOUND, 0, 0};
+-- {STATUS_REFUSED, current status, 0} when the status does not allow it.
 local meta = KEYS[1]
 local status = redis.call('HGET', meta, 'status')
 if not status then
-  return {-3, 0, 0}
+  return {REFUSAL.THREAD_NOT_FOUND, 0, 0}
 end
 local allowed = false
 for i = 5, #ARGV do
@@ -16,13 +17,13 @@ for i = 5, #ARGV do
   end
 end
 if not allowed then
-  return {-6, status, 0}
+  return {REFUSAL.STATUS_REFUSED, status, 0}
 end
 local now = now_seconds()
-redis.call('HSET', meta, 'status', 'queued', 'attempts', 0, 'updated_at', tostring(now))
+redis.call('HSET', meta, 'status', STATUS.QUEUED, 'attempts', 0, 'updated_at', tostring(now))
 redis.call('HDEL', meta, 'error', 'cancel', 'interrupt')
 if ARGV[4] ~= '' then
   redis.call('HSET', meta, 'resume', ARGV[4])
 end
-local ops = index(ARGV[2], status, 'queued', now + tonumber(ARGV[3]), now)
+local ops = index(ARGV[2], status, STATUS.QUEUED, now + tonumber(ARGV[3]), now)
 return {1, redis.call('HGETALL', meta), ops}

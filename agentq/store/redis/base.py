@@ -1,0 +1,175 @@
+"""What every part of :class:`~agentq.store.redis.store.RedisStore` stands on: the client,
+the keys, the scripts, the global indexes, and the latest steps it has seen.
+
+Every write is one Lua script on the thread's keys (see :mod:`agentq.ids`), so it is
+atomic and costs one round trip. On a single server the global indexes change in the
+same script; on Redis Cluster they live in another slot and follow in a second call
+(see ``lua/_prelude.lua`` for why that ordering is safe).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Self
+from urllib.parse import urlsplit
+
+import redis
+from redis.cluster import RedisCluster
+from redis.exceptions import NoScriptError
+from redis.typing import EncodableT
+
+from agentq.codec.envelope import decode_value
+from agentq.errors import StoreConfigError
+from agentq.records import ThreadMeta
+from agentq.settings import DEFAULT_KEEP_LAST, DEFAULT_MAX_CHECKPOINT_BYTES
+from agentq.store.contract import Store
+from agentq.store.meta_fields import meta_from_fields
+from agentq.store.redis.keys import Keys
+from agentq.store.redis.scripts import STORE_SCRIPTS, RedisClient, load_scripts
+from agentq.store.redis.transient import TRANSIENT_ERRORS, is_transient
+from agentq.store.redis.wire import send
+
+MAX_REMEMBERED_HEADS = 10_000
+"""How many threads' latest steps a store remembers to read ``latest()`` with one ``MGET``."""
+
+
+class RedisBase(Store):
+    """The client, keys and scripts of a Redis store, and the plumbing its operations share.
+
+    ``client`` must return bytes (``decode_responses=False``, the default). A
+    :class:`redis.cluster.RedisCluster` client is used in cluster mode.
+    """
+
+    transient_errors = TRANSIENT_ERRORS
+
+    def is_transient(self, exc: BaseException) -> bool:
+        return is_transient(exc)
+
+    def __init__(
+        self,
+        client: RedisClient,
+        *,
+        prefix: str = "agentq:",
+        keep_last: int = DEFAULT_KEEP_LAST,
+        max_checkpoint_bytes: int = DEFAULT_MAX_CHECKPOINT_BYTES,
+    ) -> None:
+        super().__init__(keep_last=keep_last, max_checkpoint_bytes=max_checkpoint_bytes)
+        if client.get_encoder().decode_responses:
+            raise StoreConfigError(
+                "the Redis client decodes responses, but checkpoints are binary; create it "
+                "with decode_responses=False"
+            )
+        if "{" in prefix or "}" in prefix:
+            raise StoreConfigError(f"prefix {prefix!r} contains a brace; remove it")
+        self.client = client
+        self.keys = Keys(prefix)
+        self.cluster = isinstance(client, RedisCluster)
+        self._scripts = load_scripts(client, STORE_SCRIPTS, ("_prelude",))
+        self._heads: dict[str, tuple[int, tuple[str, ...]]] = {}
+        """thread id -> (latest step, append-only fields) as this store last saw them: a
+        guess that ``latest()`` checks on the server, never trusts."""
+
+    @classmethod
+    def from_url(
+        cls, url: str, *, cluster: bool = False, max_connections: int | None = None, **options: Any
+    ) -> Self:
+        """Connect with a ``redis://``, ``rediss://`` or ``unix://`` URL (user, password and
+        database as redis-py reads them). ``cluster=True`` uses Redis Cluster. The client's
+        pool blocks when ``max_connections`` (per node on Cluster; redis-py's default if
+        ``None``) are in use, until one is free or its timeout passes; other keyword
+        arguments go to the store."""
+        if not url.startswith(("redis://", "rediss://", "unix://")):
+            raise StoreConfigError(
+                f"unsupported Redis URL {url!r}; use redis://, rediss:// or unix://"
+            )
+        parts = urlsplit(url)
+        database = parts.path.strip("/") if parts.scheme != "unix" else ""
+        # redis-py falls back to database 0 for a path it cannot read: a typo would
+        # silently put the checkpoints in another database.
+        if database and not database.isdigit():
+            raise StoreConfigError(
+                f"the Redis URL's database {database!r} is not a number; write e.g. "
+                "redis://host:6379/1"
+            )
+        pool: dict[str, Any] = (
+            {} if max_connections is None else {"max_connections": max_connections}
+        )
+        try:
+            client: RedisClient = (
+                RedisCluster.from_url(
+                    url, connection_pool_class=redis.BlockingConnectionPool, **pool
+                )
+                if cluster
+                else redis.Redis.from_pool(redis.BlockingConnectionPool.from_url(url, **pool))
+            )
+        except ValueError as exc:  # the message names the part, never the password
+            raise StoreConfigError(f"the Redis URL cannot be used: {exc}") from exc
+        return cls(client, **options)
+
+    # -- the global indexes --------------------------------------------------------------
+
+    def _index_keys(self) -> tuple[list[str], list[Any]]:
+        """The trailing KEYS and the leading ARGV of every index-maintaining script."""
+        if self.cluster:
+            return [], [""]
+        return [self.keys.due()], [self.keys.status_index_prefix()]
+
+    def _run(self, name: str, keys: list[str], args: list[Any], *, indexed: bool) -> Any:
+        if indexed:
+            index_keys, index_args = self._index_keys()
+            keys, args = keys + index_keys, index_args + args
+        reply = self._scripts[name](keys=keys, args=args)
+        if indexed:
+            self._apply_index_ops(reply)
+        return reply
+
+    def _run_many(self, name: str, calls: Sequence[tuple[list[str], list[Any]]]) -> list[Any]:
+        """Script ``name`` once per ``(keys, args)`` in one round trip (one per node on
+        Cluster); the replies in order. Each call must be safe to send twice: a server
+        that lost the script gets it loaded and the whole batch again."""
+        if not calls:
+            return []
+        script = self._scripts[name]
+        commands = [("EVALSHA", script.sha, len(keys), *keys, *args) for keys, args in calls]
+        replies = self._send(commands, transaction=False)
+        if any(isinstance(reply, NoScriptError) for reply in replies):
+            self.client.script_load(script.script)
+            replies = self._send(commands, transaction=False)
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
+        return replies
+
+    def _apply_index_ops(self, reply: Any) -> None:
+        """On Redis Cluster, apply the index changes a thread script returned."""
+        if self.cluster and isinstance(reply, list) and isinstance(reply[-1], list):
+            self._scripts["index"](
+                keys=[self.keys.due()], args=[self.keys.status_index_prefix(), *reply[-1]]
+            )
+
+    def _send(self, commands: Sequence[Sequence[EncodableT]], *, transaction: bool) -> list[Any]:
+        return send(self.client, commands, transaction=transaction)
+
+    # -- what the store has seen ---------------------------------------------------------
+
+    def _remember(self, thread_id: str, step: int, fields: tuple[str, ...]) -> None:
+        heads = self._heads
+        if len(heads) >= MAX_REMEMBERED_HEADS and thread_id not in heads:
+            heads.clear()
+        heads[thread_id] = (step, fields)
+
+    def _meta(self, thread_id: str, fields: dict[str, bytes]) -> ThreadMeta:
+        """The meta from its stored fields; remembers the thread's latest step."""
+        meta = meta_from_fields(thread_id, fields)
+        names = fields.get("log_fields")
+        logged = (
+            decode_value(names, what="meta.log_fields", thread_id=thread_id, step=None)
+            if names
+            else ()
+        )
+        self._remember(thread_id, meta.step, tuple(logged))
+        return meta
+
+    def _now(self) -> float:
+        seconds, micros = self.client.time()
+        return seconds + micros / 1e6

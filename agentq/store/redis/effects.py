@@ -1,0 +1,100 @@
+"""Idempotency records on Redis: claim, complete, release and read an effect's record.
+
+A thread's own records live in its slot and are fenced in the same script; a shared
+record (``shared=True``) is global, and on Redis Cluster in another slot than the meta.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agentq.codec.envelope import decode_value, encode_value
+from agentq.records import Claim, ClaimOutcome, Effect, EffectState
+from agentq.store.redis.base import RedisBase
+from agentq.store.redis.decode import fields, raise_refusal, refusal_error
+from agentq.store.redis.refusal import Refusal
+
+_CLAIMED, _DONE = 1, 2
+"""claim_effect.lua's success codes (3: an unknown outcome)."""
+
+
+class RedisEffects(RedisBase):
+    """Effect records, fenced by the thread's token."""
+
+    def _effect_keys(self, thread_id: str, key: str, *, shared: bool) -> list[str]:
+        if not shared:
+            return [
+                self.keys.effect(thread_id, key),
+                self.keys.meta(thread_id),
+                self.keys.owned(thread_id),
+            ]
+        if self.cluster:
+            return [self.keys.global_effect(key)]
+        return [self.keys.global_effect(key), self.keys.meta(thread_id)]
+
+    def _check_fence_apart(self, thread_id: str, token: int, shared: bool) -> None:
+        """On Redis Cluster a shared record lives in another slot than the thread's meta,
+        so its claim cannot check the token in the same script: check it just before."""
+        if shared and self.cluster:
+            fence = self.client.hget(self.keys.meta(thread_id), "fence")
+            if fence is None:
+                raise refusal_error(Refusal.THREAD_NOT_FOUND, 0, thread_id=thread_id)
+            if int(fence) != token:
+                raise refusal_error(Refusal.STALE_TOKEN, fence, thread_id=thread_id, token=token)
+
+    def _do_claim_effect(
+        self,
+        thread_id: str,
+        key: str,
+        token: int,
+        *,
+        shared: bool,
+        takeover: bool,
+        claim_id: str,
+    ) -> Claim:
+        keys = self._effect_keys(thread_id, key, shared=shared)
+        self._check_fence_apart(thread_id, token, shared)
+        code, holder, result = self._scripts["claim_effect"](
+            keys=keys, args=[token, "1" if takeover else "0", claim_id]
+        )
+        raise_refusal(code, holder, thread_id=thread_id, token=token, key=key)
+        if code == _DONE:
+            value = decode_value(
+                result, what=f"effect {key!r} result", thread_id=thread_id, step=None
+            )
+            return Claim(ClaimOutcome.DONE, Effect(key, EffectState.DONE, int(holder), value))
+        outcome = ClaimOutcome.CLAIMED if code == _CLAIMED else ClaimOutcome.UNKNOWN
+        return Claim(outcome, Effect(key, EffectState.PENDING, int(holder)))
+
+    def _do_complete_effect(
+        self, thread_id: str, key: str, token: int, result: Any, *, shared: bool
+    ) -> None:
+        keys = self._effect_keys(thread_id, key, shared=shared)[:2]
+        data = encode_value(result, what=f"effect {key!r} result", thread_id=thread_id, step=None)
+        self._check_fence_apart(thread_id, token, shared)
+        code, holder, _ = self._scripts["complete_effect"](keys=keys, args=[token, data])
+        raise_refusal(code, holder, thread_id=thread_id, token=token, key=key)
+
+    def _do_release_effect(
+        self, thread_id: str, key: str, token: int, *, claim_id: str, shared: bool
+    ) -> None:
+        keys = self._effect_keys(thread_id, key, shared=shared)
+        self._check_fence_apart(thread_id, token, shared)
+        code, holder, _ = self._scripts["release_effect"](keys=keys, args=[token, claim_id])
+        raise_refusal(code, holder, thread_id=thread_id, token=token, key=key)
+
+    def _do_effect(self, thread_id: str, key: str, *, shared: bool) -> Effect | None:
+        record = fields(self.client.hgetall(self._effect_keys(thread_id, key, shared=shared)[0]))
+        if not record:
+            return None
+        result = record.get("result")
+        return Effect(
+            key,
+            EffectState(record["state"].decode()),
+            int(record["token"]),
+            None
+            if result is None
+            else decode_value(
+                result, what=f"effect {key!r} result", thread_id=thread_id, step=None
+            ),
+        )

@@ -1,0 +1,72 @@
+"""What ``check()`` reports about a Redis server's settings: persistence and eviction, the
+two that decide whether an acknowledged checkpoint survives."""
+
+from __future__ import annotations
+
+import redis
+from redis.cluster import RedisCluster
+
+from agentq.records import Finding
+from agentq.store.redis.decode import text
+
+
+def server_findings(client: redis.Redis | RedisCluster) -> list[Finding]:
+    """Read the server's settings and judge them; a managed server may refuse ``CONFIG``."""
+    try:
+        config = {text(name): text(value) for name, value in client.config_get("*").items()}
+    except redis.ResponseError as exc:
+        return [
+            Finding(
+                "CONFIG",
+                "unavailable",
+                f"cannot read the server's settings ({exc}).",
+                "check persistence and eviction with your provider",
+            )
+        ]
+    return redis_findings(config)
+
+
+def redis_findings(config: dict[str, str]) -> list[Finding]:
+    """Judge a Redis ``CONFIG GET *`` answer for checkpoint durability."""
+    findings = []
+    aof = config.get("appendonly") == "yes"
+    if not aof and not config.get("save"):
+        findings.append(
+            Finding(
+                "appendonly",
+                "no",
+                "no persistence (AOF off and no RDB snapshots): a restart of the server loses "
+                "every checkpoint.",
+                "start Redis with --appendonly yes --appendfsync always",
+            )
+        )
+    elif not aof:
+        findings.append(
+            Finding(
+                "appendonly",
+                "no",
+                "only RDB snapshots: a crash loses every checkpoint written since the last one.",
+                "start Redis with --appendonly yes --appendfsync always",
+            )
+        )
+    elif config.get("appendfsync") not in ("always", "everysec"):
+        findings.append(
+            Finding(
+                "appendfsync",
+                config.get("appendfsync", "?"),
+                "the OS decides when the AOF reaches disk: a power loss can drop acknowledged "
+                "checkpoints.",
+                "set appendfsync always (or everysec to risk at most one second)",
+            )
+        )
+    policy = config.get("maxmemory-policy", "noeviction")
+    if policy != "noeviction":
+        findings.append(
+            Finding(
+                "maxmemory-policy",
+                policy,
+                "Redis may evict checkpoints, leases and effect records under memory pressure.",
+                "set maxmemory-policy noeviction (writes then fail loudly instead)",
+            )
+        )
+    return findings

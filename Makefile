@@ -25,7 +25,7 @@ lint: install
 	$(VENV)/bin/mypy
 
 test: lint services
-	$(PY) -m pytest
+	$(PY) -m pytest --cov --cov-report=term
 
 bench: install services
 	$(PY) -m bench

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.markup import escape
@@ -18,6 +18,11 @@ from agentq.ops import gc as cleanup
 from agentq.ops import latency
 from agentq.ops.console import console
 from agentq.records import Finding
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from agentq.celery.recovery import Sweeper
 
 SLOW_COMMIT_MS = 50.0
 """A commit slower than this is worth a note: every step of every agent pays it once."""
@@ -182,40 +187,52 @@ def sweep(session: Session, once: bool, interval: float | None, as_json: bool) -
     sweeper = Sweeper(app)
     out = console()
     if once:
-        sent = sweeper.sweep_once()
-        if as_json:
-            emit_json({"sent": sent})
-        elif sent:
-            for thread in sent:
-                out.print(f"re-sent [bold cyan]{escape(thread)}[/]")
-        else:
-            out.print("Nothing due.")
+        _sweep_once(sweeper, out, as_json)
         return
     every = interval or session.settings.sweep_interval
     if not as_json:
         out.print(f"Sweeping {escape(label)} every {every:g} s; Ctrl-C to stop.")
     try:
         while True:
-            try:
-                sent = sweeper.sweep_once()
-            except Exception as exc:
-                problem = describe(exc)
-                if problem is None:
-                    raise
-                console(stderr=True).print(
-                    f"[yellow]sweep failed:[/] {escape(problem)}; trying again in {every:g} s"
-                )
-                sent = []
-            for thread in sent:
-                if as_json:  # one object per line, for a log pipeline
-                    click.echo(json.dumps({"at": time.time(), "sent": thread}))
-                else:
-                    stamp = time.strftime("%H:%M:%S")
-                    out.print(f"{stamp} re-sent [bold cyan]{escape(thread)}[/]")
+            _report_sent(out, _sweep_or_warn(sweeper, every), as_json)
             time.sleep(every)
     except KeyboardInterrupt:
         if not as_json:
             out.print("Stopped.")
+
+
+def _sweep_once(sweeper: Sweeper, out: Console, as_json: bool) -> None:
+    sent = sweeper.sweep_once()
+    if as_json:
+        emit_json({"sent": sent})
+    elif sent:
+        for thread in sent:
+            out.print(f"re-sent [bold cyan]{escape(thread)}[/]")
+    else:
+        out.print("Nothing due.")
+
+
+def _sweep_or_warn(sweeper: Sweeper, every: float) -> list[str]:
+    """One sweep of the loop; a store that is down for a moment is reported, not fatal."""
+    try:
+        return sweeper.sweep_once()
+    except Exception as exc:
+        problem = describe(exc)
+        if problem is None:
+            raise
+        console(stderr=True).print(
+            f"[yellow]sweep failed:[/] {escape(problem)}; trying again in {every:g} s"
+        )
+        return []
+
+
+def _report_sent(out: Console, sent: list[str], as_json: bool) -> None:
+    for thread in sent:
+        if as_json:  # one object per line, for a log pipeline
+            click.echo(json.dumps({"at": time.time(), "sent": thread}))
+        else:
+            stamp = time.strftime("%H:%M:%S")
+            out.print(f"{stamp} re-sent [bold cyan]{escape(thread)}[/]")
 
 
 OPS_COMMANDS: tuple[Any, ...] = (gc, doctor, sweep)

@@ -212,12 +212,7 @@ def _start_worker(stage: Stage, watcher: Watcher, timeline: Timeline, label: str
 
 
 def _stopped(seen: Observed) -> bool:
-    return seen.meta is not None and seen.meta.status in (
-        Status.DONE,
-        Status.FAILED,
-        Status.CANCELLED,
-        Status.NEEDS_ATTENTION,
-    )
+    return seen.meta is not None and not seen.meta.status.is_live
 
 
 def _not_stopped_early(seen: Observed) -> None:

@@ -19,9 +19,6 @@ from agentq.store.contract import Store
 
 POLL_INTERVAL: Final = 0.05
 _WHO_STYLES: Final = {"worker A": "cyan", "worker B": "magenta", "demo": "bold red", "you": "green"}
-_STOPPED: Final = frozenset(
-    {Status.DONE, Status.FAILED, Status.CANCELLED, Status.NEEDS_ATTENTION, Status.WAITING}
-)
 
 
 class DemoFailed(Exception):
@@ -131,7 +128,7 @@ class Watcher:
                 lines.append(self._commit_line(checkpoint))
         if meta is not None:
             previous, self.seen.meta = self.seen.meta, meta
-            if meta.status in _STOPPED and (previous is None or previous.status != meta.status):
+            if not meta.status.is_live and (previous is None or previous.status != meta.status):
                 lines.append(self._stopped_line(meta))
         for line in sorted(lines):
             self.timeline.say(line.who, line.text, line.at)

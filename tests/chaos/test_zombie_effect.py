@@ -20,7 +20,8 @@ from agentq import Status
 from tests.support.chaos import ChaosCluster, ChaosConfig, chaos_cluster
 from tests.support.redis_server import wait_until
 
-pytestmark = [pytest.mark.chaos, pytest.mark.slow]
+# Freezes a worker subprocess past its lease and waits for the takeover.
+pytestmark = [pytest.mark.chaos, pytest.mark.slow, pytest.mark.timeout(60)]
 
 
 @pytest.fixture

@@ -23,7 +23,9 @@ from tests.support.graphs import GRAPH_TASK, make_graph_app, question
 from tests.support.redis_server import RedisServer, wait_until
 from tests.support.workers import WorkerProcess
 
-pytestmark = pytest.mark.slow
+# Each test kills or stops worker subprocesses and waits for another to take over: 4-16 s,
+# more on a loaded machine, beyond the suite's default.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]
 LEASE_TTL = 2.0
 
 
@@ -155,6 +157,7 @@ def test_sigkill_while_resuming_an_interrupt(cluster: Cluster) -> None:
     assert_one_checkpoint_chain(cluster, "t1")
 
 
+@pytest.mark.timeout(120)  # slow steps around a warm shutdown: 16 s unloaded
 def test_sigterm_hands_the_graph_over_within_one_step(cluster: Cluster) -> None:
     first = cluster.worker()
     cluster.task.delay("t1", question("refund a lot", refunds=8, slow=0.5))

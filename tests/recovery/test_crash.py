@@ -25,7 +25,9 @@ from tests.support.agents import Ledger, make_app
 from tests.support.redis_server import RedisServer, wait_until
 from tests.support.workers import WorkerProcess
 
-pytestmark = pytest.mark.slow
+# Each test kills or stops worker subprocesses and waits for another to take over: 4-16 s,
+# more on a loaded machine, beyond the suite's default.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]
 
 # Each kind of broker the workers are recovered on, as the fixture giving a private one.
 BROKERS = {"redis": "redis_broker", "rabbitmq": "rabbitmq_broker"}
@@ -142,6 +144,7 @@ def test_sigkill_after_the_effect_before_its_record(
         assert "call-refund-1" in (meta.error or "")
 
 
+@pytest.mark.timeout(120)  # 20 steps of 0.5 s around a warm shutdown: 16 s unloaded
 def test_sigterm_hands_the_thread_over_within_one_step(cluster: Cluster) -> None:
     agent = cluster.agent("counting_agent")
     first = cluster.worker()

@@ -42,6 +42,7 @@ from celery import Celery
 from agentq import Status
 from agentq.celery.runtime import runtime_of
 from agentq.errors import AgentqError
+from agentq.records import ThreadMeta
 from agentq.store.redis.store import RedisStore
 from tests.support.agents import ChaosAgent, ChaosLedger, make_app
 from tests.support.redis_server import RedisServer, wait_until
@@ -472,80 +473,131 @@ def _median(values: list[float]) -> float:
     return round(statistics.median(values), 3) if values else float("nan")
 
 
+@dataclass
+class _Tally:
+    """What :func:`verify` finds across the threads, in the order it finds it."""
+
+    problems: list[str] = field(default_factory=list)
+    lost: int = 0
+    duplicates: int = 0
+    reruns: int = 0
+    undecodable: int = 0
+
+
 def verify(cluster: ChaosCluster, log: ChaosLog, reference: Any) -> ChaosReport:
     """Check every thread, effect and checkpoint; compute the figures."""
     config, store, ledger = cluster.config, cluster.store, cluster.ledger
     assert ledger is not None
-    ids = thread_ids(config)
-    problems: list[str] = []
-    lost = duplicates = reruns = undecodable = 0
+    tally = _Tally()
+    expected = _expected_effects(config)
     histories: dict[str, list[Any]] = {}
-    for thread_id in ids:
+    for thread_id in thread_ids(config):
         meta = store.meta(thread_id)
-        if meta is None or meta.status != Status.DONE:
-            lost += 1
-            status = meta.status.value if meta else "missing"
-            error = (meta.error or "").splitlines()[0] if meta and meta.error else ""
-            problems.append(
-                f"{thread_id}: {status} at step {meta.step if meta else '-'}"
-                f"{': ' + error if error else ''}"
-            )
-        elif meta.result != reference:
-            problems.append(f"{thread_id}: result {meta.result!r} != reference {reference!r}")
-        # The outside world: every effect applied once, no tool call made twice unless the
-        # tool is declared idempotent.
-        expected: dict[str, int | str] = {}
-        for n in range(1, config.rounds + 1):
-            expected[f"refund:call-refund-{n}"] = 10 * n
-            expected[f"notify:call-notify-{n}"] = f"c{n}@ex.com"
-        effects = {k: json.loads(v) for k, v in ledger.effects(thread_id).items()}
-        if meta is not None and meta.status == Status.DONE and effects != expected:
-            problems.append(f"{thread_id}: effects {effects} != {expected}")
-        for name, count in ledger.invocations(thread_id).items():
-            if name not in expected:
-                problems.append(f"{thread_id}: unexpected tool call {name}")
-            elif name.startswith("notify:") and count > 1:  # not idempotent: an email twice
-                duplicates += count - 1
-                problems.append(f"{thread_id}: {name} ran {count} times")
-            elif count > 1:
-                reruns += count - 1
-        # Every stored checkpoint decodes; the history is whole, in order, fenced.
-        steps = []
-        for key in store.client.scan_iter(match=f"{store.keys.checkpoint_prefix(thread_id)}*"):
-            steps.append(int(key.decode().rsplit(":", 1)[1]))
-        history = []
-        for step in sorted(steps):
-            try:
-                history.append(store.checkpoint(thread_id, step))
-            except AgentqError as exc:
-                undecodable += 1
-                problems.append(f"{thread_id}: checkpoint {step} does not decode: {exc}")
-        histories[thread_id] = history
-        if meta is not None and meta.status == Status.DONE:
-            want = list(range(config.steps_per_thread))
-            if sorted(steps) != want:
-                problems.append(f"{thread_id}: stored steps {sorted(steps)} != {want}")
-            tokens = [c.token for c in history]
-            if tokens != sorted(tokens):
-                problems.append(f"{thread_id}: tokens decrease along the steps: {tokens}")
-            if history and history[-1].node is not None:
-                problems.append(
-                    f"{thread_id}: done, but the last checkpoint goes on to {history[-1].node!r}"
-                )
+        done = meta is not None and meta.status == Status.DONE
+        _check_outcome(tally, thread_id, meta, reference)
+        _check_effects(tally, thread_id, ledger, expected, done)
+        steps, histories[thread_id] = _read_history(tally, store, thread_id)
+        if done:
+            _check_history(tally, thread_id, steps, histories[thread_id], config)
     resumed = resume_times(log, histories)
     unresumed = sum(len(k.tokens) for k in log.kills) - len(resumed)
     if unresumed:
-        problems.append(f"{unresumed} threads held by a killed worker never committed again")
-    total_steps = sum(len(h) for h in histories.values())
-    figures: dict[str, float | int | str] = {
+        tally.problems.append(f"{unresumed} threads held by a killed worker never committed again")
+    return ChaosReport(_figures(cluster, log, tally, histories, resumed), tally.problems)
+
+
+def _check_outcome(tally: _Tally, thread_id: str, meta: ThreadMeta | None, reference: Any) -> None:
+    if meta is None or meta.status != Status.DONE:
+        tally.lost += 1
+        status = meta.status.value if meta else "missing"
+        error = (meta.error or "").splitlines()[0] if meta and meta.error else ""
+        tally.problems.append(
+            f"{thread_id}: {status} at step {meta.step if meta else '-'}"
+            f"{': ' + error if error else ''}"
+        )
+    elif meta.result != reference:
+        tally.problems.append(f"{thread_id}: result {meta.result!r} != reference {reference!r}")
+
+
+def _expected_effects(config: ChaosConfig) -> dict[str, int | str]:
+    expected: dict[str, int | str] = {}
+    for n in range(1, config.rounds + 1):
+        expected[f"refund:call-refund-{n}"] = 10 * n
+        expected[f"notify:call-notify-{n}"] = f"c{n}@ex.com"
+    return expected
+
+
+def _check_effects(
+    tally: _Tally,
+    thread_id: str,
+    ledger: ChaosLedger,
+    expected: dict[str, int | str],
+    done: bool,
+) -> None:
+    """The outside world: every effect applied once, no tool call made twice unless the
+    tool is declared idempotent."""
+    effects = {k: json.loads(v) for k, v in ledger.effects(thread_id).items()}
+    if done and effects != expected:
+        tally.problems.append(f"{thread_id}: effects {effects} != {expected}")
+    for name, count in ledger.invocations(thread_id).items():
+        if name not in expected:
+            tally.problems.append(f"{thread_id}: unexpected tool call {name}")
+        elif name.startswith("notify:") and count > 1:  # not idempotent: an email twice
+            tally.duplicates += count - 1
+            tally.problems.append(f"{thread_id}: {name} ran {count} times")
+        elif count > 1:
+            tally.reruns += count - 1
+
+
+def _read_history(tally: _Tally, store: RedisStore, thread_id: str) -> tuple[list[int], list[Any]]:
+    """The steps stored for the thread, and every checkpoint of them that decodes."""
+    steps = []
+    for key in store.client.scan_iter(match=f"{store.keys.checkpoint_prefix(thread_id)}*"):
+        steps.append(int(key.decode().rsplit(":", 1)[1]))
+    history = []
+    for step in sorted(steps):
+        try:
+            history.append(store.checkpoint(thread_id, step))
+        except AgentqError as exc:
+            tally.undecodable += 1
+            tally.problems.append(f"{thread_id}: checkpoint {step} does not decode: {exc}")
+    return steps, history
+
+
+def _check_history(
+    tally: _Tally, thread_id: str, steps: list[int], history: list[Any], config: ChaosConfig
+) -> None:
+    """A finished thread's history is whole, in order, fenced."""
+    want = list(range(config.steps_per_thread))
+    if sorted(steps) != want:
+        tally.problems.append(f"{thread_id}: stored steps {sorted(steps)} != {want}")
+    tokens = [c.token for c in history]
+    if tokens != sorted(tokens):
+        tally.problems.append(f"{thread_id}: tokens decrease along the steps: {tokens}")
+    if history and history[-1].node is not None:
+        tally.problems.append(
+            f"{thread_id}: done, but the last checkpoint goes on to {history[-1].node!r}"
+        )
+
+
+def _figures(
+    cluster: ChaosCluster,
+    log: ChaosLog,
+    tally: _Tally,
+    histories: dict[str, list[Any]],
+    resumed: list[float],
+) -> dict[str, float | int | str]:
+    config, ledger = cluster.config, cluster.ledger
+    assert ledger is not None
+    return {
         "threads": config.threads,
         "steps": config.steps_per_thread,
         "kills": len(log.kills),
         "deploys": len(log.deploy_exits),
         "zombies": log.zombies,
         "store_restarts": len(log.store_outages),
-        "lost": lost,
-        "duplicate_effects": duplicates,
+        "lost": tally.lost,
+        "duplicate_effects": tally.duplicates,
         "sigkill_to_resumed_median_s": _median(resumed),
         "sigkill_to_resumed_max_s": round(max(resumed), 3) if resumed else float("nan"),
         "threads_hit_by_sigkill": sum(len(k.tokens) for k in log.kills),
@@ -553,15 +605,14 @@ def verify(cluster: ChaosCluster, log: ChaosLog, reference: Any) -> ChaosReport:
         if log.deploy_exits
         else float("nan"),
         "store_outage_median_s": _median(log.store_outages),
-        "idempotent_reruns": reruns,
-        "undecodable_checkpoints": undecodable,
-        "checkpoints": total_steps,
-        "model_calls": sum(ledger.model_calls(t) for t in ids),
+        "idempotent_reruns": tally.reruns,
+        "undecodable_checkpoints": tally.undecodable,
+        "checkpoints": sum(len(h) for h in histories.values()),
+        "model_calls": sum(ledger.model_calls(t) for t in thread_ids(config)),
         "model_calls_uninterrupted": config.threads * (config.rounds + 1),
         "fenced_zombie_stops": fenced_stops(cluster),
         "run_s": round(log.finished - log.started, 1),
     }
-    return ChaosReport(figures, problems)
 
 
 def resume_times(log: ChaosLog, histories: dict[str, list[Any]]) -> list[float]:

@@ -89,19 +89,7 @@ def build_graph(ledger: Ledger) -> StateGraph[State]:
     def tools(state: State, config: RunnableConfig) -> dict[str, Any]:
         thread_id = config["configurable"]["thread_id"]
         refund = refund_tool(ledger, thread_id)
-        policy = state["plan"].get("policy", "idempotent")
-        options: dict[str, Any] = {}
-        if policy == "idempotent":
-            options["idempotent"] = True
-        elif policy == "reconcile":
-
-            def reconcile(key: str, amount: int) -> Any:
-                applied = ledger.client.hget(ledger.key("effects", thread_id), key)
-                if applied is None:
-                    return DID_NOT_RUN
-                return {"refund_id": f"re_{key}", "amount": int(applied)}
-
-            options["reconcile"] = reconcile
+        options = _tool_options(ledger, thread_id, state["plan"].get("policy", "idempotent"))
         last = state["messages"][-1]
         assert isinstance(last, AIMessage)
         replies = []
@@ -116,23 +104,41 @@ def build_graph(ledger: Ledger) -> StateGraph[State]:
         ledger.crash_point(thread_id, "tools_end")
         return {"messages": replies}
 
-    def after_model(state: State) -> str:
-        last = state["messages"][-1]
-        if not (isinstance(last, AIMessage) and last.tool_calls):
-            return END
-        if state["plan"].get("approval") and "approved" not in state:
-            return "approve"
-        return "tools"
-
     builder = StateGraph(State)
     builder.add_node("model", model)
     builder.add_node("approve", approve)
     builder.add_node("tools", tools)
     builder.add_edge(START, "model")
-    builder.add_conditional_edges("model", after_model, ["approve", "tools", END])
+    builder.add_conditional_edges("model", _after_model, ["approve", "tools", END])
     builder.add_edge("approve", "tools")
     builder.add_edge("tools", "model")
     return builder
+
+
+def _tool_options(ledger: Ledger, thread_id: str, policy: str) -> dict[str, Any]:
+    """How ``tool_call`` may treat the refund after a crash: rerun it, ask the ledger, or
+    (neither) stop the thread for a person."""
+    if policy == "idempotent":
+        return {"idempotent": True}
+    if policy == "reconcile":
+
+        def reconcile(key: str, amount: int) -> Any:
+            applied = ledger.client.hget(ledger.key("effects", thread_id), key)
+            if applied is None:
+                return DID_NOT_RUN
+            return {"refund_id": f"re_{key}", "amount": int(applied)}
+
+        return {"reconcile": reconcile}
+    return {}
+
+
+def _after_model(state: State) -> str:
+    last = state["messages"][-1]
+    if not (isinstance(last, AIMessage) and last.tool_calls):
+        return END
+    if state["plan"].get("approval") and "approved" not in state:
+        return "approve"
+    return "tools"
 
 
 def question(text: str, **plan: Any) -> dict[str, Any]:

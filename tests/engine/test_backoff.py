@@ -8,11 +8,9 @@ import itertools
 import random
 import time
 from types import SimpleNamespace
-from typing import Any
 
 import pytest
 
-from agentq.celery.task import AgentTask
 from agentq.engine import backoff as backoff_module
 from agentq.engine.backoff import backoff, retry_after, retry_delay
 
@@ -161,38 +159,3 @@ def test_backoff_never_exceeds_the_cap(seeded: random.Random) -> None:
 def test_backoff_stays_at_the_cap_however_many_attempts(seeded: random.Random) -> None:
     drawn = [d for attempt in (1025, 10_000) for d in samples(attempt, base=1, cap=5, n=50)]
     assert all(0 <= d <= 5 for d in drawn)
-
-
-# -- AgentTask.should_retry --------------------------------------------------------------------
-
-
-class Transient(Exception):
-    pass
-
-
-class Flaky(AgentTask):
-    name = "tests.backoff.flaky"
-    retry_on = (Transient, TimeoutError)
-
-
-class Plain(AgentTask):
-    name = "tests.backoff.plain"
-
-
-@pytest.mark.parametrize(
-    ("exc", "expected"),
-    [
-        (Transient(), True),
-        (TimeoutError(), True),
-        (type("Sub", (Transient,), {})(), True),
-        (ValueError(), False),
-        (RuntimeError(), False),
-    ],
-)
-def test_should_retry_is_an_isinstance_check_against_retry_on(exc: Any, expected: bool) -> None:
-    assert Flaky().should_retry(exc) is expected
-
-
-def test_should_retry_retries_nothing_by_default() -> None:
-    assert not Plain().should_retry(TimeoutError())
-    assert not Plain().should_retry(Exception())

@@ -177,7 +177,9 @@ def make_app(*, broker: str, store: str, ledger: str, prefix: str, queue: str) -
         ticks.append(time.perf_counter())
         client(ledger).rpush(out, msgpack.packb([b - a for a, b in itertools.pairwise(ticks)]))
 
-    @app.task(name="bench.sleep_loop", shared=False)  # type: ignore[untyped-decorator]
+    # Acked late, as an AgentTask is, so both hold a prefetch slot for the whole run: under
+    # -P gevent Celery's consumer loop takes up to 2 s after an ack to fetch the next message.
+    @app.task(name="bench.sleep_loop", shared=False, acks_late=True)  # type: ignore[untyped-decorator]
     def sleep_loop(steps: int, wait: float, counter: str) -> None:
         """SleepAgent's waits without agentq; counts ``<counter>:started`` and ``counter``
         in the ledger, so the benchmark sees how many are in flight."""

@@ -107,11 +107,11 @@ class SleepAgent(AgentTask):
 
     def start(self, run: Run, steps: int, wait: float) -> Any:
         run.state.update(steps=steps, wait=wait)
-        return self.wait(run)
+        return self.model(run)
 
-    def wait(self, run: Run) -> Any:
+    def model(self, run: Run) -> Any:
         time.sleep(run.state["wait"])
-        return Done(run.step + 1) if run.step >= run.state["steps"] - 1 else "wait"
+        return Done(run.step + 1) if run.step >= run.state["steps"] - 1 else "model"
 
 
 class AsyncSleepAgent(AgentTask):
@@ -121,11 +121,11 @@ class AsyncSleepAgent(AgentTask):
 
     async def start(self, run: Run, steps: int, wait: float) -> Any:
         run.state.update(steps=steps, wait=wait)
-        return await self.wait(run)
+        return await self.model(run)
 
-    async def wait(self, run: Run) -> Any:
+    async def model(self, run: Run) -> Any:
         await asyncio.sleep(run.state["wait"])
-        return Done(run.step + 1) if run.step >= run.state["steps"] - 1 else "wait"
+        return Done(run.step + 1) if run.step >= run.state["steps"] - 1 else "model"
 
 
 _clients: dict[tuple[int, str], redis.Redis] = {}

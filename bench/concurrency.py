@@ -42,22 +42,18 @@ prove it runs.
 from __future__ import annotations
 
 import contextlib
-import os
 import re
-import sqlite3
 import tempfile
-import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 
 import redis
 from celery import Celery
 
-from agentq import Status
+from agentq import Status, ThreadMeta
 from agentq.store.contract import Store
 from agentq.store.redis.store import RedisStore
 from bench._agents import make_app
@@ -65,14 +61,13 @@ from bench._cluster import Worker, wait_for
 from bench._redis import PrivateRedis
 from bench._report import Result, Target, exit_with, standalone
 from bench._report import size as byte_size
-from bench.rss import rss_bytes
+from bench._sampling import Peaks, Sampler, open_files, process_tree
 
 TARGET = Target(1.15)
 NONE_ALLOWED = Target(0)
 POOL_ERRORS = re.compile(
     r"MaxConnectionsError|Too many connections|ConnectionError|database is locked"
 )
-SAMPLE_EVERY = 0.1
 POLL_EVERY = 0.05
 SETTLED = (Status.DONE, Status.FAILED, Status.CANCELLED, Status.NEEDS_ATTENTION, Status.WAITING)
 BROKEN = frozenset({Status.FAILED, Status.CANCELLED, Status.NEEDS_ATTENTION})
@@ -132,95 +127,6 @@ SIZES = {
 }
 
 
-# -- sampling ---------------------------------------------------------------------------------
-
-
-def process_tree(root: int) -> list[int]:
-    """``root`` and its descendants, from ``/proc``."""
-    parents: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError):
-                # The command name is in parentheses and may hold spaces: split after it.
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-                parents[int(entry.name)] = int(fields[1])
-    tree, frontier = [root], [root]
-    while frontier:
-        children = [pid for pid, parent in parents.items() if parent in frontier]
-        tree += children
-        frontier = children
-    return tree
-
-
-def tree_rss(pids: list[int]) -> int:
-    total = 0
-    for pid in pids:
-        with contextlib.suppress(OSError):  # a pool child replaced between two samples
-            total += rss_bytes(pid)
-    return total
-
-
-def open_files(pids: list[int], path: Path) -> int:
-    """How many descriptors of ``pids`` are open on ``path``."""
-    count = 0
-    for pid in pids:
-        with contextlib.suppress(OSError):
-            for fd in Path(f"/proc/{pid}/fd").iterdir():
-                with contextlib.suppress(OSError):
-                    count += os.readlink(fd) == str(path)
-    return count
-
-
-@dataclass
-class Peaks:
-    connections: int = 0
-    rss: int = 0
-    in_flight: int = 0
-
-    @property
-    def rss_per_in_flight(self) -> float:
-        return self.rss / max(1, self.in_flight)
-
-
-class Sampler:
-    """Samples connections, worker RSS and in-flight work every 100 ms on a thread of its own,
-    keeping each one's peak."""
-
-    def __init__(
-        self, pids: list[int], connections: Callable[[], int], in_flight: Callable[[], int]
-    ) -> None:
-        self.pids = pids
-        self.probes = (connections, in_flight)
-        self.peaks = Peaks()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._sample, name="bench-sampler", daemon=True)
-
-    def _sample(self) -> None:
-        connections, in_flight = self.probes
-        while True:
-            peaks = self.peaks
-            peaks.rss = max(peaks.rss, tree_rss(self.pids))
-            # A probe failing under load loses one sample, not the row.
-            with contextlib.suppress(redis.RedisError, sqlite3.Error, OSError):
-                peaks.connections = max(peaks.connections, connections())
-                peaks.in_flight = max(peaks.in_flight, in_flight())
-            if self._stop.wait(SAMPLE_EVERY):
-                return
-
-    def __enter__(self) -> Sampler:
-        self._thread.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self._stop.set()
-        self._thread.join()
-
-
 # -- one configuration's worker ---------------------------------------------------------------
 
 
@@ -254,11 +160,12 @@ class Env:
     def log_size(self) -> int:
         return self.worker.log.stat().st_size
 
-    def pool_errors(self, since: int) -> int:
+    def pool_errors(self, since: int) -> list[str]:
+        """The worker log's lines matching :data:`POOL_ERRORS` written after ``since``."""
         with open(self.worker.log, "rb") as log:
             log.seek(since)
             text = log.read().decode(errors="replace")
-        return sum(1 for line in text.splitlines() if POOL_ERRORS.search(line))
+        return [line.strip() for line in text.splitlines() if POOL_ERRORS.search(line)]
 
 
 @contextlib.contextmanager
@@ -347,13 +254,24 @@ def baseline(env: Env, size: Size) -> Baseline:
 @dataclass(frozen=True)
 class Row:
     wall: float
+    sending: float
+    """Seconds the ``delay`` calls took, part of ``wall``."""
     deadline: float
     done: int
     failed: int
     unfinished: int
     takeovers: int
-    pool_errors: int
+    pool_errors: list[str]
     peaks: Peaks
+    first_failure: str
+    """The first line of the error the first failed thread stored."""
+
+
+def _first_failure(metas: list[ThreadMeta | None]) -> str:
+    for meta in metas:
+        if meta is not None and meta.status in BROKEN:
+            return (meta.error or meta.status.value).strip().splitlines()[0][:70]
+    return ""
 
 
 def agent_row(env: Env, size: Size, node: str, base: Baseline) -> Row:
@@ -368,6 +286,7 @@ def agent_row(env: Env, size: Size, node: str, base: Baseline) -> Row:
         started = time.perf_counter()
         for thread_id in thread_ids:
             agent.delay(thread_id, steps=size.steps, wait=size.wait)
+        sending = time.perf_counter() - started
         with contextlib.suppress(TimeoutError):  # the row reports what did not finish
             wait_for(
                 lambda: env.settled() >= target,
@@ -378,28 +297,42 @@ def agent_row(env: Env, size: Size, node: str, base: Baseline) -> Row:
         wall = time.perf_counter() - started
     metas = [env.store.meta(thread_id) for thread_id in thread_ids]
     statuses = [meta.status if meta else Status.QUEUED for meta in metas]
+    errors = env.pool_errors(since)
+    if errors:  # progress output (stderr): what the worker's pool ran into
+        print(f"{env.config.label(node)}: {len(errors)} pool errors, the first: {errors[0]}")
     return Row(
         wall=wall,
+        sending=sending,
         deadline=deadline,
         done=statuses.count(Status.DONE),
         failed=sum(status in BROKEN for status in statuses),
         unfinished=sum(status.is_live for status in statuses),
         takeovers=sum(max(0, meta.fence - 1) for meta in metas if meta),
-        pool_errors=env.pool_errors(since),
+        pool_errors=errors,
+        first_failure=_first_failure(metas),
         peaks=sampler.peaks,
     )
+
+
+def _first_error(lines: list[str]) -> str:
+    """The exception named in the first matching log line, for the table."""
+    if not lines:
+        return ""
+    match = POOL_ERRORS.search(lines[0])
+    assert match is not None
+    return f"first: {lines[0][match.start() :][:60]}"
 
 
 def results(config: Config, node: str, base: Baseline, row: Row) -> list[Result]:
     name, total = config.row_name(node), config.threads
     if row.done == total:
         value: float | None = row.wall / base.wall
-        note = ""
-        measured = f"{row.wall:.1f} s"
+        note = f"sent in {row.sending:.1f} s"
+        measured = f"{row.wall:.2f} s"
     else:
         value = None
         note = f"error: {total - row.done} of {total} not done"
-        measured = f"{row.wall:.1f} s" + (" (timed out)" if row.unfinished else "")
+        measured = f"{row.wall:.2f} s" + (" (timed out)" if row.unfinished else "")
     timeout = f"{row.unfinished} unfinished at the {row.deadline:.0f} s deadline"
     sqlite = config.store == "sqlite"
     return [
@@ -409,7 +342,7 @@ def results(config: Config, node: str, base: Baseline, row: Row) -> list[Result]
             value,
             f"{config.label(node)}: wall ÷ plain Celery",
             measured,
-            f"{base.wall:.1f} s",
+            f"{base.wall:.2f} s",
             TARGET,
             note,
         ),
@@ -420,7 +353,9 @@ def results(config: Config, node: str, base: Baseline, row: Row) -> list[Result]
             "  failed threads (store status)",
             f"{row.failed} of {total}",
             target=NONE_ALLOWED,
-            note=timeout if row.unfinished else "",
+            note="; ".join(
+                part for part in (row.first_failure, timeout if row.unfinished else "") if part
+            ),
         ),
         Result(
             "figure",
@@ -433,10 +368,11 @@ def results(config: Config, node: str, base: Baseline, row: Row) -> list[Result]
         Result(
             "figure",
             f"{name}_pool_errors",
-            row.pool_errors,
+            len(row.pool_errors),
             "  pool errors in the worker log",
-            str(row.pool_errors),
+            str(len(row.pool_errors)),
             target=NONE_ALLOWED,
+            note=_first_error(row.pool_errors),
         ),
         Result(
             "figure",
@@ -454,6 +390,7 @@ def results(config: Config, node: str, base: Baseline, row: Row) -> list[Result]
             f"{byte_size(row.peaks.rss)} / {row.peaks.in_flight}",
             f"plain {base.peaks.rss_per_in_flight / 1024:.0f} KB "
             f"({byte_size(base.peaks.rss)} / {base.peaks.in_flight})",
+            note="" if row.done == total else "few in flight: threads failed",
         ),
     ]
 

@@ -20,6 +20,9 @@ The benchmarks (each also runs alone as ``python -m bench.<name> [--quick]``):
 - ``storage``: store size of a finished 200-step thread ÷ its final state, and LangGraph's;
 - ``rss``: worker RSS after 10 000 runs ÷ after 100;
 - ``codec``: msgpack against ormsgpack and msgspec;
+- ``concurrency``: 1000 threads of 0.5 s waits on ``-P threads``/``gevent`` (sync and
+  ``async def`` nodes) and 100 on SQLite, wall time ÷ plain Celery tasks doing the same
+  waits, with failed threads, lease takeovers, pool errors, peak connections and RSS;
 - ``recovery``, ``langgraph``: run when their modules are present (:data:`EXTERNAL`).
 
 Needs ``redis-server`` on PATH (private servers are started and stopped) and, for
@@ -169,6 +172,7 @@ BENCHMARKS: dict[str, Runner] = {
     "storage": _module_runner("storage"),
     "agent": _module_runner("agent"),
     "rss": _module_runner("rss"),
+    "concurrency": _module_runner("concurrency"),
 }
 
 

@@ -1,5 +1,5 @@
 """The Celery app of the benchmarks' worker subprocesses: agents on a zero-latency fake model
-and the plain Celery tasks they are compared with.
+or sleeping as if they waited for one, and the plain Celery tasks they are compared with.
 
 Configured from the environment by :mod:`bench._cluster` (``BENCH_*`` variables, see
 :func:`app_from_env`). The "ledger" is a second, non-persistent redis-server where tasks
@@ -8,6 +8,7 @@ count what they finished, so the benchmark sees completions without a result bac
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import os
 import time
@@ -98,6 +99,35 @@ class OneStepAgent(AgentTask):
         return Done(len(run.state["messages"]))
 
 
+class SleepAgent(AgentTask):
+    """``steps`` steps whose node blocks ``wait`` seconds, as a model call does. Under
+    ``-P gevent`` the worker is monkey-patched, so ``time.sleep`` yields to other greenlets."""
+
+    name = "bench.sleep_agent"
+
+    def start(self, run: Run, steps: int, wait: float) -> Any:
+        run.state.update(steps=steps, wait=wait)
+        return self.model(run)
+
+    def model(self, run: Run) -> Any:
+        time.sleep(run.state["wait"])
+        return Done(run.step + 1) if run.step >= run.state["steps"] - 1 else "model"
+
+
+class AsyncSleepAgent(AgentTask):
+    """:class:`SleepAgent` with ``async def`` nodes awaiting ``asyncio.sleep``."""
+
+    name = "bench.async_sleep_agent"
+
+    async def start(self, run: Run, steps: int, wait: float) -> Any:
+        run.state.update(steps=steps, wait=wait)
+        return await self.model(run)
+
+    async def model(self, run: Run) -> Any:
+        await asyncio.sleep(run.state["wait"])
+        return Done(run.step + 1) if run.step >= run.state["steps"] - 1 else "model"
+
+
 _clients: dict[tuple[int, str], redis.Redis] = {}
 
 
@@ -120,7 +150,7 @@ def make_app(*, broker: str, store: str, ledger: str, prefix: str, queue: str) -
         bench_ledger=ledger,
     )
     agentq.init_app(app, store=store, prefix=prefix)
-    for agent in (StepsAgent, OverheadAgent, OneStepAgent):
+    for agent in (StepsAgent, OverheadAgent, OneStepAgent, SleepAgent, AsyncSleepAgent):
         app.register_task(agent())
 
     @app.task(name="bench.raw_loop", shared=False)  # type: ignore[untyped-decorator]
@@ -146,6 +176,18 @@ def make_app(*, broker: str, store: str, ledger: str, prefix: str, queue: str) -
             store_client.set(key, msgpack.packb(state))
         ticks.append(time.perf_counter())
         client(ledger).rpush(out, msgpack.packb([b - a for a, b in itertools.pairwise(ticks)]))
+
+    # Acked late, as an AgentTask is, so both hold a prefetch slot for the whole run: under
+    # -P gevent Celery's consumer loop takes up to 2 s after an ack to fetch the next message.
+    @app.task(name="bench.sleep_loop", shared=False, acks_late=True)  # type: ignore[untyped-decorator]
+    def sleep_loop(steps: int, wait: float, counter: str) -> None:
+        """SleepAgent's waits without agentq; counts ``<counter>:started`` and ``counter``
+        in the ledger, so the benchmark sees how many are in flight."""
+        ledger_client = client(ledger)
+        ledger_client.incr(f"{counter}:started")
+        for _ in range(steps):
+            time.sleep(wait)
+        ledger_client.incr(counter)
 
     @app.task(name="bench.noop", shared=False)  # type: ignore[untyped-decorator]
     def noop(counter: str) -> None:

@@ -57,13 +57,21 @@ def wait_for(
 
 
 class Worker:
-    """``celery -A bench._worker_app worker -P prefork -c N`` in its own session."""
+    """``celery -A bench._worker_app worker -P <pool> -c N`` in its own session."""
 
-    def __init__(self, app: Celery, env: dict[str, str], log: Path, concurrency: int) -> None:
+    def __init__(
+        self,
+        app: Celery,
+        env: dict[str, str],
+        log: Path,
+        concurrency: int,
+        pool: str = "prefork",
+    ) -> None:
         self.app = app
         self.env = env
         self.log = log
         self.concurrency = concurrency
+        self.pool = pool
         self.name = f"bench{uuid.uuid4().hex[:6]}@agentq"
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -78,7 +86,7 @@ class Worker:
                     "bench._worker_app",
                     "worker",
                     "-P",
-                    "prefork",
+                    self.pool,
                     "-c",
                     str(self.concurrency),
                     "-n",

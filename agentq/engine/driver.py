@@ -2,24 +2,24 @@
 
 from __future__ import annotations
 
-import functools
 import inspect
 import logging
 import os
 import socket
-import time
 import traceback
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Final, Protocol, TypeVar
+from typing import Any, Final
 
+from agentq.engine.agent import Agent
 from agentq.engine.aio import run_coroutine
 from agentq.engine.append_only import AppendOnlyFields
 from agentq.engine.backoff import retry_delay
 from agentq.engine.lease import Lease, keeper_for
 from agentq.engine.run import NO_VALUE, Run
-from agentq.engine.store_retry import with_store_retry
+from agentq.engine.store_retry import RetriedCalls
+from agentq.engine.transition import checkpoint_after
 from agentq.errors import (
     AgentqError,
     AppendOnlyViolation,
@@ -31,14 +31,12 @@ from agentq.errors import (
     RetryNotDue,
     UnknownNode,
 )
-from agentq.outcomes import Done, Interrupt, Interrupted
+from agentq.outcomes import Interrupted
 from agentq.records import Checkpoint, Status, ThreadMeta
 from agentq.settings import Settings
 from agentq.store.contract import UNSET, Store
 
 logger = logging.getLogger("agentq")
-
-T = TypeVar("T")
 
 
 def _owner() -> str:
@@ -48,23 +46,6 @@ def _owner() -> str:
 def _error_text(exc: BaseException, limit: int = 2000) -> str:
     trace = "".join(traceback.format_exception(exc, limit=-3))
     return f"{type(exc).__name__}: {exc}\n{trace}"[:limit]
-
-
-class Agent(Protocol):
-    """What the driver needs of the task it drives; the Celery side stays in the task.
-
-    Nodes are the agent's methods, looked up by name.
-    """
-
-    @property
-    def name(self) -> str: ...
-    @property
-    def entry_node(self) -> str: ...
-    @property
-    def append_only(self) -> tuple[str, ...]: ...
-    def should_retry(self, exc: BaseException) -> bool: ...
-    def on_step(self, thread_id: str, step: int, node: str, next_node: str | None) -> None: ...
-    def resend(self, meta: ThreadMeta) -> Any: ...
 
 
 @dataclass
@@ -109,32 +90,14 @@ class Driver:
         self.settings = settings
         self.should_stop = should_stop
         self.owner = _owner()
-        self._started = time.monotonic()
-        self._lease: Lease | None = None
+        self._calls = RetriedCalls(store, thread_id, settings.lease_ttl)
         self._reloads = 0
-
-    def _time_left(self) -> float:
-        """How long store calls may go on being retried: while the lease is ours, or
-        before there is one, for as long as a lease would last."""
-        if self._lease is None:
-            return self.settings.lease_ttl - (time.monotonic() - self._started)
-        return 0.0 if self._lease.lost.is_set() else self._lease.remaining()
-
-    def _store(self, what: str, call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """``call(*args, **kwargs)`` on the store, retried over passing store errors."""
-        return with_store_retry(
-            self.store,
-            self.thread_id,
-            what,
-            functools.partial(call, *args, **kwargs),
-            self._time_left,
-        )
 
     def drive(self) -> Any:
         thread_id, store = self.thread_id, self.store
-        meta = self._store("reading the thread", store.meta, thread_id)
+        meta = self._calls("reading the thread", store.meta, thread_id)
         if meta is None:  # sent by name (send_task) rather than through apply_async
-            meta, _ = self._store(
+            meta, _ = self._calls(
                 "opening the thread", store.open_thread, thread_id, task=self.task.name
             )
         if meta.status == Status.DONE:
@@ -144,7 +107,7 @@ class Driver:
             return None
         crashed = meta.status == Status.RUNNING
         try:
-            token = self._store(
+            token = self._calls(
                 "taking the lease", store.acquire, thread_id, self.owner, self.settings.lease_ttl
             )
         except LeaseHeld:
@@ -158,14 +121,14 @@ class Driver:
         keeper = keeper_for(store)
         try:
             with keeper.hold(thread_id, self.owner, token, self.settings.lease_ttl) as lease:
-                self._lease = lease
+                self._calls.lease = lease
                 return self._resume(token, crashed, lease)
         except FencingError as exc:
             logger.warning("thread %s: stopped, another worker drives it now (%s)", thread_id, exc)
             return None
 
     def _resume(self, token: int, crashed: bool, lease: Lease) -> Any:
-        meta = self._store("reading the thread", self.store.meta, self.thread_id)
+        meta = self._calls("reading the thread", self.store.meta, self.thread_id)
         assert meta is not None
         if meta.status != Status.RUNNING or meta.cancel_requested:
             return self._stop_early(token, meta)
@@ -178,7 +141,7 @@ class Driver:
 
     def _run_steps(self, token: int, meta: ThreadMeta, lease: Lease) -> Any:
         """Run nodes from the thread's last commit on; ``_RELOAD`` to start over from it."""
-        latest = self._store("reading the checkpoint", self.store.latest, self.thread_id)
+        latest = self._calls("reading the checkpoint", self.store.latest, self.thread_id)
         if latest is not None and latest.node is None:
             return meta.result
         pos = self._start_from(latest, meta)
@@ -204,20 +167,17 @@ class Driver:
         """Count a worker lost at this thread's step; ``False`` once it failed for it."""
         crashes = meta.crashes + 1
         if crashes >= self.settings.max_crashes:
-            self._store(
+            self._settle(
                 "failing the thread",
-                self.store.set_status,
-                self.thread_id,
                 token,
                 Status.FAILED,
                 crashes=crashes,
                 error=f"worker lost {crashes} times at step {meta.step + 1}; the step "
                 "may crash its worker (out of memory?): fix it, then retry the thread",
-                release_owner=self.owner,
             )
             logger.error("thread %s: failed after %d lost workers", self.thread_id, crashes)
             return False
-        self._store(
+        self._calls(
             "counting the crash",
             self.store.set_status,
             self.thread_id,
@@ -227,6 +187,18 @@ class Driver:
             due_in=self.settings.lease_ttl,
         )
         return True
+
+    def _settle(self, what: str, token: int, status: Status, **fields: Any) -> None:
+        """Set the thread's status (and ``fields``) and give its lease up."""
+        self._calls(
+            what,
+            self.store.set_status,
+            self.thread_id,
+            token,
+            status,
+            release_owner=self.owner,
+            **fields,
+        )
 
     def _start_from(self, latest: Checkpoint | None, meta: ThreadMeta) -> _Position:
         resume_value = meta.resume_value if meta.resumed else NO_VALUE
@@ -244,15 +216,7 @@ class Driver:
         )
 
     def _hand_over(self, token: int, meta: ThreadMeta, step: int) -> None:
-        self._store(
-            "handing over",
-            self.store.set_status,
-            self.thread_id,
-            token,
-            Status.QUEUED,
-            due_in=0,
-            release_owner=self.owner,
-        )
+        self._settle("handing over", token, Status.QUEUED, due_in=0)
         self.task.resend(meta)
         logger.info("thread %s: handed over before step %d (worker stopping)", self.thread_id, step)
 
@@ -281,26 +245,20 @@ class Driver:
         try:
             outcome = self._call(pos.node, run, meta.input if step == 0 else None)
         except Interrupted as pause:
-            self._store(
+            self._settle(
                 "pausing",
-                store.set_status,
-                thread_id,
                 token,
                 Status.WAITING,
                 interrupt=pause.payload,
-                release_owner=self.owner,
             )
             logger.info("thread %s: waiting for a human at step %d", thread_id, step)
             return None
         except NeedsAttention as exc:
-            self._store(
+            self._settle(
                 "asking for attention",
-                store.set_status,
-                thread_id,
                 token,
                 Status.NEEDS_ATTENTION,
                 error=str(exc),
-                release_owner=self.owner,
             )
             logger.error("%s", exc)
             return None
@@ -311,8 +269,10 @@ class Driver:
                 return self._after_store_error(step, exc)
             return self._fail_or_retry(token, step, pos.attempts, exc)
         try:
-            checkpoint, status, extra = self._next(step, pos.node, run, outcome, token)
-            cancel = self._store(
+            checkpoint, status, extra = checkpoint_after(
+                run, outcome, task=self.task.name, token=token
+            )
+            cancel = self._calls(
                 "committing",
                 store.commit,
                 thread_id,
@@ -334,13 +294,10 @@ class Driver:
         if status != Status.RUNNING:
             return extra.get("result")
         if cancel:
-            self._store(
+            self._settle(
                 "cancelling",
-                store.set_status,
-                thread_id,
                 token,
                 Status.CANCELLED,
-                release_owner=self.owner,
             )
             logger.info("thread %s: cancelled after step %d", thread_id, step)
             return None
@@ -369,7 +326,7 @@ class Driver:
             exc,
         )
         try:
-            self._store("waiting for the store", self.store.meta, self.thread_id)
+            self._calls("waiting for the store", self.store.meta, self.thread_id)
         except Exception:
             raise exc from None
         return _RELOAD
@@ -377,16 +334,13 @@ class Driver:
     def _stop_early(self, token: int, meta: ThreadMeta) -> Any:
         """The thread changed between our first look and the lease: honour what it is."""
         if meta.cancel_requested and meta.status == Status.RUNNING:
-            self._store(
+            self._settle(
                 "cancelling",
-                self.store.set_status,
-                self.thread_id,
                 token,
                 Status.CANCELLED,
-                release_owner=self.owner,
             )
         else:
-            self._store(
+            self._calls(
                 "releasing the lease", self.store.release, self.thread_id, self.owner, token
             )
         return meta.result if meta.status == Status.DONE else None
@@ -406,55 +360,19 @@ class Driver:
             return run_coroutine(_awaited(result))
         return result
 
-    def _next(
-        self, step: int, node: str, run: Run, outcome: Any, token: int
-    ) -> tuple[Checkpoint, Status, dict[str, Any]]:
-        extra: dict[str, Any] = {}
-        if isinstance(outcome, Done):
-            next_node, status, extra["result"] = None, Status.DONE, outcome.result
-        elif isinstance(outcome, Interrupt):
-            next_node, status, extra["interrupt"] = (
-                outcome.resume_at,
-                Status.WAITING,
-                outcome.payload,
-            )
-        elif isinstance(outcome, str):
-            next_node, status = outcome, Status.RUNNING
-        else:
-            raise UnknownNode(
-                f"node {node!r} returned {type(outcome).__name__}; return the next node's "
-                "name, Done(result) or Interrupt(payload, resume_at=...)",
-                thread_id=self.thread_id,
-                step=step,
-            )
-        checkpoint = Checkpoint(
-            step=step,
-            node=next_node,
-            state=run.state,
-            pending=run.pending,
-            cursors=run.cursors,
-            task=self.task.name,
-            token=token,
-            created_at=time.time(),
-        )
-        return checkpoint, status, extra
-
     def _fail_or_retry(self, token: int, step: int, attempts: int, exc: Exception) -> None:
         thread_id, settings = self.thread_id, self.settings
         attempt = attempts + 1
         retryable = self.task.should_retry(exc) and not isinstance(exc, AgentqError)
         if retryable and attempt < settings.max_attempts:
             delay = retry_delay(exc, attempt, base=settings.backoff_base, cap=settings.backoff_max)
-            self._store(
+            self._settle(
                 "scheduling a retry",
-                self.store.set_status,
-                thread_id,
                 token,
                 Status.RETRYING,
                 due_in=delay,
                 attempts=attempt,
                 error=_error_text(exc),
-                release_owner=self.owner,
             )
             logger.warning(
                 "thread %s: step %d attempt %d failed (%s); retrying in %.1f s",
@@ -466,15 +384,12 @@ class Driver:
             )
             return None
         gave_up = f"gave up after {attempt} attempts: " if retryable else ""
-        self._store(
+        self._settle(
             "failing the thread",
-            self.store.set_status,
-            thread_id,
             token,
             Status.FAILED,
             attempts=attempt,
             error=gave_up + _error_text(exc),
-            release_owner=self.owner,
         )
         logger.error("thread %s: step %d failed: %s", thread_id, step, exc)
         raise exc

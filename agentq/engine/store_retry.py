@@ -11,9 +11,10 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from agentq.engine.backoff import backoff
+from agentq.engine.lease import Lease
 from agentq.store.contract import Store
 
 logger = logging.getLogger("agentq")
@@ -24,30 +25,43 @@ FIRST_DELAY = 0.05
 """The first wait after a store error, in seconds; each next one may double."""
 
 
-def with_store_retry(
-    store: Store, thread_id: str, what: str, call: Callable[[], T], time_left: Callable[[], float]
-) -> T:
-    """``call()``, again after each transient store error until ``time_left()`` seconds
-    (the lease's) would run out during the next wait; then the last error is raised."""
-    attempt = 0
-    while True:
-        try:
-            return call()
-        except Exception as exc:
-            if not store.is_transient(exc):
-                raise
-            attempt += 1
-            remaining = time_left()
-            delay = backoff(attempt, base=FIRST_DELAY, cap=max(remaining / 4, FIRST_DELAY))
-            if delay >= remaining:
-                raise
-            logger.warning(
-                "thread %s: store error on %s (%s: %s); try %d again in %.2f s",
-                thread_id,
-                what,
-                type(exc).__name__,
-                exc,
-                attempt + 1,
-                delay,
-            )
-            time.sleep(delay)
+class RetriedCalls:
+    """One driver's store calls, each tried again after a transient store error until
+    the next wait would outlast ``lease`` (before it is set: a ``lease_ttl`` from now);
+    then the last error is raised."""
+
+    def __init__(self, store: Store, thread_id: str, lease_ttl: float) -> None:
+        self.store = store
+        self.thread_id = thread_id
+        self.lease: Lease | None = None
+        self._deadline = time.monotonic() + lease_ttl
+
+    def time_left(self) -> float:
+        if self.lease is None:
+            return self._deadline - time.monotonic()
+        return 0.0 if self.lease.lost.is_set() else self.lease.remaining()
+
+    def __call__(self, what: str, call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """``call(*args, **kwargs)``; ``what`` names it in the log ("committing")."""
+        attempt = 0
+        while True:
+            try:
+                return call(*args, **kwargs)
+            except Exception as exc:
+                if not self.store.is_transient(exc):
+                    raise
+                attempt += 1
+                remaining = self.time_left()
+                delay = backoff(attempt, base=FIRST_DELAY, cap=max(remaining / 4, FIRST_DELAY))
+                if delay >= remaining:
+                    raise
+                logger.warning(
+                    "thread %s: store error on %s (%s: %s); try %d again in %.2f s",
+                    self.thread_id,
+                    what,
+                    type(exc).__name__,
+                    exc,
+                    attempt + 1,
+                    delay,
+                )
+                time.sleep(delay)

@@ -1,0 +1,24 @@
+"""What the driver needs of the task it drives, so that the engine knows nothing of Celery."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from agentq.records import ThreadMeta
+
+
+class Agent(Protocol):
+    """What the driver needs of the task it drives; the Celery side stays in the task.
+
+    Nodes are the agent's methods, looked up by name.
+    """
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def entry_node(self) -> str: ...
+    @property
+    def append_only(self) -> tuple[str, ...]: ...
+    def should_retry(self, exc: BaseException) -> bool: ...
+    def on_step(self, thread_id: str, step: int, node: str, next_node: str | None) -> None: ...
+    def resend(self, meta: ThreadMeta) -> Any: ...

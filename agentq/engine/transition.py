@@ -1,0 +1,44 @@
+"""What a node's return value makes of its thread: the checkpoint and status to commit."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from agentq.engine.run import Run
+from agentq.errors import UnknownNode
+from agentq.outcomes import Done, Interrupt
+from agentq.records import Checkpoint, Status
+
+
+def checkpoint_after(
+    run: Run, outcome: Any, *, task: str, token: int
+) -> tuple[Checkpoint, Status, dict[str, Any]]:
+    """The checkpoint of ``run``'s step, the thread's status after it, and the ``result``
+    or ``interrupt`` to store with it; :class:`~agentq.errors.UnknownNode` for a return
+    value that names no next step."""
+    extra: dict[str, Any] = {}
+    if isinstance(outcome, Done):
+        next_node, status, extra["result"] = None, Status.DONE, outcome.result
+    elif isinstance(outcome, Interrupt):
+        next_node, status, extra["interrupt"] = outcome.resume_at, Status.WAITING, outcome.payload
+    elif isinstance(outcome, str):
+        next_node, status = outcome, Status.RUNNING
+    else:
+        raise UnknownNode(
+            f"node {run.node!r} returned {type(outcome).__name__}; return the next node's "
+            "name, Done(result) or Interrupt(payload, resume_at=...)",
+            thread_id=run.thread_id,
+            step=run.step,
+        )
+    checkpoint = Checkpoint(
+        step=run.step,
+        node=next_node,
+        state=run.state,
+        pending=run.pending,
+        cursors=run.cursors,
+        task=task,
+        token=token,
+        created_at=time.time(),
+    )
+    return checkpoint, status, extra

@@ -64,9 +64,6 @@ class _Position:
 _CONTINUE: Final = object()
 """Returned by a step whose thread goes on to the next node."""
 
-_RELOAD: Final = object()
-"""Returned by a step the store failed under: the thread goes on from its last commit."""
-
 
 class Driver:
     """Runs a thread's nodes until it finishes, pauses, fails, retries, is cancelled,
@@ -91,7 +88,6 @@ class Driver:
         self.should_stop = should_stop
         self.owner = _owner()
         self._calls = RetriedCalls(store, thread_id, settings.lease_ttl)
-        self._reloads = 0
 
     def drive(self) -> Any:
         thread_id, store = self.thread_id, self.store
@@ -134,13 +130,6 @@ class Driver:
             return self._stop_early(token, meta)
         if crashed and not self._count_crash(token, meta):
             return None
-        while True:
-            result = self._run_steps(token, meta, lease)
-            if result is not _RELOAD:
-                return result
-
-    def _run_steps(self, token: int, meta: ThreadMeta, lease: Lease) -> Any:
-        """Run nodes from the thread's last commit on; ``_RELOAD`` to start over from it."""
         latest = self._calls("reading the checkpoint", self.store.latest, self.thread_id)
         if latest is not None and latest.node is None:
             return meta.result
@@ -233,7 +222,15 @@ class Driver:
             cursors=pos.cursors,
             resume_value=pos.resume_value,
             max_artifact_bytes=settings.max_artifact_bytes,
-            confirm_lease=lambda: store.renew(thread_id, self.owner, token, settings.lease_ttl),
+            calls=self._calls,
+            confirm_lease=lambda: self._calls(
+                "confirming the lease",
+                store.renew,
+                thread_id,
+                self.owner,
+                token,
+                settings.lease_ttl,
+            ),
             retryable=self.task.should_retry,
         )
 
@@ -266,7 +263,14 @@ class Driver:
             raise
         except Exception as exc:
             if store.is_transient(exc):
-                return self._after_store_error(step, exc)
+                # The store failed longer than the node's own calls to it could wait: the
+                # thread stays running and its lease runs out, then recovery resumes it.
+                logger.warning(
+                    "thread %s: store unreachable during step %d; leaving it to recovery",
+                    thread_id,
+                    step,
+                )
+                raise
             return self._fail_or_retry(token, step, pos.attempts, exc)
         try:
             checkpoint, status, extra = checkpoint_after(
@@ -310,26 +314,6 @@ class Driver:
         )
         pos.state, pos.pending, pos.cursors = run.state, run.pending, run.cursors
         return _CONTINUE
-
-    def _after_store_error(self, step: int, exc: Exception) -> Any:
-        """The store, not the node, failed: what the node did is not committed. Once the
-        store answers again, go on from the last commit under the same lease; if it does
-        not while the lease lasts, the error leaves the thread to recovery."""
-        self._reloads += 1
-        if self._reloads > self.settings.max_attempts:
-            raise exc
-        logger.warning(
-            "thread %s: store error during step %d (%s: %s); running it again",
-            self.thread_id,
-            step,
-            type(exc).__name__,
-            exc,
-        )
-        try:
-            self._calls("waiting for the store", self.store.meta, self.thread_id)
-        except Exception:
-            raise exc from None
-        return _RELOAD
 
     def _stop_early(self, token: int, meta: ThreadMeta) -> Any:
         """The thread changed between our first look and the lease: honour what it is."""

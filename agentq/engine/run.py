@@ -11,6 +11,7 @@ from typing import Any, Final
 
 from agentq.engine import aio
 from agentq.engine.backoff import retry_after
+from agentq.engine.store_retry import RetriedCalls
 from agentq.engine.tool_policy import DID_NOT_RUN, ToolPolicy, policy_of
 from agentq.errors import ArtifactTooLarge, InvalidArgument, NeedsAttention
 from agentq.outcomes import Interrupted
@@ -33,8 +34,9 @@ class Artifacts:
     """Large data kept out of checkpoints; the state holds the small reference ``put``
     returns (``{"artifact": sha256, "size": n, "content_type": ...}``)."""
 
-    def __init__(self, store: Store, thread_id: str, max_bytes: int) -> None:
+    def __init__(self, store: Store, calls: RetriedCalls, thread_id: str, max_bytes: int) -> None:
         self._store = store
+        self._calls = calls
         self._thread_id = thread_id
         self._max_bytes = max_bytes
 
@@ -46,11 +48,13 @@ class Artifacts:
                 "raise the setting",
                 thread_id=self._thread_id,
             )
-        digest = self._store.put_artifact(self._thread_id, data)
+        digest = self._calls("storing an artifact", self._store.put_artifact, self._thread_id, data)
         return {"artifact": digest, "size": len(data), "content_type": content_type}
 
     def get(self, ref: dict[str, Any]) -> bytes:
-        return self._store.get_artifact(self._thread_id, ref["artifact"])
+        return self._calls(
+            "reading an artifact", self._store.get_artifact, self._thread_id, ref["artifact"]
+        )
 
 
 class Run:
@@ -70,6 +74,7 @@ class Run:
         cursors: dict[str, Any],
         resume_value: Any,
         max_artifact_bytes: int,
+        calls: RetriedCalls,
         confirm_lease: Callable[[], None],
         retryable: Callable[[BaseException], bool],
     ) -> None:
@@ -80,8 +85,9 @@ class Run:
         self.pending = pending
         self.cursors = cursors
         self.resume_value = resume_value
-        self.artifacts = Artifacts(store, thread_id, max_artifact_bytes)
+        self.artifacts = Artifacts(store, calls, thread_id, max_artifact_bytes)
         self._store = store
+        self._store_calls = calls
         self._token = token
         self._confirm_lease = confirm_lease
         self._retryable = retryable
@@ -201,8 +207,14 @@ class Run:
         claim_id = uuid.uuid4().hex
         call = _Call(key, claim_id, policy.shared, dict(kwargs))
         store, thread_id = self._store, self.thread_id
-        claim = store.claim_effect(
-            thread_id, key, self._token, shared=policy.shared, claim_id=claim_id
+        claim = self._store_calls(
+            "claiming a tool call",
+            store.claim_effect,
+            thread_id,
+            key,
+            self._token,
+            shared=policy.shared,
+            claim_id=claim_id,
         )
         if claim.outcome == ClaimOutcome.DONE:
             call.recorded = claim.effect.result
@@ -220,8 +232,15 @@ class Run:
                     key=key,
                     tool=name,
                 )
-            store.claim_effect(
-                thread_id, key, self._token, shared=policy.shared, takeover=True, claim_id=claim_id
+            self._store_calls(
+                "taking a tool call over",
+                store.claim_effect,
+                thread_id,
+                key,
+                self._token,
+                shared=policy.shared,
+                takeover=True,
+                claim_id=claim_id,
             )
             if policy.reconcile is not None:
                 found = policy.reconcile(key, *args, **kwargs)
@@ -239,8 +258,14 @@ class Run:
         return call
 
     def _record(self, call: _Call, result: Any) -> Any:
-        self._store.complete_effect(
-            self.thread_id, call.key, self._token, result, shared=call.shared
+        self._store_calls(
+            "recording a tool call",
+            self._store.complete_effect,
+            self.thread_id,
+            call.key,
+            self._token,
+            result,
+            shared=call.shared,
         )
         return result
 
@@ -250,8 +275,14 @@ class Run:
         if not self._retryable(exc) or retry_after(exc) is None:
             return
         try:
-            self._store.release_effect(
-                self.thread_id, call.key, self._token, claim_id=call.claim_id, shared=call.shared
+            self._store_calls(
+                "dropping a tool call's claim",
+                self._store.release_effect,
+                self.thread_id,
+                call.key,
+                self._token,
+                claim_id=call.claim_id,
+                shared=call.shared,
             )
         except Exception:
             # The tool's own error is the one to report; a claim left pending only makes

@@ -27,13 +27,14 @@ FIRST_DELAY = 0.05
 
 class RetriedCalls:
     """One driver's store calls, each tried again after a transient store error until
-    the next wait would outlast ``lease`` (before it is set: a ``lease_ttl`` from now);
-    then the last error is raised."""
+    the next wait would outlast ``lease`` (before it is set: a ``lease_ttl`` from now) or
+    the errors have gone on for ``lease_ttl``; then the last error is raised."""
 
     def __init__(self, store: Store, thread_id: str, lease_ttl: float) -> None:
         self.store = store
         self.thread_id = thread_id
         self.lease: Lease | None = None
+        self.lease_ttl = lease_ttl
         self._deadline = time.monotonic() + lease_ttl
 
     def time_left(self) -> float:
@@ -43,7 +44,7 @@ class RetriedCalls:
 
     def __call__(self, what: str, call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """``call(*args, **kwargs)``; ``what`` names it in the log ("committing")."""
-        attempt = 0
+        attempt, failing_since = 0, 0.0
         while True:
             try:
                 return call(*args, **kwargs)
@@ -51,7 +52,12 @@ class RetriedCalls:
                 if not self.store.is_transient(exc):
                     raise
                 attempt += 1
-                remaining = self.time_left()
+                if attempt == 1:
+                    failing_since = time.monotonic()
+                # A store that renews the lease but refuses this one call would otherwise
+                # be asked forever.
+                outage_left = self.lease_ttl - (time.monotonic() - failing_since)
+                remaining = min(self.time_left(), outage_left)
                 delay = backoff(attempt, base=FIRST_DELAY, cap=max(remaining / 4, FIRST_DELAY))
                 if delay >= remaining:
                     raise

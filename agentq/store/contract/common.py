@@ -1,0 +1,45 @@
+"""What the parts of the store contract share: the ``UNSET`` marker, a lease to renew, and
+the refusals every backend words the same way."""
+
+from __future__ import annotations
+
+from typing import Final, NamedTuple
+
+from agentq.errors import InvalidArgument, RetryNotDue
+
+
+class _Unset:
+    def __repr__(self) -> str:
+        return "UNSET"
+
+
+UNSET: Final = _Unset()
+"""Marks an optional meta value the caller leaves as it is (``None`` is a value)."""
+
+
+class Renewal(NamedTuple):
+    """One lease to extend in :meth:`~agentq.store.contract.Store.renew_many`."""
+
+    thread_id: str
+    owner: str
+    token: int
+    ttl: float
+
+
+def check_ttl(thread_id: str, ttl: float) -> None:
+    """Refuse a lease TTL that would expire at once (under a millisecond)."""
+    if int(ttl * 1000) < 1:
+        raise InvalidArgument(
+            f"lease ttl must be at least 0.001 s, got {ttl!r}; use the lease_ttl setting "
+            "(default 30 s)",
+            thread_id=thread_id,
+        )
+
+
+def retry_not_due(thread_id: str, seconds: float) -> RetryNotDue:
+    return RetryNotDue(
+        f"the thread retries in {seconds:.1f} s (its rate limit's wait); leave it, recovery "
+        "sends it then",
+        thread_id=thread_id,
+        seconds=seconds,
+    )

@@ -1,0 +1,94 @@
+"""The lease side of the store contract: who drives a thread, with which fencing token, and
+how recovery finds the threads nobody drives."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+
+from agentq.errors import LeaseLost
+from agentq.ids import validate_thread_id
+from agentq.store.contract.common import Renewal, check_ttl
+
+
+class LeaseContract(ABC):
+    """The lease and recovery operations of :class:`~agentq.store.contract.Store`."""
+
+    def acquire(self, thread_id: str, owner: str, ttl: float) -> int:
+        """Take the thread's lease for ``ttl`` seconds and return a new fencing token,
+        greater than every token handed out for this thread before.
+
+        An owner may re-acquire its own live lease (and gets a new token). A ``queued``,
+        ``retrying`` or ``running`` thread becomes ``running`` and is due when the lease
+        expires. Raises :class:`~agentq.errors.LeaseHeld` while another owner's lease is
+        live, :class:`~agentq.errors.RetryNotDue` for a ``retrying`` thread before the time
+        its ``set_status`` scheduled, and :class:`~agentq.errors.ThreadNotFound` for an
+        unknown thread. Atomic.
+        """
+        validate_thread_id(thread_id)
+        check_ttl(thread_id, ttl)
+        return self._do_acquire(thread_id, owner, ttl)
+
+    @abstractmethod
+    def _do_acquire(self, thread_id: str, owner: str, ttl: float) -> int: ...
+
+    def renew(self, thread_id: str, owner: str, token: int, ttl: float) -> None:
+        """Extend the lease to ``ttl`` seconds from now and push the thread's due time with
+        it. Raises :class:`~agentq.errors.LeaseLost` if the lease expired or changed hands.
+        Atomic."""
+        validate_thread_id(thread_id)
+        check_ttl(thread_id, ttl)
+        self._do_renew(thread_id, owner, token, ttl)
+
+    @abstractmethod
+    def _do_renew(self, thread_id: str, owner: str, token: int, ttl: float) -> None: ...
+
+    def renew_many(self, leases: Sequence[Renewal]) -> list[bool]:
+        """:meth:`renew` every lease in ``leases`` at once: ``True`` where it was renewed,
+        ``False`` where it was lost. An error of the store itself raises, and then any of
+        them may or may not have been renewed."""
+        for lease in leases:
+            validate_thread_id(lease.thread_id)
+            check_ttl(lease.thread_id, lease.ttl)
+        return self._do_renew_many(leases)
+
+    def _do_renew_many(self, leases: Sequence[Renewal]) -> list[bool]:
+        """One call per lease; a backend that can batch them overrides this."""
+        renewed = []
+        for lease in leases:
+            try:
+                self._do_renew(*lease)
+            except LeaseLost:
+                renewed.append(False)
+            else:
+                renewed.append(True)
+        return renewed
+
+    def release(self, thread_id: str, owner: str, token: int) -> bool:
+        """Give the lease up; ``False`` if it was no longer ours (nothing changes). Atomic."""
+        validate_thread_id(thread_id)
+        return self._do_release(thread_id, owner, token)
+
+    @abstractmethod
+    def _do_release(self, thread_id: str, owner: str, token: int) -> bool: ...
+
+    # -- recovery ------------------------------------------------------------------------
+
+    @abstractmethod
+    def due(self, *, limit: int = 100) -> list[tuple[str, float]]:
+        """Return ``(thread_id, due_at)`` for threads due now, earliest first. Read-only."""
+
+    @abstractmethod
+    def claim_due(self, *, hold: float, limit: int = 100) -> list[str]:
+        """Return the threads due now and push each one's due time ``hold`` seconds ahead,
+        so a concurrent sweeper does not send it again before the thread has had time to
+        start. Atomic."""
+
+    def lease_sweeper(self, owner: str, ttl: float) -> bool:
+        """Take or extend the sweeper's lease for ``ttl`` seconds; ``False`` while another
+        owner holds it. Lets one of many workers sweep at a time. Atomic."""
+        check_ttl("sweeper", ttl)
+        return self._do_lease_sweeper(owner, ttl)
+
+    @abstractmethod
+    def _do_lease_sweeper(self, owner: str, ttl: float) -> bool: ...

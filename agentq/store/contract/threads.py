@@ -1,0 +1,156 @@
+"""The threads' side of the store contract: opening, reading, forking, reopening, cancelling
+and deleting threads, and their artifacts."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Collection, Mapping
+from typing import Any
+
+from agentq.ids import validate_thread_id
+from agentq.records import Status, ThreadMeta
+from agentq.store.contract.common import UNSET
+
+
+class ThreadsContract(ABC):
+    """The thread operations of :class:`~agentq.store.contract.Store`."""
+
+    def open_thread(
+        self,
+        thread_id: str,
+        *,
+        task: str,
+        input: Any = None,
+        start_grace: float = 30.0,
+        options: Mapping[str, Any] | None = None,
+    ) -> tuple[ThreadMeta, bool]:
+        """Create the thread as ``queued`` unless it exists; return its meta and whether it
+        was created. A new thread is due ``start_grace`` seconds from now, so a lost
+        message is re-sent by recovery, and keeps ``options`` (how to send it) in its meta.
+        An existing thread is returned unchanged.
+
+        Atomic.
+        """
+        validate_thread_id(thread_id)
+        return self._do_open_thread(
+            thread_id, task=task, input=input, start_grace=start_grace, options=options
+        )
+
+    @abstractmethod
+    def _do_open_thread(
+        self,
+        thread_id: str,
+        *,
+        task: str,
+        input: Any,
+        start_grace: float,
+        options: Mapping[str, Any] | None,
+    ) -> tuple[ThreadMeta, bool]: ...
+
+    def meta(self, thread_id: str) -> ThreadMeta | None:
+        """Return the thread's meta, or ``None`` if the store does not hold it. Atomic."""
+        validate_thread_id(thread_id)
+        return self._do_meta(thread_id)
+
+    @abstractmethod
+    def _do_meta(self, thread_id: str) -> ThreadMeta | None: ...
+
+    @abstractmethod
+    def threads(
+        self, status: Status | None = None, *, limit: int = 100, offset: int = 0
+    ) -> list[ThreadMeta]:
+        """List threads, most recently updated first, optionally only those in ``status``.
+
+        Not atomic across threads: each meta is read as it is at that moment.
+        """
+
+    def delete_thread(self, thread_id: str) -> bool:
+        """Delete the thread with every checkpoint, effect record and index entry it owns;
+        ``False`` if it did not exist. Atomic. Global effect records are not the thread's
+        and stay."""
+        validate_thread_id(thread_id)
+        return self._do_delete_thread(thread_id)
+
+    @abstractmethod
+    def _do_delete_thread(self, thread_id: str) -> bool: ...
+
+    def fork(self, thread_id: str, step: int, new_thread_id: str) -> ThreadMeta:
+        """Create ``new_thread_id`` holding a copy of checkpoint ``step`` of ``thread_id`` as
+        its latest, with the source's task and input, in status ``waiting``, with no lease
+        and no effect records.
+
+        Raises :class:`~agentq.errors.CheckpointNotFound` if the step is not stored and
+        :class:`~agentq.errors.ThreadExists` if the new id is taken. Creating the new thread
+        is atomic; the source is only read.
+        """
+        validate_thread_id(thread_id)
+        validate_thread_id(new_thread_id)
+        return self._do_fork(thread_id, step, new_thread_id)
+
+    @abstractmethod
+    def _do_fork(self, thread_id: str, step: int, new_thread_id: str) -> ThreadMeta: ...
+
+    def reopen(
+        self,
+        thread_id: str,
+        *,
+        from_statuses: Collection[Status],
+        resume_value: Any = UNSET,
+        start_grace: float = 30.0,
+    ) -> ThreadMeta:
+        """Queue a thread again that nobody drives: if its status is in ``from_statuses``
+        it becomes ``queued``, due in ``start_grace`` seconds, with its error, attempts and
+        cancel flag cleared and ``resume_value`` stored when given (the next driver reads
+        it from the meta). Raises :class:`~agentq.errors.ThreadStateError` for any other
+        status and :class:`~agentq.errors.ThreadNotFound` for an unknown thread. Atomic.
+        """
+        validate_thread_id(thread_id)
+        return self._do_reopen(
+            thread_id,
+            from_statuses=from_statuses,
+            resume_value=resume_value,
+            start_grace=start_grace,
+        )
+
+    @abstractmethod
+    def _do_reopen(
+        self,
+        thread_id: str,
+        *,
+        from_statuses: Collection[Status],
+        resume_value: Any,
+        start_grace: float,
+    ) -> ThreadMeta: ...
+
+    def request_cancel(self, thread_id: str) -> Status:
+        """Cancel the thread and return its status afterwards. A ``running`` thread is
+        flagged and its driver stops at the next step boundary; ``done``, ``failed`` and
+        ``cancelled`` threads stay as they are; any other becomes ``cancelled`` at once and
+        leaves the due index. Raises :class:`~agentq.errors.ThreadNotFound`. Atomic."""
+        validate_thread_id(thread_id)
+        return self._do_request_cancel(thread_id)
+
+    @abstractmethod
+    def _do_request_cancel(self, thread_id: str) -> Status: ...
+
+    def put_artifact(self, thread_id: str, data: bytes) -> str:
+        """Store ``data`` under its SHA-256 (hex, returned) in the thread's own keyspace;
+        storing the same bytes twice keeps one copy. Deleted with the thread. Atomic."""
+        validate_thread_id(thread_id)
+        return self._do_put_artifact(thread_id, data)
+
+    @abstractmethod
+    def _do_put_artifact(self, thread_id: str, data: bytes) -> str: ...
+
+    def get_artifact(self, thread_id: str, digest: str) -> bytes:
+        """Return an artifact's bytes; :class:`~agentq.errors.ArtifactNotFound` if absent."""
+        validate_thread_id(thread_id)
+        return self._do_get_artifact(thread_id, digest)
+
+    @abstractmethod
+    def _do_get_artifact(self, thread_id: str, digest: str) -> bytes: ...
+
+    @abstractmethod
+    def gc(self, finished_ttl: float) -> int:
+        """Delete threads that finished (``done``, ``failed``, ``cancelled``) more than
+        ``finished_ttl`` seconds ago; return how many. Each deletion is atomic."""

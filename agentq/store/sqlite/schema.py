@@ -1,7 +1,7 @@
 """The tables of the embedded store, and the migrations from older versions of them.
 
 The tables mirror the Redis layout in :mod:`agentq.ids`: ``threads`` holds the meta (the
-columns named in :data:`~agentq.store.contract.META_FIELDS`), the lease and the due time;
+columns named in :data:`~agentq.store.meta_fields.META_FIELDS`), the lease and the due time;
 ``checkpoints`` the snapshots; ``effects`` the idempotency records, scoped by thread id or
 ``''`` for the global ones; ``artifacts`` the content-addressed bytes a thread refers to.
 """

@@ -56,6 +56,7 @@ import redis
 from celery import Celery
 
 from agentq import Status, ThreadMeta
+from agentq.settings import connections_for
 from agentq.store.contract import Store
 from agentq.store.redis.store import RedisStore
 from bench._agents import make_app
@@ -74,6 +75,10 @@ POLL_EVERY = 0.05
 SETTLED = (Status.DONE, Status.FAILED, Status.CANCELLED, Status.NEEDS_ATTENTION, Status.WAITING)
 BROKEN = frozenset({Status.FAILED, Status.CANCELLED, Status.NEEDS_ATTENTION})
 AGENTS = {"sync": "bench.sleep_agent", "async": "bench.async_sleep_agent"}
+BENCH_CLIENT = "agentq-bench"
+"""The client name of the benchmark's own store connections."""
+BROKER_MARGIN = 10
+"""Broker connections beyond one per pool slot: kombu's default, for the consumer itself."""
 
 
 @dataclass(frozen=True)
@@ -138,13 +143,19 @@ class Env:
     app: Celery
     store: Store
     broker: redis.Redis
+    """The broker's redis-server, where the plain tasks count themselves too."""
+    store_server: redis.Redis | None
+    """The Redis store's own redis-server (``None`` on SQLite)."""
     worker: Worker
     database: Path | None
 
     def connections(self) -> int:
+        """The worker's store connections: the store server's clients but the benchmark's."""
         if self.database is not None:
             return open_files(self.pids(), self.database)
-        return int(self.broker.info("clients")["connected_clients"])
+        assert self.store_server is not None
+        clients = self.store_server.client_list()
+        return sum(client.get("name") != BENCH_CLIENT for client in clients)
 
     def pids(self) -> list[int]:
         assert self.worker.process is not None
@@ -170,29 +181,44 @@ class Env:
         return [line.strip() for line in text.splitlines() if POOL_ERRORS.search(line)]
 
 
+def connection_bound(config: Config) -> int:
+    """How many store connections the worker may hold: its one process runs every task
+    (threads and gevent pools); a SQLite store shares one connection among them."""
+    return 1 if config.store == "sqlite" else connections_for(config.concurrency)
+
+
 @contextlib.contextmanager
 def environment(config: Config) -> Iterator[Env]:
-    """A private redis-server (broker, and store unless SQLite) and one worker on it."""
+    """A private redis-server as broker, another as the store unless SQLite, and one
+    worker on them."""
     run_id = uuid.uuid4().hex[:8]
     with contextlib.ExitStack() as stack:
         server = stack.enter_context(PrivateRedis())
         url = f"redis://127.0.0.1:{server.port}/0"
         scratch = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="agentq-bench-")))
         database = scratch / "agentq.db" if config.store == "sqlite" else None
-        store_url = f"sqlite:///{database}" if database else url
+        store_server = None if database else stack.enter_context(PrivateRedis())
+        store_url = (
+            f"sqlite:///{database}"
+            if store_server is None
+            else f"redis://127.0.0.1:{store_server.port}/0"
+        )
         env = {
             "BENCH_BROKER": url,
             "BENCH_STORE": store_url,
             "BENCH_LEDGER": url,
             "BENCH_PREFIX": f"b{run_id}:",
             "BENCH_QUEUE": f"agentq-bench-{run_id}",
+            "BENCH_BROKER_CONNECTIONS": str(config.concurrency + BROKER_MARGIN),
         }
         app = make_app(
             broker=url,
-            store=store_url,
+            # The benchmark's own connections are named, so the peak can leave them out.
+            store=store_url if database else f"{store_url}?client_name={BENCH_CLIENT}",
             ledger=url,
             prefix=env["BENCH_PREFIX"],
             queue=env["BENCH_QUEUE"],
+            broker_connections=config.concurrency + BROKER_MARGIN,
         )
         stack.callback(app.close)
         worker = Worker(app, env, scratch / "worker.log", config.concurrency, config.pool)
@@ -201,8 +227,15 @@ def environment(config: Config) -> Iterator[Env]:
         store = app._agentq_runtime.store
         stack.callback(store.close)
         broker = stack.enter_context(contextlib.closing(server.client()))
+        probe = (
+            None
+            if store_server is None
+            else stack.enter_context(
+                contextlib.closing(store_server.client(client_name=BENCH_CLIENT))
+            )
+        )
         try:
-            yield Env(config, app, store, broker, worker, database)
+            yield Env(config, app, store, broker, probe, worker, database)
         except BaseException:
             worker.kill()  # interrupted or failed: nothing in flight is worth waiting for
             raise
@@ -338,7 +371,7 @@ def results(config: Config, node: str, base: Baseline, row: Row) -> list[Result]
         note = f"error: {total - row.done} of {total} not done"
         measured = f"{row.wall:.2f} s" + (" (timed out)" if row.unfinished else "")
     timeout = f"{row.unfinished} unfinished at the {row.deadline:.0f} s deadline"
-    sqlite = config.store == "sqlite"
+    sqlite, bound = config.store == "sqlite", connection_bound(config)
     return [
         Result(
             "ratio",
@@ -382,9 +415,10 @@ def results(config: Config, node: str, base: Baseline, row: Row) -> list[Result]
             "figure",
             f"{name}_peak_store_connections",
             row.peaks.connections,
-            "  peak open SQLite files" if sqlite else "  peak redis connected_clients",
+            "  peak open SQLite files" if sqlite else "  peak worker store connections",
             str(row.peaks.connections),
-            f"plain {base.peaks.connections}",
+            f"bound {bound}",
+            Target(bound),
         ),
         Result(
             "figure",

@@ -28,7 +28,7 @@ goes through the worker. Beside the ratio, per row:
 - failed threads: ``failed``, ``cancelled`` or ``needs_attention`` in the store, and how
   many were still unfinished at the deadline;
 - lease takeovers: fencing tokens handed out beyond each thread's first (``meta.fence``);
-- pool errors: worker log lines matching :data:`POOL_ERRORS`;
+- pool errors: worker log records matching :data:`POOL_ERRORS`;
 - peak store connections, sampled every 100 ms: the redis-server's ``connected_clients``
   (broker and store connections, and one of the benchmark's), or for SQLite the worker's
   open descriptors of the database file; the baseline's peak beside it;
@@ -71,6 +71,9 @@ NONE_ALLOWED = Target(0)
 POOL_ERRORS = re.compile(
     r"MaxConnectionsError|Too many connections|ConnectionError|database is locked"
 )
+LOG_RECORD = re.compile(r"^(?=\[\d{4}-\d\d-\d\d )", re.MULTILINE)
+"""Where a record of the worker's log starts: its timestamp, the lines after it until the
+next one (a traceback) are part of it."""
 POLL_EVERY = 0.05
 SETTLED = (Status.DONE, Status.FAILED, Status.CANCELLED, Status.NEEDS_ATTENTION, Status.WAITING)
 BROKEN = frozenset({Status.FAILED, Status.CANCELLED, Status.NEEDS_ATTENTION})
@@ -174,11 +177,13 @@ class Env:
         return self.worker.log.stat().st_size
 
     def pool_errors(self, since: int) -> list[str]:
-        """The worker log's lines matching :data:`POOL_ERRORS` written after ``since``."""
+        """The first lines of the worker log's records written after ``since`` that match
+        :data:`POOL_ERRORS`: one per error, though its traceback names it again."""
         with open(self.worker.log, "rb") as log:
             log.seek(since)
             text = log.read().decode(errors="replace")
-        return [line.strip() for line in text.splitlines() if POOL_ERRORS.search(line)]
+        records = LOG_RECORD.split(text)
+        return [record.strip().splitlines()[0] for record in records if POOL_ERRORS.search(record)]
 
 
 def connection_bound(config: Config) -> int:
@@ -352,12 +357,13 @@ def agent_row(env: Env, size: Size, node: str, base: Baseline) -> Row:
 
 
 def _first_error(lines: list[str]) -> str:
-    """The exception named in the first matching log line, for the table."""
+    """The exception named in the first matching record, for the table (from its first
+    line, or the record's message when only its traceback names one)."""
     if not lines:
         return ""
     match = POOL_ERRORS.search(lines[0])
-    assert match is not None
-    return f"first: {lines[0][match.start() :][:60]}"
+    start = match.start() if match else lines[0].find("] ") + 2
+    return f"first: {lines[0][start:][:60]}"
 
 
 def results(config: Config, node: str, base: Baseline, row: Row) -> list[Result]:

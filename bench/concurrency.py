@@ -6,16 +6,29 @@ Run from the repository root::
 
     python -m bench.concurrency [--quick]
 
-Per configuration one ``celery worker`` subprocess and one private redis-server with AOF
-always, which is both the broker and the agentq store (and the ledger where the plain
-tasks count themselves). The configurations:
+Per configuration one ``celery worker`` subprocess, one private redis-server with AOF
+always as the broker (and the ledger where the plain tasks count themselves), and another
+as the agentq store, so that its connections are the store's alone and its fsyncs do not
+hold up the broker's. The Celery configuration, the same for the plain tasks and the
+agents, is what a user running 1000 tasks at once in one process sets:
+
+- ``worker_prefetch_multiplier=1`` and ``acks_late`` (an ``AgentTask`` is acked late):
+  a worker holds only the messages its slots run, each until it is done;
+- ``broker_transport_options={"max_connections": concurrency + 10}``: every slot acks
+  its own message when its task returns, through the consumer channel's connection pool,
+  which does not wait for a free connection but fails (kombu's default of 10 fails
+  ``Couldn't ack ... MaxConnectionsError`` under ``-P gevent -c 1000``, and each
+  failed ack keeps its prefetch slot taken until the worker restarts and the message is
+  delivered again); the 10 are the consumer's own.
+
+The configurations:
 
 - ``-P threads -c 500``, 1000 threads: sync nodes (``time.sleep``), then ``async def``
   nodes (``await asyncio.sleep``);
 - ``-P gevent -c 1000``, 1000 threads: the same two (the worker is monkey-patched, so
   ``time.sleep`` cooperates);
-- ``-P threads -c 100``, 100 threads, sync nodes, on a SQLite store (the redis-server is
-  then the broker alone).
+- ``-P threads -c 100``, 100 threads, sync nodes, on a SQLite store (no store
+  redis-server).
 
 Each configuration first runs the baseline: N plain tasks, each five ``time.sleep(0.5)``.
 Then each row sends its N threads with ``agent.delay(thread_id)`` and polls the store
@@ -29,9 +42,10 @@ goes through the worker. Beside the ratio, per row:
   many were still unfinished at the deadline;
 - lease takeovers: fencing tokens handed out beyond each thread's first (``meta.fence``);
 - pool errors: worker log records matching :data:`POOL_ERRORS`;
-- peak store connections, sampled every 100 ms: the redis-server's ``connected_clients``
-  (broker and store connections, and one of the benchmark's), or for SQLite the worker's
-  open descriptors of the database file; the baseline's peak beside it;
+- peak store connections, sampled every 100 ms: the store redis-server's clients but
+  the benchmark's own (named ``agentq-bench``), or for SQLite the worker's open
+  descriptors of the database file; target: at most the bound the worker's store pool
+  is configured with (``connections_for(concurrency)``; 1 for SQLite), printed beside;
 - worker RSS per in-flight thread: the peak RSS of the worker's process tree ÷ the peak
   number of threads ``running`` at once, beside the plain tasks' (peak RSS ÷ peak started
   and not finished).

@@ -190,6 +190,9 @@ class Env:
     def log_size(self) -> int:
         return self.worker.log.stat().st_size
 
+    def log_tail(self, lines: int = 20) -> str:
+        return "\n".join(self.worker.log.read_text(errors="replace").splitlines()[-lines:])
+
     def pool_errors(self, since: int) -> list[str]:
         """The first lines of the worker log's records written after ``since`` that match
         :data:`POOL_ERRORS`: one per error, though its traceback names it again."""
@@ -297,12 +300,17 @@ def baseline(env: Env, size: Size) -> Baseline:
         for _ in range(total):
             task.delay(size.steps, size.wait, counter)
         sending = time.perf_counter() - started
-        wait_for(
-            lambda: finished() >= total,
-            5 * waves * size.steps * size.wait + size.grace,
-            "plain tasks done",
-            POLL_EVERY,
-        )
+        try:
+            wait_for(
+                lambda: finished() >= total,
+                5 * waves * size.steps * size.wait + size.grace,
+                "plain tasks done",
+                POLL_EVERY,
+            )
+        except TimeoutError as exc:
+            print(f"plain tasks not done; the worker log ends:\n{env.log_tail()}")  # progress
+            stuck = f"{finished()} of {total} finished, {in_flight()} in flight"
+            raise TimeoutError(f"{exc} ({stuck})") from None
         wall = time.perf_counter() - started
     return Baseline(wall, sending, sampler.peaks)
 

@@ -132,11 +132,18 @@ class AsyncSleepAgent(AgentTask):
 _clients: dict[tuple[int, str], redis.Redis] = {}
 
 
+CLIENT_CONNECTIONS = 100
+"""Per process and URL. A task that finds them all busy waits for one: redis-py's default
+pool fails past 100 instead, and under ``-P gevent -c 1000`` the plain tasks finishing
+together would lose their count."""
+
+
 def client(url: str) -> redis.Redis:
     """One client per process and URL (prefork children must not share a connection)."""
     key = (os.getpid(), url)
     if key not in _clients:
-        _clients[key] = redis.Redis.from_url(url)
+        pool = redis.BlockingConnectionPool.from_url(url, max_connections=CLIENT_CONNECTIONS)
+        _clients[key] = redis.Redis.from_pool(pool)
     return _clients[key]
 
 

@@ -2,8 +2,9 @@
 or sleeping as if they waited for one, and the plain Celery tasks they are compared with.
 
 Configured from the environment by :mod:`bench._cluster` (``BENCH_*`` variables, see
-:func:`app_from_env`). The "ledger" is a second, non-persistent redis-server where tasks
-count what they finished, so the benchmark sees completions without a result backend.
+:func:`app_from_env`; ``BENCH_BROKER_CONNECTIONS`` optional). The "ledger" is a second,
+non-persistent redis-server where tasks count what they finished, so the benchmark sees
+completions without a result backend.
 """
 
 from __future__ import annotations
@@ -131,15 +132,32 @@ class AsyncSleepAgent(AgentTask):
 _clients: dict[tuple[int, str], redis.Redis] = {}
 
 
+CLIENT_CONNECTIONS = 100
+"""Per process and URL. A task that finds them all busy waits for one: redis-py's default
+pool fails past 100 instead, and under ``-P gevent -c 1000`` the plain tasks finishing
+together would lose their count."""
+
+
 def client(url: str) -> redis.Redis:
     """One client per process and URL (prefork children must not share a connection)."""
     key = (os.getpid(), url)
     if key not in _clients:
-        _clients[key] = redis.Redis.from_url(url)
+        pool = redis.BlockingConnectionPool.from_url(url, max_connections=CLIENT_CONNECTIONS)
+        _clients[key] = redis.Redis.from_pool(pool)
     return _clients[key]
 
 
-def make_app(*, broker: str, store: str, ledger: str, prefix: str, queue: str) -> Celery:
+def make_app(
+    *,
+    broker: str,
+    store: str,
+    ledger: str,
+    prefix: str,
+    queue: str,
+    broker_connections: int | None = None,
+) -> Celery:
+    """``broker_connections``: the Redis transport's ``max_connections`` (kombu's default,
+    10, when ``None``), the connections one channel may open at once."""
     app = Celery("agentq-bench", broker=broker, set_as_current=False)
     app.conf.update(
         task_default_queue=queue,
@@ -149,6 +167,8 @@ def make_app(*, broker: str, store: str, ledger: str, prefix: str, queue: str) -
         bench_store=store,
         bench_ledger=ledger,
     )
+    if broker_connections is not None:
+        app.conf.broker_transport_options = {"max_connections": broker_connections}
     agentq.init_app(app, store=store, prefix=prefix)
     for agent in (StepsAgent, OverheadAgent, OneStepAgent, SleepAgent, AsyncSleepAgent):
         app.register_task(agent())
@@ -199,10 +219,12 @@ def make_app(*, broker: str, store: str, ledger: str, prefix: str, queue: str) -
 
 def app_from_env() -> Celery:
     values = {name: os.environ[name] for name in ENV}
+    connections = os.environ.get("BENCH_BROKER_CONNECTIONS")
     return make_app(
         broker=values["BENCH_BROKER"],
         store=values["BENCH_STORE"],
         ledger=values["BENCH_LEDGER"],
         prefix=values["BENCH_PREFIX"],
         queue=values["BENCH_QUEUE"],
+        broker_connections=int(connections) if connections else None,
     )

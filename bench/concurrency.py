@@ -6,16 +6,29 @@ Run from the repository root::
 
     python -m bench.concurrency [--quick]
 
-Per configuration one ``celery worker`` subprocess and one private redis-server with AOF
-always, which is both the broker and the agentq store (and the ledger where the plain
-tasks count themselves). The configurations:
+Per configuration one ``celery worker`` subprocess, one private redis-server with AOF
+always as the broker (and the ledger where the plain tasks count themselves), and another
+as the agentq store, so that its connections are the store's alone and its fsyncs do not
+hold up the broker's. The Celery configuration, the same for the plain tasks and the
+agents, is what a user running 1000 tasks at once in one process sets:
+
+- ``worker_prefetch_multiplier=1`` and ``acks_late`` (an ``AgentTask`` is acked late):
+  a worker holds only the messages its slots run, each until it is done;
+- ``broker_transport_options={"max_connections": concurrency + 10}``: every slot acks
+  its own message when its task returns, through the consumer channel's connection pool,
+  which does not wait for a free connection but fails (kombu's default of 10 fails
+  ``Couldn't ack ... MaxConnectionsError`` under ``-P gevent -c 1000``, and each
+  failed ack keeps its prefetch slot taken until the worker restarts and the message is
+  delivered again); the 10 are the consumer's own.
+
+The configurations:
 
 - ``-P threads -c 500``, 1000 threads: sync nodes (``time.sleep``), then ``async def``
   nodes (``await asyncio.sleep``);
 - ``-P gevent -c 1000``, 1000 threads: the same two (the worker is monkey-patched, so
   ``time.sleep`` cooperates);
-- ``-P threads -c 100``, 100 threads, sync nodes, on a SQLite store (the redis-server is
-  then the broker alone).
+- ``-P threads -c 100``, 100 threads, sync nodes, on a SQLite store (no store
+  redis-server).
 
 Each configuration first runs the baseline: N plain tasks, each five ``time.sleep(0.5)``.
 Then each row sends its N threads with ``agent.delay(thread_id)`` and polls the store
@@ -28,10 +41,11 @@ goes through the worker. Beside the ratio, per row:
 - failed threads: ``failed``, ``cancelled`` or ``needs_attention`` in the store, and how
   many were still unfinished at the deadline;
 - lease takeovers: fencing tokens handed out beyond each thread's first (``meta.fence``);
-- pool errors: worker log lines matching :data:`POOL_ERRORS`;
-- peak store connections, sampled every 100 ms: the redis-server's ``connected_clients``
-  (broker and store connections, and one of the benchmark's), or for SQLite the worker's
-  open descriptors of the database file; the baseline's peak beside it;
+- pool errors: worker log records matching :data:`POOL_ERRORS`;
+- peak store connections, sampled every 100 ms: the store redis-server's clients but
+  the benchmark's own (named ``agentq-bench``), or for SQLite the worker's open
+  descriptors of the database file; target: at most the bound the worker's store pool
+  is configured with (``connections_for(concurrency)``; 1 for SQLite), printed beside;
 - worker RSS per in-flight thread: the peak RSS of the worker's process tree ÷ the peak
   number of threads ``running`` at once, beside the plain tasks' (peak RSS ÷ peak started
   and not finished).
@@ -56,6 +70,7 @@ import redis
 from celery import Celery
 
 from agentq import Status, ThreadMeta
+from agentq.settings import connections_for
 from agentq.store.contract import Store
 from agentq.store.redis.store import RedisStore
 from bench._agents import make_app
@@ -70,10 +85,17 @@ NONE_ALLOWED = Target(0)
 POOL_ERRORS = re.compile(
     r"MaxConnectionsError|Too many connections|ConnectionError|database is locked"
 )
+LOG_RECORD = re.compile(r"^(?=\[\d{4}-\d\d-\d\d )", re.MULTILINE)
+"""Where a record of the worker's log starts: its timestamp, the lines after it until the
+next one (a traceback) are part of it."""
 POLL_EVERY = 0.05
 SETTLED = (Status.DONE, Status.FAILED, Status.CANCELLED, Status.NEEDS_ATTENTION, Status.WAITING)
 BROKEN = frozenset({Status.FAILED, Status.CANCELLED, Status.NEEDS_ATTENTION})
 AGENTS = {"sync": "bench.sleep_agent", "async": "bench.async_sleep_agent"}
+BENCH_CLIENT = "agentq-bench"
+"""The client name of the benchmark's own store connections."""
+BROKER_MARGIN = 10
+"""Broker connections beyond one per pool slot: kombu's default, for the consumer itself."""
 
 
 @dataclass(frozen=True)
@@ -138,13 +160,19 @@ class Env:
     app: Celery
     store: Store
     broker: redis.Redis
+    """The broker's redis-server, where the plain tasks count themselves too."""
+    store_server: redis.Redis | None
+    """The Redis store's own redis-server (``None`` on SQLite)."""
     worker: Worker
     database: Path | None
 
     def connections(self) -> int:
+        """The worker's store connections: the store server's clients but the benchmark's."""
         if self.database is not None:
             return open_files(self.pids(), self.database)
-        return int(self.broker.info("clients")["connected_clients"])
+        assert self.store_server is not None
+        clients = self.store_server.client_list()
+        return sum(client.get("name") != BENCH_CLIENT for client in clients)
 
     def pids(self) -> list[int]:
         assert self.worker.process is not None
@@ -162,37 +190,57 @@ class Env:
     def log_size(self) -> int:
         return self.worker.log.stat().st_size
 
+    def log_tail(self, lines: int = 20) -> str:
+        return "\n".join(self.worker.log.read_text(errors="replace").splitlines()[-lines:])
+
     def pool_errors(self, since: int) -> list[str]:
-        """The worker log's lines matching :data:`POOL_ERRORS` written after ``since``."""
+        """The first lines of the worker log's records written after ``since`` that match
+        :data:`POOL_ERRORS`: one per error, though its traceback names it again."""
         with open(self.worker.log, "rb") as log:
             log.seek(since)
             text = log.read().decode(errors="replace")
-        return [line.strip() for line in text.splitlines() if POOL_ERRORS.search(line)]
+        records = LOG_RECORD.split(text)
+        return [record.strip().splitlines()[0] for record in records if POOL_ERRORS.search(record)]
+
+
+def connection_bound(config: Config) -> int:
+    """How many store connections the worker may hold: its one process runs every task
+    (threads and gevent pools); a SQLite store shares one connection among them."""
+    return 1 if config.store == "sqlite" else connections_for(config.concurrency)
 
 
 @contextlib.contextmanager
 def environment(config: Config) -> Iterator[Env]:
-    """A private redis-server (broker, and store unless SQLite) and one worker on it."""
+    """A private redis-server as broker, another as the store unless SQLite, and one
+    worker on them."""
     run_id = uuid.uuid4().hex[:8]
     with contextlib.ExitStack() as stack:
         server = stack.enter_context(PrivateRedis())
         url = f"redis://127.0.0.1:{server.port}/0"
         scratch = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="agentq-bench-")))
         database = scratch / "agentq.db" if config.store == "sqlite" else None
-        store_url = f"sqlite:///{database}" if database else url
+        store_server = None if database else stack.enter_context(PrivateRedis())
+        store_url = (
+            f"sqlite:///{database}"
+            if store_server is None
+            else f"redis://127.0.0.1:{store_server.port}/0"
+        )
         env = {
             "BENCH_BROKER": url,
             "BENCH_STORE": store_url,
             "BENCH_LEDGER": url,
             "BENCH_PREFIX": f"b{run_id}:",
             "BENCH_QUEUE": f"agentq-bench-{run_id}",
+            "BENCH_BROKER_CONNECTIONS": str(config.concurrency + BROKER_MARGIN),
         }
         app = make_app(
             broker=url,
-            store=store_url,
+            # The benchmark's own connections are named, so the peak can leave them out.
+            store=store_url if database else f"{store_url}?client_name={BENCH_CLIENT}",
             ledger=url,
             prefix=env["BENCH_PREFIX"],
             queue=env["BENCH_QUEUE"],
+            broker_connections=config.concurrency + BROKER_MARGIN,
         )
         stack.callback(app.close)
         worker = Worker(app, env, scratch / "worker.log", config.concurrency, config.pool)
@@ -201,8 +249,15 @@ def environment(config: Config) -> Iterator[Env]:
         store = app._agentq_runtime.store
         stack.callback(store.close)
         broker = stack.enter_context(contextlib.closing(server.client()))
+        probe = (
+            None
+            if store_server is None
+            else stack.enter_context(
+                contextlib.closing(store_server.client(client_name=BENCH_CLIENT))
+            )
+        )
         try:
-            yield Env(config, app, store, broker, worker, database)
+            yield Env(config, app, store, broker, probe, worker, database)
         except BaseException:
             worker.kill()  # interrupted or failed: nothing in flight is worth waiting for
             raise
@@ -245,12 +300,17 @@ def baseline(env: Env, size: Size) -> Baseline:
         for _ in range(total):
             task.delay(size.steps, size.wait, counter)
         sending = time.perf_counter() - started
-        wait_for(
-            lambda: finished() >= total,
-            5 * waves * size.steps * size.wait + size.grace,
-            "plain tasks done",
-            POLL_EVERY,
-        )
+        try:
+            wait_for(
+                lambda: finished() >= total,
+                5 * waves * size.steps * size.wait + size.grace,
+                "plain tasks done",
+                POLL_EVERY,
+            )
+        except TimeoutError as exc:
+            print(f"plain tasks not done; the worker log ends:\n{env.log_tail()}")  # progress
+            stuck = f"{finished()} of {total} finished, {in_flight()} in flight"
+            raise TimeoutError(f"{exc} ({stuck})") from None
         wall = time.perf_counter() - started
     return Baseline(wall, sending, sampler.peaks)
 
@@ -319,12 +379,13 @@ def agent_row(env: Env, size: Size, node: str, base: Baseline) -> Row:
 
 
 def _first_error(lines: list[str]) -> str:
-    """The exception named in the first matching log line, for the table."""
+    """The exception named in the first matching record, for the table (from its first
+    line, or the record's message when only its traceback names one)."""
     if not lines:
         return ""
     match = POOL_ERRORS.search(lines[0])
-    assert match is not None
-    return f"first: {lines[0][match.start() :][:60]}"
+    start = match.start() if match else lines[0].find("] ") + 2
+    return f"first: {lines[0][start:][:60]}"
 
 
 def results(config: Config, node: str, base: Baseline, row: Row) -> list[Result]:
@@ -338,7 +399,7 @@ def results(config: Config, node: str, base: Baseline, row: Row) -> list[Result]
         note = f"error: {total - row.done} of {total} not done"
         measured = f"{row.wall:.2f} s" + (" (timed out)" if row.unfinished else "")
     timeout = f"{row.unfinished} unfinished at the {row.deadline:.0f} s deadline"
-    sqlite = config.store == "sqlite"
+    sqlite, bound = config.store == "sqlite", connection_bound(config)
     return [
         Result(
             "ratio",
@@ -382,9 +443,10 @@ def results(config: Config, node: str, base: Baseline, row: Row) -> list[Result]
             "figure",
             f"{name}_peak_store_connections",
             row.peaks.connections,
-            "  peak open SQLite files" if sqlite else "  peak redis connected_clients",
+            "  peak open SQLite files" if sqlite else "  peak worker store connections",
             str(row.peaks.connections),
-            f"plain {base.peaks.connections}",
+            f"bound {bound}",
+            Target(bound),
         ),
         Result(
             "figure",

@@ -60,6 +60,8 @@ class LeaseKeeper:
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._running = False
+        self._beat_ttl = float("inf")
+        """The shortest TTL the keeper's current wait was timed for."""
 
     @contextmanager
     def hold(self, thread_id: str, owner: str, token: int, ttl: float) -> Iterator[Lease]:
@@ -68,7 +70,8 @@ class LeaseKeeper:
         with self._lock:
             self._leases.add(lease)
             if self._running:
-                self._changed.notify()  # its ttl may be the shortest held
+                if ttl < self._beat_ttl:  # the next beat must come sooner
+                    self._changed.notify()
             else:
                 self._running = True
                 threading.Thread(target=self._keep, name="agentq-lease-keeper", daemon=True).start()
@@ -86,7 +89,8 @@ class LeaseKeeper:
                     if not self._leases:
                         self._running = False
                         return
-                    due = beat + min(lease.ttl for lease in self._leases) / 3
+                    self._beat_ttl = min(lease.ttl for lease in self._leases)
+                    due = beat + self._beat_ttl / 3
                     if due <= time.monotonic():
                         break
                     self._changed.wait(due - time.monotonic())

@@ -17,7 +17,7 @@ from typing import Any, Final, Protocol, TypeVar
 from agentq.engine.aio import run_coroutine
 from agentq.engine.append_only import AppendOnlyFields
 from agentq.engine.backoff import retry_delay
-from agentq.engine.lease import Lease, keeper_for
+from agentq.engine.lease import Lease, confirm, keeper_for
 from agentq.engine.run import NO_VALUE, Run
 from agentq.engine.store_retry import with_store_retry
 from agentq.errors import (
@@ -257,7 +257,8 @@ class Driver:
         logger.info("thread %s: handed over before step %d (worker stopping)", self.thread_id, step)
 
     def _run(self, token: int, pos: _Position) -> Run:
-        store, thread_id, settings = self.store, self.thread_id, self.settings
+        store, thread_id, settings, lease = self.store, self.thread_id, self.settings, self._lease
+        assert lease is not None  # steps run only under a lease
         return Run(
             store=store,
             thread_id=thread_id,
@@ -269,7 +270,7 @@ class Driver:
             cursors=pos.cursors,
             resume_value=pos.resume_value,
             max_artifact_bytes=settings.max_artifact_bytes,
-            confirm_lease=lambda: store.renew(thread_id, self.owner, token, settings.lease_ttl),
+            confirm_lease=functools.partial(confirm, store, lease),
             retryable=self.task.should_retry,
         )
 

@@ -65,5 +65,3 @@ def test_threads_survive_kills_deploys_zombies_and_store_restarts(
     for kind in ("kills", "deploys", "zombies", "store_restarts"):
         assert int(figures[kind]) >= 1, f"no {kind}: the threads finished too soon"
     assert int(figures["threads_hit_by_sigkill"]) >= 1
-    if cluster.config.pool == "threads":
-        assert int(figures["most_threads_hit_by_one_sigkill"]) >= 10, "no SIGKILL hit half a pool"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 import os
@@ -16,7 +17,7 @@ from agentq.engine.agent import Agent
 from agentq.engine.aio import run_coroutine
 from agentq.engine.append_only import AppendOnlyFields
 from agentq.engine.backoff import retry_delay
-from agentq.engine.lease import Lease, keeper_for
+from agentq.engine.lease import Lease, confirm, keeper_for
 from agentq.engine.run import NO_VALUE, Run
 from agentq.engine.store_retry import RetriedCalls
 from agentq.engine.transition import checkpoint_after
@@ -210,7 +211,13 @@ class Driver:
         logger.info("thread %s: handed over before step %d (worker stopping)", self.thread_id, step)
 
     def _run(self, token: int, pos: _Position) -> Run:
-        store, thread_id, settings = self.store, self.thread_id, self.settings
+        store, thread_id, settings, lease = (
+            self.store,
+            self.thread_id,
+            self.settings,
+            self._calls.lease,
+        )
+        assert lease is not None  # steps run only under a lease
         return Run(
             store=store,
             thread_id=thread_id,
@@ -223,13 +230,8 @@ class Driver:
             resume_value=pos.resume_value,
             max_artifact_bytes=settings.max_artifact_bytes,
             calls=self._calls,
-            confirm_lease=lambda: self._calls(
-                "confirming the lease",
-                store.renew,
-                thread_id,
-                self.owner,
-                token,
-                settings.lease_ttl,
+            confirm_lease=functools.partial(
+                self._calls, "confirming the lease", confirm, store, lease
             ),
             retryable=self.task.should_retry,
         )

@@ -29,6 +29,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+from agentq.errors import LeaseLost
 from agentq.store.contract import Renewal, Store
 
 logger = logging.getLogger(__name__)
@@ -48,6 +49,26 @@ class Lease:
     def remaining(self) -> float:
         """Seconds the lease is still ours for, as far as this process knows."""
         return self.ttl - (time.monotonic() - self.renewed_at)
+
+
+def confirm(store: Store, lease: Lease) -> None:
+    """Renew ``lease`` right before an effect that must not happen once it is lost; raises
+    :class:`~agentq.errors.LeaseLost` if it is lost.
+
+    A renewal answered ``ttl`` or more after it was sent proves nothing about now: the
+    process may have been frozen with the reply unread (SIGSTOP, a long GC pause) while the
+    lease ran out and another worker took the thread over and made the call itself."""
+    sent = time.monotonic()
+    store.renew(lease.thread_id, lease.owner, lease.token, lease.ttl)
+    took = time.monotonic() - sent
+    if took >= lease.ttl:
+        raise LeaseLost(
+            f"renewing the lease with token {lease.token} took {took:.1f} s, not less than "
+            f"lease_ttl ({lease.ttl:g} s), so another worker may drive the thread by now; "
+            "stop driving this thread (raise lease_ttl if the store is this slow)",
+            thread_id=lease.thread_id,
+        )
+    lease.renewed_at = sent
 
 
 class LeaseKeeper:

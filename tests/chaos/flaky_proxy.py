@@ -1,5 +1,6 @@
-"""A TCP proxy in front of ``redis-server`` that loses chosen replies or drops chosen
-commands, to reproduce exactly what a store restart or a network cut does to one call.
+"""A TCP proxy in front of ``redis-server`` that loses or delays chosen replies or drops
+chosen commands, to reproduce exactly what a store restart, a network cut or a frozen
+process does to one call.
 
 redis-py (8.x) retries a command whose connection broke (``Retry`` with 10 attempts by
 default), so a reply lost after the server executed the command makes the client send it
@@ -11,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
+import time
 
 
 class FlakyProxy:
@@ -18,6 +20,9 @@ class FlakyProxy:
 
     ``lose_reply_to``: the next request containing these bytes reaches the server, but its
     reply is not passed on; the client's connection is closed instead (one-shot).
+    ``delay_reply_to``: the next request containing these bytes reaches the server, but its
+    reply is passed on only ``reply_delay`` seconds later, as a process frozen before
+    reading it would see it (one-shot).
     ``drop``: every request containing these bytes closes the client's connection without
     reaching the server.
     """
@@ -26,6 +31,8 @@ class FlakyProxy:
         self.target_port = target_port
         self.lose_reply_to: bytes | None = None
         self.drop: bytes | None = None
+        self.delay_reply_to: bytes | None = None
+        self.reply_delay = 0.0
         self.lost = 0
         self.dropped = 0
         self._lock = threading.Lock()
@@ -46,11 +53,19 @@ class FlakyProxy:
             server = socket.create_connection(("127.0.0.1", self.target_port))
             with self._lock:
                 self._sockets += [client, server]
-            lose = threading.Event()
-            threading.Thread(target=self._up, args=(client, server, lose), daemon=True).start()
-            threading.Thread(target=self._down, args=(client, server, lose), daemon=True).start()
+            lose, late = threading.Event(), threading.Event()
+            for pump in (self._up, self._down):
+                threading.Thread(
+                    target=pump, args=(client, server, lose, late), daemon=True
+                ).start()
 
-    def _up(self, client: socket.socket, server: socket.socket, lose: threading.Event) -> None:
+    def _up(
+        self,
+        client: socket.socket,
+        server: socket.socket,
+        lose: threading.Event,
+        late: threading.Event,
+    ) -> None:
         with contextlib.suppress(OSError):
             while data := client.recv(65536):
                 with self._lock:
@@ -60,16 +75,28 @@ class FlakyProxy:
                     if self.lose_reply_to is not None and self.lose_reply_to in data:
                         self.lose_reply_to = None
                         lose.set()
+                    if self.delay_reply_to is not None and self.delay_reply_to in data:
+                        self.delay_reply_to = None
+                        late.set()
                 server.sendall(data)
         self._close(client, server)
 
-    def _down(self, client: socket.socket, server: socket.socket, lose: threading.Event) -> None:
+    def _down(
+        self,
+        client: socket.socket,
+        server: socket.socket,
+        lose: threading.Event,
+        late: threading.Event,
+    ) -> None:
         with contextlib.suppress(OSError):
             while data := server.recv(65536):
                 if lose.is_set():
                     with self._lock:
                         self.lost += 1
                     break
+                if late.is_set():
+                    late.clear()
+                    time.sleep(self.reply_delay)  # the frozen reader: simulated, not a wait
                 client.sendall(data)
         self._close(client, server)
 

@@ -1,5 +1,7 @@
 """Chaos: threads keep running to the same result while workers are SIGKILLed, deployed
-(SIGTERM), frozen past their lease (SIGSTOP) and the store is SIGKILLed and restarted.
+(SIGTERM), frozen past their lease (SIGSTOP) and the store is SIGKILLed and restarted,
+once on prefork workers and once on ``-P threads -c 20`` workers, where one SIGKILL takes
+down every thread a process drives.
 
 The machinery lives in :mod:`tests.support.chaos`, shared with ``python -m bench.chaos``.
 
@@ -12,6 +14,7 @@ deterministically. Store faults it can only hit rarely are in ``test_store_fault
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -21,12 +24,27 @@ from tests.support.chaos import ChaosCluster, ChaosConfig, chaos_cluster, run_an
 pytestmark = [pytest.mark.chaos, pytest.mark.slow]
 
 
-@pytest.fixture
+@pytest.fixture(params=["prefork", "threads"])
 def cluster(
-    chaos_size: tuple[int, int], redis_broker: str, tmp_path: Path
+    request: pytest.FixtureRequest,
+    chaos_size: tuple[int, int],
+    redis_broker: str,
+    tmp_path: Path,
 ) -> Iterator[ChaosCluster]:
     threads, steps = chaos_size
     config = ChaosConfig(threads=threads, steps=steps, broker=redis_broker)
+    if request.param == "threads":
+        # One process drives 20 threads, so a SIGKILL takes up to 20 down at once. Four
+        # times the threads over half the arrival time keep ~40 in flight (threads * steps
+        # seconds over arrival_seconds): both workers' pools full when the chaos strikes.
+        config = replace(
+            config,
+            pool="threads",
+            workers=2,
+            concurrency=20,
+            threads=4 * threads,
+            arrival_seconds=config.arrival_seconds / 2,
+        )
     with chaos_cluster(config, tmp_path) as cluster:
         yield cluster
 

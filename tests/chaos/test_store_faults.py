@@ -102,3 +102,14 @@ def test_a_store_outage_inside_a_tool_call_leaves_the_thread_to_recovery(env: En
     assert meta is not None
     # Left to recovery (lease expiry) or scheduled for a retry; not given up on.
     assert meta.status in (Status.RUNNING, Status.RETRYING), f"{meta.status.value}: {meta.error}"
+
+
+def test_a_lease_confirmation_answered_too_late_stops_the_tool_call(env: Env) -> None:
+    # The reply to the renewal right before the call arrives after the lease would have run
+    # out, as to a worker frozen between sending it and reading it: another worker may
+    # have taken the thread over and sent the email itself by then.
+    env.proxy.delay_reply_to, env.proxy.reply_delay = env.sha("renew"), 5.5
+    assert env.agent.run("t1") is None  # stopped: "another worker drives it now"
+    assert env.emails() == 0
+    effect = env.store.effect("t1", "email-1")
+    assert effect is not None and effect.state == "pending"  # left to the next driver

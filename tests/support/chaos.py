@@ -6,8 +6,9 @@ A private ``redis-server`` (AOF, ``appendfsync always``) holds the store and the
 outside world the agent's tools change); it is SIGKILLed and restarted on the same
 directory and port. The broker is the caller's (the tests give a private one), on a queue of
 the run's own.
-2-3 ``celery worker`` subprocesses (prefork) drive :class:`~tests.support.agents.ChaosAgent`
-threads while a chaos loop, bounded in count and time, does one of these at a time:
+2-3 ``celery worker`` subprocesses (prefork or ``-P threads``) drive
+:class:`~tests.support.agents.ChaosAgent` threads while a chaos loop, bounded in count and
+time, does one of these at a time:
 
 ``kill``     SIGKILL a worker's whole process group (OOM kill), start a replacement;
 ``deploy``   start a replacement, SIGTERM the old worker's main process (warm shutdown),
@@ -42,7 +43,7 @@ from celery import Celery
 from agentq import Status
 from agentq.celery.runtime import runtime_of
 from agentq.errors import AgentqError
-from agentq.records import ThreadMeta
+from agentq.records import FINISHED, ThreadMeta
 from agentq.store.redis.store import RedisStore
 from tests.support.agents import ChaosAgent, ChaosLedger, make_app
 from tests.support.redis_server import RedisServer, wait_until
@@ -50,7 +51,8 @@ from tests.support.workers import WorkerProcess
 
 WORKER_APP = "tests.chaos.worker_app"
 ACTIONS = ("kill", "deploy", "zombie", "store")
-FINISHED = frozenset({Status.DONE, Status.FAILED, Status.CANCELLED, Status.NEEDS_ATTENTION})
+SETTLED = FINISHED | {Status.NEEDS_ATTENTION}
+"""The statuses the run stops waiting for a thread at: no worker moves it on from them."""
 
 Say = Callable[[str], None]
 
@@ -63,6 +65,9 @@ class ChaosConfig:
     steps: int = 10
     """Steps per thread, at least 8; rounded up to the agent's ``2 * rounds + 2``."""
     workers: int = 3
+    pool: str = "prefork"
+    """The workers' ``-P``: under ``threads`` a SIGKILL takes down ``concurrency`` threads
+    driven by one process at once."""
     concurrency: int = 4
     latency: float = 1.0
     """A model step's duration; each of a tools step's two calls takes half of it."""
@@ -172,6 +177,7 @@ class ChaosCluster:
             self.env,
             self.log_dir,
             concurrency=self.config.concurrency,
+            pool=self.config.pool,
             app_module=WORKER_APP,
         )
         self.workers.append(worker)  # before start: a worker that fails to start is stopped
@@ -274,7 +280,7 @@ def _all_finished(cluster: ChaosCluster, ids: list[str]) -> bool:
     return (
         statuses is not None
         and len(statuses) == len(ids)
-        and all(s in FINISHED for s in statuses.values())
+        and all(s in SETTLED for s in statuses.values())
     )
 
 
@@ -601,6 +607,7 @@ def _figures(
         "sigkill_to_resumed_median_s": _median(resumed),
         "sigkill_to_resumed_max_s": round(max(resumed), 3) if resumed else float("nan"),
         "threads_hit_by_sigkill": sum(len(k.tokens) for k in log.kills),
+        "most_threads_hit_by_one_sigkill": max((len(k.tokens) for k in log.kills), default=0),
         "sigterm_to_exit_max_s": round(max(log.deploy_exits), 3)
         if log.deploy_exits
         else float("nan"),
@@ -641,7 +648,8 @@ def run_and_verify(cluster: ChaosCluster, say: Say = print) -> ChaosReport:
     for _ in range(config.workers):
         cluster.start_worker()
     say(
-        f"{config.workers} workers x {config.concurrency} processes on queue {cluster.queue}; "
+        f"{config.workers} workers -P {config.pool} -c {config.concurrency} "
+        f"on queue {cluster.queue}; "
         f"store {cluster.server.url}; logs in {cluster.log_dir}"
     )
     reference = run_reference(cluster, config)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import socket
 import unicodedata
+import uuid
 
 from agentq.errors import InvalidEffectKey, InvalidThreadId
 
@@ -14,6 +17,12 @@ _FORBIDDEN = {
     "Zp": "the paragraph separator",
     "Cs": "the lone surrogate",
 }
+
+
+def owner_id() -> str:
+    """A name for a lease holder, unique per call: host and process (so an operator can
+    tell where a thread runs) and a random part (two holders in one process differ)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
 def validate_thread_id(thread_id: object) -> str:

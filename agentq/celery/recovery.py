@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import logging
-import os
-import socket
 import threading
 import time
-import uuid
 from typing import Any
 
 from agentq.celery.runtime import runtime_of
 from agentq.celery.task import resend_thread
+from agentq.ids import owner_id
 
 logger = logging.getLogger("agentq.celery.recovery")
 
@@ -30,7 +28,7 @@ class Sweeper:
 
     def __init__(self, app: Any) -> None:
         self.app = app
-        self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self.owner = owner_id()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._gc_at = 0.0

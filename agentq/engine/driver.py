@@ -5,10 +5,7 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
-import os
-import socket
 import traceback
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
@@ -32,16 +29,13 @@ from agentq.errors import (
     RetryNotDue,
     UnknownNode,
 )
+from agentq.ids import owner_id
 from agentq.outcomes import Interrupted
 from agentq.records import Checkpoint, Status, ThreadMeta
 from agentq.settings import Settings
 from agentq.store.contract import UNSET, Store
 
 logger = logging.getLogger("agentq")
-
-
-def _owner() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
 def _error_text(exc: BaseException, limit: int = 2000) -> str:
@@ -87,7 +81,7 @@ class Driver:
         self.store = store
         self.settings = settings
         self.should_stop = should_stop
-        self.owner = _owner()
+        self.owner = owner_id()
         self._calls = RetriedCalls(store, thread_id, settings.lease_ttl)
 
     def drive(self) -> Any:

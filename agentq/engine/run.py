@@ -36,7 +36,7 @@ class Artifacts:
 
     def __init__(self, store: Store, calls: RetriedCalls, thread_id: str, max_bytes: int) -> None:
         self._store = store
-        self._calls = calls
+        self._store_calls = calls
         self._thread_id = thread_id
         self._max_bytes = max_bytes
 
@@ -48,11 +48,13 @@ class Artifacts:
                 "raise the setting",
                 thread_id=self._thread_id,
             )
-        digest = self._calls("storing an artifact", self._store.put_artifact, self._thread_id, data)
+        digest = self._store_calls(
+            "storing an artifact", self._store.put_artifact, self._thread_id, data
+        )
         return {"artifact": digest, "size": len(data), "content_type": content_type}
 
     def get(self, ref: dict[str, Any]) -> bytes:
-        return self._calls(
+        return self._store_calls(
             "reading an artifact", self._store.get_artifact, self._thread_id, ref["artifact"]
         )
 

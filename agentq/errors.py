@@ -178,6 +178,11 @@ class ReentrantRunCoroutine(AgentqError, RuntimeError):
     coroutine and wait for it, which would never end; it should ``await`` it instead."""
 
 
+class UnsupportedPool(ConfigError):
+    """Raised when an ``async def`` node runs under a worker pool agentq's event loop cannot
+    share the process with (``-P eventlet``)."""
+
+
 class ThreadStopped(AgentqError):
     """Raised by ``wait()`` when a thread ends without a result: failed, cancelled,
     waiting for a human or needing attention. ``status`` and ``error`` say which."""

@@ -27,7 +27,7 @@ import threading
 from collections.abc import Callable, Coroutine
 from typing import Any, ParamSpec, TypeVar
 
-from agentq.errors import ReentrantRunCoroutine
+from agentq.errors import ReentrantRunCoroutine, UnsupportedPool
 
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
@@ -43,7 +43,11 @@ def run_coroutine(coro: Coroutine[Any, Any, Any]) -> Any:
     """Run ``coro`` on this process's loop and return its result, waiting in the calling
     thread (or greenlet) meanwhile; if the wait is interrupted (a time limit, a shutdown),
     the coroutine is cancelled and the interruption propagates."""
-    loop = _process_loop()
+    try:
+        loop = _process_loop()
+    except BaseException:
+        coro.close()  # it will never run: no warning that it was never awaited
+        raise
     if asyncio._get_running_loop() is loop:
         coro.close()  # never awaited, on purpose: no warning about it
         raise ReentrantRunCoroutine(
@@ -192,6 +196,13 @@ def _process_loop() -> asyncio.AbstractEventLoop:
 
 
 def _start_loop() -> asyncio.AbstractEventLoop:
+    if _eventlet_patched():
+        # Its hub has no way for another OS thread to wake one green thread: a slot
+        # waiting for the loop would block every green thread of the process.
+        raise UnsupportedPool(
+            "async def nodes cannot run under -P eventlet (eventlet is deprecated and its "
+            "hub cannot wait on another thread); run the worker with -P gevent or -P threads"
+        )
     if _gevent_patched():
         from gevent.monkey import get_original
 
@@ -209,6 +220,11 @@ def _start_loop() -> asyncio.AbstractEventLoop:
 def _gevent_patched() -> bool:
     monkey = sys.modules.get("gevent.monkey")
     return monkey is not None and bool(monkey.is_module_patched("threading"))
+
+
+def _eventlet_patched() -> bool:
+    patcher = sys.modules.get("eventlet.patcher")
+    return patcher is not None and bool(patcher.is_monkey_patched("thread"))
 
 
 def _forget_loop() -> None:

@@ -196,3 +196,38 @@ def test_under_gevent_greenlets_wait_on_a_real_thread_without_blocking_the_hub()
         timeout=90,
     )
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+
+
+EVENTLET_SCRIPT = r"""
+import warnings
+
+warnings.simplefilter("error")
+warnings.filterwarnings("ignore", message=r"\s*Eventlet is deprecated")  # its own notice
+import eventlet
+
+eventlet.monkey_patch()
+
+import asyncio
+
+from agentq.engine.aio import run_coroutine
+from agentq.errors import UnsupportedPool
+
+try:
+    run_coroutine(asyncio.sleep(0))
+except UnsupportedPool as exc:
+    print(exc)
+"""
+
+
+def test_under_eventlet_an_async_node_is_refused_with_the_pools_that_work() -> None:
+    pytest.importorskip("eventlet")
+    done = subprocess.run(
+        [sys.executable, "-c", EVENTLET_SCRIPT],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "-P gevent or -P threads" in done.stdout, done.stdout + done.stderr

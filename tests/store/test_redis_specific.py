@@ -25,6 +25,7 @@ from redis.connection import AbstractConnection
 
 from agentq.errors import LeaseHeld, StepConflict, StoreConfigError
 from agentq.records import Checkpoint, Effect, Status
+from agentq.store.contract import Renewal
 from agentq.store.redis.store import RedisStore
 from tests.store.raw import snapshot
 from tests.support.redis_server import RedisServer, wait_until
@@ -722,3 +723,32 @@ def test_latest_is_one_round_trip(
                 *read,
             ]
             assert writes(other) - sent == 3
+
+
+def test_from_url_pools_block_at_max_connections(redis_server: RedisServer) -> None:
+    with RedisStore.from_url(redis_server.url, max_connections=3) as store:
+        pool = store.client.connection_pool
+        assert isinstance(pool, redis.BlockingConnectionPool) and pool.max_connections == 3
+        taken = [pool.get_connection() for _ in range(3)]
+        pool.timeout = 0.1
+        with pytest.raises(redis.ConnectionError):  # waited, then refused: not MaxConnections
+            pool.get_connection()
+        for connection in taken:
+            pool.release(connection)
+        assert store.meta("absent") is None
+
+
+@pytest.mark.cluster
+def test_from_url_cluster_pools_block_per_node(redis_cluster: list[RedisServer]) -> None:
+    url = f"redis://127.0.0.1:{redis_cluster[0].port}/0"
+    with RedisStore.from_url(url, cluster=True, max_connections=2) as store:
+        store.open_thread("t1", task="agent")
+        token = store.acquire("t1", "w1", TTL)
+        assert store.renew_many([Renewal("t1", "w1", token, TTL)]) == [True]
+        nodes = store.client.get_nodes()  # type: ignore[union-attr]
+        assert len(nodes) == len(redis_cluster)
+        for node in nodes:
+            pool = node.redis_connection.connection_pool
+            assert isinstance(pool, redis.BlockingConnectionPool) and pool.max_connections == 2
+    for node in nodes:  # closing the store closed every node's pool
+        assert all(c._sock is None for c in node.redis_connection.connection_pool._connections)

@@ -14,6 +14,8 @@ import heapq
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
+from redis.cluster import RedisCluster
+
 from agentq.codec.envelope import decode_checkpoint, decode_envelope, encode_value
 from agentq.errors import (
     ArtifactNotFound,
@@ -293,6 +295,11 @@ class RedisStore(RedisCheckpoints, RedisEffects):
         return server_findings(self.client)
 
     def close(self) -> None:
+        if isinstance(self.client, RedisCluster):
+            # Its nodes do not own their pools: closing the client would leave them open.
+            for node in self.client.get_nodes():  # type: ignore[no-untyped-call]
+                if node.redis_connection is not None:
+                    node.redis_connection.connection_pool.disconnect()
         self.client.close()
 
     def graph(self) -> RedisGraph:

@@ -30,6 +30,11 @@ class InvalidArgument(AgentqError, ValueError):
     """Raised when an argument is out of range (a non-positive lease TTL, a negative limit)."""
 
 
+class InvalidInput(InvalidArgument, TypeError):
+    """Raised by ``delay``/``apply_async`` when the input does not fit the entry node's
+    signature (a missing or misspelt keyword), before anything is stored or sent."""
+
+
 class InvalidThreadId(AgentqError, ValueError):
     """Raised when a thread id is empty, too long, or holds braces or control characters."""
 

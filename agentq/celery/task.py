@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
 import time
 from collections.abc import Callable
@@ -15,6 +16,7 @@ from agentq.celery.runtime import Runtime, runtime_of
 from agentq.engine.driver import Driver
 from agentq.errors import (
     InvalidArgument,
+    InvalidInput,
     StoreUnavailable,
     ThreadNotFound,
     ThreadStopped,
@@ -107,6 +109,7 @@ class AgentTask(Task):  # type: ignore[misc]
                 f"{len(args or ())}); pass the agent's input as keyword arguments"
             )
         thread_id = validate_thread_id(args[0])
+        self._check_input(thread_id, kwargs or {})
         delay = float(options.get("countdown") or 0)
         self._store_call(
             "starting the thread",
@@ -119,6 +122,29 @@ class AgentTask(Task):  # type: ignore[misc]
             options=_routing(options),
         )
         return super().apply_async((thread_id,), None, **options)
+
+    def _check_input(self, thread_id: str, input: dict[str, Any]) -> None:
+        """Bind ``input`` to the entry node's signature here, in the caller, as Celery's
+        ``typing`` option does for a plain task's arguments: a misspelt keyword fails at
+        once instead of as a failed thread on a worker. No input at all is not checked:
+        it re-sends a thread that exists, which keeps its first input."""
+        node = getattr(self, self.entry_node, None)
+        if not input or not self.typing or not callable(node):
+            return  # an agent without its entry node fails on the worker, naming it
+        signature = inspect.signature(node)
+        try:
+            signature.bind(None, **input)
+        except TypeError as exc:
+            params = signature.parameters
+            takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
+            # A typo is the likelier mistake: name it before the argument it misses.
+            unknown = [] if takes_any else [name for name in input if name not in params]
+            problem = f"unexpected keyword argument(s) {unknown}" if unknown else str(exc)
+            raise InvalidInput(
+                f"{self.name}.{self.entry_node}{signature} cannot take this input: "
+                f"{problem}; give delay() the keyword arguments after run",
+                thread_id=thread_id,
+            ) from exc
 
     def enqueue(self, thread_id: str, **options: Any) -> Any:
         """Send a message for a thread the store already holds, routed as it was first

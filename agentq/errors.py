@@ -6,6 +6,11 @@ about as attributes, so a handler can act on them without parsing the message.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from agentq.records import Finding
+
 
 class AgentqError(Exception):
     """Raised for every agentq failure; the root of the hierarchy."""
@@ -23,6 +28,11 @@ class AgentqError(Exception):
 
 class InvalidArgument(AgentqError, ValueError):
     """Raised when an argument is out of range (a non-positive lease TTL, a negative limit)."""
+
+
+class InvalidInput(InvalidArgument, TypeError):
+    """Raised by ``delay``/``apply_async`` when the input does not fit the entry node's
+    signature (a missing or misspelt keyword), before anything is stored or sent."""
 
 
 class InvalidThreadId(AgentqError, ValueError):
@@ -43,6 +53,23 @@ class StoreConfigError(ConfigError):
 
 class SettingsError(ConfigError, ValueError):
     """Raised when an agentq setting is unknown, out of range or contradicts another."""
+
+
+class UnsafeStore(ConfigError):
+    """Raised when a worker or the command line opens a store configured to lose
+    acknowledged checkpoints (an evicting ``maxmemory-policy``, no persistence at all).
+
+    ``findings`` are the store's :class:`~agentq.records.Finding` objects that refused it.
+    """
+
+    def __init__(self, message: str, *, findings: list[Finding]):
+        self.findings = findings
+        super().__init__(message)
+
+
+class StoreUnavailable(AgentqError):
+    """Raised when the store cannot be reached (refused, reset, timed out); the store
+    client's own exception is its ``__cause__``."""
 
 
 class CodecError(AgentqError):
@@ -80,6 +107,12 @@ class ThreadNotFound(AgentqError, LookupError):
 
 class CheckpointNotFound(AgentqError, LookupError):
     """Raised when a checkpoint step was never written or has been pruned by retention."""
+
+
+class CheckpointLost(AgentqError):
+    """Raised when a thread's meta records committed steps but the store no longer holds
+    its latest checkpoint: the store lost data (eviction, a restore from an older backup).
+    The thread stops in status ``needs_attention`` instead of starting again from step 0."""
 
 
 class ArtifactNotFound(AgentqError, LookupError):

@@ -139,12 +139,17 @@ class Claim:
 
 @dataclass(frozen=True)
 class Finding:
-    """A store configuration problem found by ``check()``, with the fix."""
+    """A store configuration problem found by ``check()``, with the fix.
+
+    A ``fatal`` one loses acknowledged checkpoints in normal operation (eviction, no
+    persistence): workers and the command line refuse such a store.
+    """
 
     setting: str
     value: str
     problem: str
     fix: str
+    fatal: bool = False
 
     def __str__(self) -> str:
         return f"{self.setting}={self.value}: {self.problem} Fix: {self.fix}"

@@ -37,6 +37,10 @@ class Settings:
     ``max_connections`` bounds each worker process's connections to a Redis store (per
     node on Cluster); a task that finds them all busy waits for one instead of failing.
     ``None`` sizes it from the tasks the process runs at once (see :func:`connections_for`).
+
+    ``allow_unsafe_store`` lets workers and the command line use a store whose ``check()``
+    finds it would lose checkpoints (an evicting policy, no persistence): for development
+    only; they log what they found instead of refusing it.
     """
 
     store: str | object = "sqlite:///agentq.db"
@@ -53,6 +57,7 @@ class Settings:
     max_artifact_bytes: int = 64 * 1024 * 1024
     finished_ttl: float = 7 * 24 * 3600.0
     max_connections: int | None = None
+    allow_unsafe_store: bool = False
 
     def __post_init__(self) -> None:
         for name in ("lease_ttl", "start_grace", "sweep_interval", "backoff_max"):

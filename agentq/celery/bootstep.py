@@ -12,6 +12,7 @@ from celery.signals import worker_shutting_down
 from agentq.celery.drain import draining, relay_drain
 from agentq.celery.recovery import Sweeper
 from agentq.celery.runtime import runtime_of
+from agentq.celery.store_guard import refuse_unsafe_store
 
 logger = logging.getLogger("agentq.worker")
 
@@ -24,6 +25,20 @@ def tasks_per_process(worker: Any) -> int:
         isinstance(pool, type) and issubclass(pool, ThreadPool)
     )
     return int(worker.concurrency) if in_process else 1
+
+
+def check_store_at_start(app: Any) -> None:
+    """Refuse to start on a store that would lose checkpoints (Celery stops the worker
+    on the raised :class:`~agentq.errors.UnsafeStore`). A store that cannot be reached
+    yet does not stop it: the sweeper checks it again once it answers."""
+    runtime = runtime_of(app)
+    store = runtime.store
+    try:
+        refuse_unsafe_store(store, runtime.settings)
+    except Exception as exc:
+        if not store.is_transient(exc):
+            raise
+        logger.warning("cannot check the store's settings yet (%s); the sweeper will", exc)
 
 
 class AgentqWorkerStep(bootsteps.StartStopStep):  # type: ignore[misc]
@@ -40,6 +55,7 @@ class AgentqWorkerStep(bootsteps.StartStopStep):  # type: ignore[misc]
 
     def start(self, worker: Any) -> None:
         draining.clear()  # a worker started again in the same process works normally
+        check_store_at_start(worker.app)
         self.sweeper = Sweeper(worker.app)
         self.sweeper.start()
 

@@ -8,12 +8,15 @@ import time
 from typing import Any
 
 from agentq.celery.runtime import runtime_of
+from agentq.celery.store_guard import recheck_store
 from agentq.celery.task import resend_thread
 from agentq.ids import owner_id
 
 logger = logging.getLogger("agentq.celery.recovery")
 
 GC_INTERVAL = 60.0
+STORE_CHECK_INTERVAL = 30.0
+"""Seconds between two looks at the store's settings in every worker, leader or not."""
 
 
 class Sweeper:
@@ -32,6 +35,7 @@ class Sweeper:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._gc_at = 0.0
+        self._check_at = time.monotonic() + STORE_CHECK_INTERVAL  # checked at start
 
     def sweep_once(self) -> list[str]:
         """Send every due thread once; return their ids."""
@@ -70,10 +74,19 @@ class Sweeper:
             return []
         return self.sweep_once()
 
+    def recheck_store_if_due(self) -> None:
+        """Look at the store's settings again once :data:`STORE_CHECK_INTERVAL` passed."""
+        if time.monotonic() < self._check_at:
+            return
+        self._check_at = time.monotonic() + STORE_CHECK_INTERVAL
+        runtime = runtime_of(self.app)
+        recheck_store(runtime.store, runtime.settings)
+
     def _loop(self) -> None:
         interval = runtime_of(self.app).settings.sweep_interval
         while not self._stop.wait(interval):
             try:
+                self.recheck_store_if_due()
                 self.sweep_if_leader()
             except Exception:
                 logger.exception("sweep failed; trying again in %.1f s", interval)

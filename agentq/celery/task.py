@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
 import time
-from typing import Any, ClassVar
+from collections.abc import Callable
+from typing import Any, ClassVar, TypeVar
 
 from celery import Task
 from celery.backends.base import DisabledBackend
@@ -12,11 +14,20 @@ from celery.backends.base import DisabledBackend
 from agentq.celery.drain import draining
 from agentq.celery.runtime import Runtime, runtime_of
 from agentq.engine.driver import Driver
-from agentq.errors import InvalidArgument, ThreadNotFound, ThreadStopped, WaitTimeout
+from agentq.errors import (
+    InvalidArgument,
+    InvalidInput,
+    StoreUnavailable,
+    ThreadNotFound,
+    ThreadStopped,
+    WaitTimeout,
+)
 from agentq.ids import validate_thread_id
 from agentq.records import Status, ThreadMeta
 
 logger = logging.getLogger("agentq")
+
+T = TypeVar("T")
 
 ROUTING_OPTIONS = ("queue", "exchange", "routing_key", "priority")
 """The ``apply_async`` options a thread keeps for every later send: where its messages
@@ -62,6 +73,23 @@ class AgentTask(Task):  # type: ignore[misc]
     def agentq(self) -> Runtime:
         return runtime_of(self.app)
 
+    def _store_call(
+        self, what: str, thread_id: str, call: Callable[..., T], *args: Any, **kwargs: Any
+    ) -> T:
+        """``call(*args, **kwargs)`` on the store, an unreachable store raised as
+        :class:`~agentq.errors.StoreUnavailable` with the client's error as its cause."""
+        store = self.agentq.store
+        try:
+            return call(*args, **kwargs)
+        except Exception as exc:
+            if not store.is_transient(exc):
+                raise
+            raise StoreUnavailable(
+                f"cannot reach the store while {what} ({type(exc).__name__}: {exc}); check "
+                "that it is up and try again: the same thread id never runs twice",
+                thread_id=thread_id,
+            ) from exc
+
     # -- the Celery side ---------------------------------------------------------------------
 
     def run(self, thread_id: str) -> Any:
@@ -81,8 +109,12 @@ class AgentTask(Task):  # type: ignore[misc]
                 f"{len(args or ())}); pass the agent's input as keyword arguments"
             )
         thread_id = validate_thread_id(args[0])
+        self._check_input(thread_id, kwargs or {})
         delay = float(options.get("countdown") or 0)
-        self.agentq.store.open_thread(
+        self._store_call(
+            "starting the thread",
+            thread_id,
+            self.agentq.store.open_thread,
             thread_id,
             task=self.name,
             input=dict(kwargs) if kwargs else None,
@@ -91,10 +123,35 @@ class AgentTask(Task):  # type: ignore[misc]
         )
         return super().apply_async((thread_id,), None, **options)
 
+    def _check_input(self, thread_id: str, input: dict[str, Any]) -> None:
+        """Bind ``input`` to the entry node's signature here, in the caller, as Celery's
+        ``typing`` option does for a plain task's arguments: a misspelt keyword fails at
+        once instead of as a failed thread on a worker. No input at all is not checked:
+        it re-sends a thread that exists, which keeps its first input."""
+        node = getattr(self, self.entry_node, None)
+        if not input or not self.typing or not callable(node):
+            return  # an agent without its entry node fails on the worker, naming it
+        signature = inspect.signature(node)
+        try:
+            signature.bind(None, **input)
+        except TypeError as exc:
+            params = signature.parameters
+            takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
+            # A typo is the likelier mistake: name it before the argument it misses.
+            unknown = [] if takes_any else [name for name in input if name not in params]
+            problem = f"unexpected keyword argument(s) {unknown}" if unknown else str(exc)
+            raise InvalidInput(
+                f"{self.name}.{self.entry_node}{signature} cannot take this input: "
+                f"{problem}; give delay() the keyword arguments after run",
+                thread_id=thread_id,
+            ) from exc
+
     def enqueue(self, thread_id: str, **options: Any) -> Any:
         """Send a message for a thread the store already holds, routed as it was first
         sent unless ``options`` say otherwise."""
-        meta = self.agentq.store.meta(validate_thread_id(thread_id))
+        meta = self._store_call(
+            "reading the thread", thread_id, self.agentq.store.meta, validate_thread_id(thread_id)
+        )
         if meta is None:
             return super().apply_async((thread_id,), None, **options)
         return self.resend(meta, **options)
@@ -124,7 +181,9 @@ class AgentTask(Task):  # type: ignore[misc]
 
     def thread(self, thread_id: str) -> ThreadMeta:
         """The thread's meta: status, step, node, result, error, interrupt payload."""
-        meta = self.agentq.store.meta(validate_thread_id(thread_id))
+        meta = self._store_call(
+            "reading the thread", thread_id, self.agentq.store.meta, validate_thread_id(thread_id)
+        )
         if meta is None:
             raise ThreadNotFound("no such thread; start it with .delay()", thread_id=thread_id)
         return meta
@@ -132,7 +191,10 @@ class AgentTask(Task):  # type: ignore[misc]
     def resume(self, thread_id: str, value: Any = None, **options: Any) -> Any:
         """Continue a ``waiting`` thread: ``value`` becomes ``run.resume_value`` (and what
         ``run.interrupt()`` returns)."""
-        meta = self.agentq.store.reopen(
+        meta = self._store_call(
+            "resuming the thread",
+            thread_id,
+            self.agentq.store.reopen,
             validate_thread_id(thread_id),
             from_statuses={Status.WAITING},
             resume_value=value,
@@ -143,7 +205,10 @@ class AgentTask(Task):  # type: ignore[misc]
     def retry_thread(self, thread_id: str, **options: Any) -> Any:
         """Run a ``failed`` or ``needs_attention`` thread again from its latest checkpoint
         (after fixing what stopped it). Named so because ``Task.retry`` is Celery's."""
-        meta = self.agentq.store.reopen(
+        meta = self._store_call(
+            "retrying the thread",
+            thread_id,
+            self.agentq.store.reopen,
             validate_thread_id(thread_id),
             from_statuses={Status.FAILED, Status.NEEDS_ATTENTION},
             start_grace=self.agentq.settings.start_grace,
@@ -152,7 +217,12 @@ class AgentTask(Task):  # type: ignore[misc]
 
     def cancel(self, thread_id: str) -> Status:
         """Cancel the thread: at once if idle, at the next step boundary if running."""
-        return self.agentq.store.request_cancel(validate_thread_id(thread_id))
+        return self._store_call(
+            "cancelling the thread",
+            thread_id,
+            self.agentq.store.request_cancel,
+            validate_thread_id(thread_id),
+        )
 
     def wait(self, thread_id: str, timeout: float | None = None, interval: float = 0.1) -> Any:
         """Block until the thread is done and return its result, whichever workers ran it.

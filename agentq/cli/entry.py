@@ -28,6 +28,13 @@ prefix_option = click.option(
     envvar="AGENTQ_PREFIX",
     help="Key prefix of a Redis store (default agentq:) [env AGENTQ_PREFIX].",
 )
+unsafe_option = click.option(
+    "--allow-unsafe-store",
+    is_flag=True,
+    envvar="AGENTQ_ALLOW_UNSAFE_STORE",
+    help="Open a store that would lose checkpoints (evicting, no persistence), for "
+    "development; without it such a store is refused [env AGENTQ_ALLOW_UNSAFE_STORE].",
+)
 
 
 @click.group(cls=AgentqGroup, context_settings=_CONTEXT)
@@ -43,10 +50,15 @@ prefix_option = click.option(
 )
 @store_option
 @prefix_option
+@unsafe_option
 @click.version_option(package_name="agentq", prog_name="agentq")
 @click.pass_context
 def cli(
-    ctx: click.Context, app_path: str | None, store_url: str | None, prefix: str | None
+    ctx: click.Context,
+    app_path: str | None,
+    store_url: str | None,
+    prefix: str | None,
+    allow_unsafe_store: bool,
 ) -> None:
     """Inspect and operate durable agent threads.
 
@@ -54,7 +66,12 @@ def cli(
     Try it first:   agentq demo
     Then:           agentq --store redis://localhost:6379/1 threads
     """
-    session = Session(store_url=store_url, prefix=prefix, app_path=app_path)
+    session = Session(
+        store_url=store_url,
+        prefix=prefix,
+        app_path=app_path,
+        allow_unsafe_store=allow_unsafe_store,
+    )
     ctx.obj = session
     ctx.call_on_close(session.close)
 
@@ -62,13 +79,18 @@ def cli(
 @click.group("agentq", cls=AgentqGroup, context_settings=_CONTEXT)
 @store_option
 @prefix_option
+@unsafe_option
 @click.pass_context
-def celery_command(ctx: click.Context, store_url: str | None, prefix: str | None) -> None:
+def celery_command(
+    ctx: click.Context, store_url: str | None, prefix: str | None, allow_unsafe_store: bool
+) -> None:
     """Inspect and operate agentq threads of this app (its agentq settings name the store)."""
     app: Any = getattr(ctx.obj, "app", None)
     if app is None:
         raise CliError("no Celery app: run this as 'celery -A proj agentq ...'")
-    session = Session(store_url=store_url, prefix=prefix, app=app)
+    session = Session(
+        store_url=store_url, prefix=prefix, app=app, allow_unsafe_store=allow_unsafe_store
+    )
     ctx.obj = session
     ctx.call_on_close(session.close)
 

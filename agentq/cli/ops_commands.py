@@ -123,7 +123,7 @@ def doctor(session: Session, as_json: bool) -> None:
     fix."""
     from agentq.ops.doctor import celery_findings
 
-    store = session.store
+    store = session.open_store(check=False)
     store_findings = store.check()
     trips: list[latency.RoundTrips] = []
     latency_error = None

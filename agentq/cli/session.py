@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any
 
 from kombu.utils.url import maybe_sanitize_url
 
 from agentq.celery.runtime import Runtime, init_app, runtime_of
+from agentq.celery.store_guard import refuse_unsafe_store
 from agentq.errors import ThreadNotFound
 from agentq.ids import validate_thread_id
 from agentq.records import ThreadMeta
@@ -26,6 +28,8 @@ class Session:
     With an app, its agentq settings name the store; ``--store``/``--prefix`` (or
     ``AGENTQ_STORE``/``AGENTQ_PREFIX``) override them, for this process only, so the
     messages a command sends and the store it reads always agree.
+    ``allow_unsafe_store`` (``--allow-unsafe-store``) opens a store that would lose
+    checkpoints, as the setting of that name does.
     """
 
     def __init__(
@@ -35,9 +39,11 @@ class Session:
         prefix: str | None = None,
         app_path: str | None = None,
         app: Any = None,
+        allow_unsafe_store: bool = False,
     ) -> None:
         self.store_url = store_url
         self.prefix = prefix
+        self.allow_unsafe_store = allow_unsafe_store
         self._app_path = app_path
         self._app = app
         self._app_ready = False
@@ -91,13 +97,32 @@ class Session:
 
     @property
     def store(self) -> Store:
+        """The store, refused if its checks find it would lose checkpoints (unless the
+        ``allow_unsafe_store`` setting says otherwise)."""
+        return self.open_store(check=True)
+
+    def open_store(self, *, check: bool) -> Store:
+        """The store; ``check=False`` for doctor, which reports what the check finds."""
         if self._store is None:
             settings = self.settings
             if isinstance(settings.store, str):
                 _refuse_missing_sqlite_file(settings.store)
             runtime = runtime_of(self.app) if self.app is not None else Runtime(settings)
-            self._store = runtime.store
+            store = runtime.store
+            if check:
+                try:
+                    refuse_unsafe_store(store, self._checked_settings(settings))
+                except BaseException:
+                    if self.app is None:
+                        store.close()
+                    raise
+            self._store = store
         return self._store
+
+    def _checked_settings(self, settings: Settings) -> Settings:
+        if self.allow_unsafe_store and not settings.allow_unsafe_store:
+            return dataclasses.replace(settings, allow_unsafe_store=True)
+        return settings
 
     @property
     def store_label(self) -> str:

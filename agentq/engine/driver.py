@@ -8,7 +8,7 @@ import logging
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, NoReturn
 
 from agentq.engine.agent import Agent
 from agentq.engine.aio import run_coroutine
@@ -21,6 +21,8 @@ from agentq.engine.transition import checkpoint_after
 from agentq.errors import (
     AgentqError,
     AppendOnlyViolation,
+    CheckpointLost,
+    CheckpointNotFound,
     CodecError,
     FencingError,
     LeaseHeld,
@@ -125,7 +127,7 @@ class Driver:
             return self._stop_early(token, meta)
         if crashed and not self._count_crash(token, meta):
             return None
-        latest = self._calls("reading the checkpoint", self.store.latest, self.thread_id)
+        latest = self._latest(token, meta)
         if latest is not None and latest.node is None:
             return meta.result
         pos = self._start_from(latest, meta)
@@ -146,6 +148,29 @@ class Driver:
             result = self._step(token, meta, pos, logs)
             if result is not _CONTINUE:
                 return result
+
+    def _latest(self, token: int, meta: ThreadMeta) -> Checkpoint | None:
+        """The latest checkpoint; one the store lost stops the thread in needs_attention
+        (:class:`CheckpointLost`) rather than start it again from step 0 as a new one."""
+        try:
+            latest = self._calls("reading the checkpoint", self.store.latest, self.thread_id)
+        except CheckpointNotFound as exc:
+            self._report_loss(token, meta, f"its latest checkpoint is gone ({exc})")
+        if latest is None and meta.step >= 0:
+            self._report_loss(token, meta, "the store holds no checkpoint of it")
+        return latest
+
+    def _report_loss(self, token: int, meta: ThreadMeta, what: str) -> NoReturn:
+        lost = CheckpointLost(
+            f"data loss: step {meta.step} was committed but {what}; the store dropped "
+            "acknowledged writes (eviction, no persistence, an old backup: run agentq "
+            "doctor). Fork the thread from an older checkpoint if one is left, or delete it",
+            thread_id=self.thread_id,
+            step=meta.step,
+        )
+        self._settle("reporting data loss", token, Status.NEEDS_ATTENTION, error=str(lost))
+        logger.error("%s", lost)
+        raise lost
 
     def _count_crash(self, token: int, meta: ThreadMeta) -> bool:
         """Count a worker lost at this thread's step; ``False`` once it failed for it."""

@@ -7,7 +7,7 @@ import logging
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, TypeVar, overload
 
 from agentq.engine import aio
 from agentq.engine.backoff import retry_after
@@ -28,6 +28,8 @@ NO_VALUE: Final = _NoValue()
 """``run.resume_value`` when the thread was not resumed with a value."""
 
 logger = logging.getLogger("agentq")
+
+R = TypeVar("R")
 
 
 class Artifacts:
@@ -112,16 +114,18 @@ class Run:
 
     def tool(
         self,
-        fn: Callable[..., Any],
+        fn: Callable[..., R],
         *args: Any,
         key: str | None = None,
         idempotent: bool | None = None,
         reconcile: Callable[..., Any] | None = None,
         shared: bool | None = None,
         **kwargs: Any,
-    ) -> Any:
+    ) -> R:
         """Call ``fn(*args, **kwargs)`` at most once per ``key``; a replay returns the
-        recorded result.
+        recorded result. Typed as ``fn``'s result; the arguments are not checked against
+        ``fn`` by a type checker (``ParamSpec`` cannot carry ``key=`` and the other
+        options beside them), only when the call is made.
 
         ``key`` defaults to the step and the call's position in the node (deterministic:
         a re-run node makes the same calls in the same order); pass the model's tool-call
@@ -147,11 +151,36 @@ class Run:
                 step=self.step,
             )
         options = _Options(key, idempotent, reconcile, shared)
-        return _drive(self._effect(fn, args, kwargs, options, _inline, _called_plain))
+        result: R = _drive(self._effect(fn, args, kwargs, options, _inline, _called_plain))
+        return result
+
+    @overload
+    async def atool(
+        self,
+        fn: Callable[..., Awaitable[R]],
+        *args: Any,
+        key: str | None = None,
+        idempotent: bool | None = None,
+        reconcile: Callable[..., Any] | None = None,
+        shared: bool | None = None,
+        **kwargs: Any,
+    ) -> R: ...
+
+    @overload
+    async def atool(
+        self,
+        fn: Callable[..., R],
+        *args: Any,
+        key: str | None = None,
+        idempotent: bool | None = None,
+        reconcile: Callable[..., Any] | None = None,
+        shared: bool | None = None,
+        **kwargs: Any,
+    ) -> R: ...
 
     async def atool(
         self,
-        fn: Callable[..., Awaitable[Any]],
+        fn: Callable[..., Any],
         *args: Any,
         key: str | None = None,
         idempotent: bool | None = None,

@@ -5,9 +5,12 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
+import pytest
 import redis
 
 from agentq import Status
+from agentq.errors import StoreUnavailable
+from tests.support.agents import make_app
 from tests.support.redis_server import running_redis, wait_until
 from tests.support.threads_worker import statuses, threads_worker
 
@@ -74,3 +77,27 @@ def test_a_busy_store_is_waited_for(redis_broker: str, tmp_path: Path) -> None:
         )
         metas = [store.meta(t) for t in THREADS]
         assert {(m.crashes, m.fence, m.attempts) for m in metas if m is not None} == {(0, 1, 0)}
+
+
+def test_delay_while_the_store_is_down_raises_store_unavailable(
+    redis_broker: str, tmp_path: Path
+) -> None:
+    with running_redis(tmp_path / "store") as server:
+        app = make_app(
+            broker=redis_broker,
+            store=server.url,
+            prefix="down:",
+            queue="agentq-test-down",
+            ledger_url=server.url,
+        )
+        agent = app.tasks["tests.waiting_agent"]
+        try:
+            server.kill()
+            with pytest.raises(StoreUnavailable, match=r"'t1'.*cannot reach the store") as raised:
+                agent.delay("t1", steps=1, wait=0)
+            with pytest.raises(StoreUnavailable):
+                agent.thread("t1")
+        finally:
+            app._agentq_runtime.store.close()
+            app.close()
+    assert isinstance(raised.value.__cause__, redis.ConnectionError)

@@ -316,6 +316,24 @@ def test_doctor_fails_on_a_store_that_can_lose_checkpoints(redis_server: RedisSe
     assert "maxmemory-policy" in result.stdout and "noeviction" in result.stdout
 
 
+def test_an_evicting_store_is_refused_unless_allowed(redis_server: RedisServer) -> None:
+    client = redis_server.client()
+    client.config_set("maxmemory-policy", "allkeys-lru")
+    try:
+        refused = CliRunner().invoke(cli, ["--store", redis_server.url, "threads"])
+        allowed = CliRunner().invoke(
+            cli, ["--store", redis_server.url, "--allow-unsafe-store", "threads"]
+        )
+    finally:
+        client.config_set("maxmemory-policy", "noeviction")
+        client.close()
+    assert refused.exit_code == 1
+    assert "maxmemory-policy=allkeys-lru" in refused.stderr
+    assert "set maxmemory-policy noeviction" in refused.stderr
+    assert "allow_unsafe_store" in refused.stderr
+    assert allowed.exit_code == 0, allowed.stderr
+
+
 # -- refusing ----------------------------------------------------------------------------
 
 

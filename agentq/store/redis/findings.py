@@ -38,6 +38,7 @@ def redis_findings(config: dict[str, str]) -> list[Finding]:
                 "no persistence (AOF off and no RDB snapshots): a restart of the server loses "
                 "every checkpoint.",
                 "start Redis with --appendonly yes --appendfsync always",
+                fatal=True,
             )
         )
     elif not aof:
@@ -67,6 +68,7 @@ def redis_findings(config: dict[str, str]) -> list[Finding]:
                 policy,
                 "Redis may evict checkpoints, leases and effect records under memory pressure.",
                 "set maxmemory-policy noeviction (writes then fail loudly instead)",
+                fatal=True,
             )
         )
     return findings

@@ -1,0 +1,37 @@
+"""agentq's public API as a type checker sees it from a user's app: tool calls are typed
+as the tool's result, and a wrong use fails to type-check."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from mypy import api
+
+APP = Path(__file__).with_name("checked_app.py")
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_checked_app_fails_exactly_where_it_must(tmp_path: Path) -> None:
+    expected = {
+        (number, match.group(1))
+        for number, line in enumerate(APP.read_text().splitlines(), start=1)
+        if (match := re.search(r"# expect: ([\w-]+)$", line))
+    }
+    assert expected
+    stdout, stderr, _ = api.run(
+        [
+            "--strict",
+            "--no-incremental",
+            "--cache-dir",
+            str(tmp_path),
+            "--config-file",
+            str(ROOT / "pyproject.toml"),
+            str(APP),
+        ]
+    )
+    reported = {
+        (int(match.group(1)), match.group(2))
+        for match in re.finditer(r"checked_app\.py:(\d+): error: .*\[([\w-]+)\]$", stdout, re.M)
+    }
+    assert reported == expected, stdout + stderr

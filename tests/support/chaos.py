@@ -42,7 +42,7 @@ from celery import Celery
 
 from agentq import Status
 from agentq.celery.runtime import runtime_of
-from agentq.errors import AgentqError
+from agentq.errors import AgentqError, StoreUnavailable
 from agentq.records import FINISHED, ThreadMeta
 from agentq.store.redis.store import RedisStore
 from tests.support.agents import ChaosAgent, ChaosLedger, make_app
@@ -390,7 +390,7 @@ class Feeder:
                         thread_id, rounds=config.rounds, latency=config.latency
                     )
                     break
-                except redis.ConnectionError as exc:  # the store is restarting
+                except StoreUnavailable as exc:  # the store is restarting
                     if attempt == 49 or self._stop.wait(0.2):
                         self.errors.append(f"{thread_id}: {exc}")
                         return

@@ -132,6 +132,9 @@ class Driver:
             return None
         latest = self._calls("reading the checkpoint", self.store.latest, self.thread_id)
         if latest is not None and latest.node is None:
+            # Finished at its latest checkpoint but not marked so (a fork of a final step
+            # made before those were refused): settling it is all that is left to do.
+            self._settle("finishing", token, Status.DONE)
             return meta.result
         pos = self._start_from(latest, meta)
         logs = AppendOnlyFields(

@@ -15,6 +15,7 @@ from celery.contrib.testing.worker import start_worker
 from agentq import Status
 from agentq.codec.envelope import decode_envelope
 from agentq.errors import ArtifactNotFound, InvalidArgument, InvalidThreadId, ThreadStopped
+from agentq.records import Checkpoint
 from agentq.store.contract import Store
 from agentq.store.redis.store import RedisStore
 from tests.support.agents import Ledger, make_app
@@ -119,6 +120,21 @@ def test_a_thread_runs_to_done_with_one_checkpoint_per_node(env: Env) -> None:
     ]
     assert env.ledger.model_calls("t1") == 3
     assert env.ledger.tool_calls("t1") == {"call-refund-1": 1, "call-refund-2": 1}
+
+
+def test_a_thread_queued_at_its_final_checkpoint_is_done_at_once(env: Env) -> None:
+    # What a fork of a finished step was before forks of one were refused.
+    agent, store = env.agent("counting_agent"), env.store
+    store.open_thread("t1", task=agent.name, start_grace=3600)
+    token = store.acquire("t1", "old-worker", 30)
+    store.commit("t1", token, Checkpoint(step=0, node=None, task=agent.name, token=token))
+    store.set_status("t1", token, Status.QUEUED, due_in=0, release_owner="old-worker")
+    agent.enqueue("t1")
+    assert agent.wait("t1", timeout=20) is None
+    meta = agent.thread("t1")
+    assert (meta.status, meta.crashes) == (Status.DONE, 0)
+    # The lease was given up with the status: another owner takes it at once.
+    store.release("t1", "someone", store.acquire("t1", "someone", 30))
 
 
 def test_sending_a_thread_again_never_runs_it_twice(env: Env) -> None:

@@ -13,6 +13,7 @@ from agentq.errors import (
     CheckpointNotFound,
     CheckpointTooLarge,
     CorruptCheckpoint,
+    FinalCheckpoint,
     InvalidArgument,
     InvalidThreadId,
     LeaseHeld,
@@ -317,6 +318,18 @@ def test_fork_copies_a_checkpoint_into_a_new_thread(store: Store) -> None:
         store.fork("t1", 1, "t1-fork")
     with pytest.raises(CheckpointNotFound):
         store.fork("t1", 9, "t1-other")
+
+
+def test_fork_of_the_step_a_thread_finished_at_is_refused(store: Store) -> None:
+    token = started(store)
+    store.commit("t1", token, cp(0, token))
+    final = Checkpoint(step=1, node=None, token=token, task="agent")
+    store.commit("t1", token, final, status=Status.DONE, result="ok", release_owner="w1")
+    with pytest.raises(FinalCheckpoint, match=r"step 1:.*finished.*fork step 0") as info:
+        store.fork("t1", 1, "t1-fork")
+    assert (info.value.thread_id, info.value.step) == ("t1", 1)
+    assert store.meta("t1-fork") is None
+    assert store.fork("t1", 0, "t1-fork").node == "node0"
 
 
 def test_delete_thread_removes_everything_it_owns(store: Store) -> None:

@@ -299,6 +299,34 @@ def test_unknown_outcome_without_policy_needs_attention(env: Env) -> None:
     assert env.ledger.tool_calls("t1") == {}
 
 
+@pytest.mark.parametrize("settled", ["result", "did_not_run"])
+def test_an_operator_settles_a_needs_attention_thread_and_it_runs_on(
+    env: Env, settled: str
+) -> None:
+    agent = env.agent("support_agent")
+    env.store.open_thread(
+        "t1", task=agent.name, start_grace=3600, input={"question": "hi", "policy": "none"}
+    )
+    _claim_as_dead_worker(env.store, "t1", "call-refund-1")
+    agent.enqueue("t1")
+    with pytest.raises(ThreadStopped, match="agentq resolve t1 call-refund-1 --result"):
+        agent.wait("t1", timeout=20)
+    [effect] = env.store.effects("t1")
+    assert (effect.key, effect.state) == ("call-refund-1", "pending")
+    if settled == "result":  # the operator found the refund made by the dead worker
+        agent.resolve_effect("t1", "call-refund-1", result={"refund_id": "re_9", "amount": 10})
+    else:
+        agent.resolve_effect("t1", "call-refund-1", did_not_run=True)
+    assert agent.wait("t1", timeout=20) == "Refunded 10 EUR."
+    calls = {} if settled == "result" else {"call-refund-1": 1}
+    assert env.ledger.tool_calls("t1") == calls
+    latest = env.store.latest("t1")
+    assert latest is not None
+    [reply] = [m["content"] for m in latest.state["messages"] if m["role"] == "tool"]
+    assert reply["amount"] == 10
+    assert reply["refund_id"] == ("re_9" if settled == "result" else "re_call-refund-1")
+
+
 def test_append_only_messages_are_written_once_each(env: Env) -> None:
     agent = env.agent("support_agent")
     agent.delay("t1", question="refund my order", refunds=3)

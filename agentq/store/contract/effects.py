@@ -7,7 +7,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Any, Final
 
-from agentq.errors import EffectError, InvalidArgument, ThreadStateError
+from agentq.errors import EffectError, InvalidArgument, LeaseHeld, ThreadStateError
 from agentq.ids import validate_effect_key, validate_thread_id
 from agentq.records import Claim, Effect, EffectState, Status, ThreadMeta
 from agentq.store.contract.common import UNSET
@@ -163,4 +163,14 @@ def status_not_resolvable(thread_id: str, status: str) -> ThreadStateError:
         "effects: wait until it stops",
         thread_id=thread_id,
         status=status,
+    )
+
+
+def held_while_resolving(thread_id: str, ttl_ms: int) -> LeaseHeld:
+    """The refusal to settle an effect of a thread a worker holds."""
+    return LeaseHeld(
+        f"a worker holds this thread's lease for {ttl_ms} ms more and records its own "
+        "effects; settle one only once the thread stopped (needs_attention or failed)",
+        thread_id=thread_id,
+        ttl_ms=ttl_ms,
     )

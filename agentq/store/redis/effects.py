@@ -10,7 +10,12 @@ from typing import Any
 
 from agentq.codec.envelope import decode_value, encode_value
 from agentq.records import Claim, ClaimOutcome, Effect, EffectState, ThreadMeta
-from agentq.store.contract.effects import RESOLVABLE, not_resolvable, status_not_resolvable
+from agentq.store.contract.effects import (
+    RESOLVABLE,
+    held_while_resolving,
+    not_resolvable,
+    status_not_resolvable,
+)
 from agentq.store.redis.base import RedisBase
 from agentq.store.redis.decode import (
     fields,
@@ -133,6 +138,8 @@ class RedisEffects(RedisBase):
             indexed=True,
         )
         refusal = refusal_of(code)
+        if refusal is Refusal.LEASE_HELD:
+            raise held_while_resolving(thread_id, int(value))
         if refusal is Refusal.STATUS_REFUSED:
             raise status_not_resolvable(thread_id, text(value))
         if refusal is Refusal.NOT_CLAIMED or refusal is Refusal.NOT_HOLDER:

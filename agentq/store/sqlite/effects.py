@@ -8,9 +8,14 @@ import time
 from typing import Any
 
 from agentq.codec.envelope import decode_value
-from agentq.errors import EffectError, LeaseHeld, StaleToken, ThreadNotFound
+from agentq.errors import EffectError, StaleToken, ThreadNotFound
 from agentq.records import Claim, ClaimOutcome, Effect, EffectState, Status, ThreadMeta
-from agentq.store.contract.effects import RESOLVABLE, not_resolvable, status_not_resolvable
+from agentq.store.contract.effects import (
+    RESOLVABLE,
+    held_while_resolving,
+    not_resolvable,
+    status_not_resolvable,
+)
 from agentq.store.sqlite.connection import SharedConnection
 from agentq.store.sqlite.queries import NOT_FOUND, encode, fenced, read_meta, update
 
@@ -125,12 +130,8 @@ class EffectsMixin:
             if row is None:
                 raise ThreadNotFound(NOT_FOUND, thread_id=thread_id)
             if row["lock_owner"] is not None and (row["lock_expires"] or 0) > now:
-                raise LeaseHeld(
-                    f"leased by {row['lock_owner']!r}: a worker drives this thread; settle "
-                    "its effect once it stopped",
-                    thread_id=thread_id,
-                    ttl_ms=max(1, math.ceil((row["lock_expires"] - now) * 1000)),
-                )
+                ttl_ms = max(1, math.ceil((row["lock_expires"] - now) * 1000))
+                raise held_while_resolving(thread_id, ttl_ms)
             if Status(row["status"]) not in RESOLVABLE:
                 raise status_not_resolvable(thread_id, row["status"])
             found = _read_effect(db, thread_id, thread_id, key)

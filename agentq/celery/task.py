@@ -143,7 +143,8 @@ class AgentTask(Task):  # type: ignore[misc]
 
     def retry_thread(self, thread_id: str, **options: Any) -> Any:
         """Run a ``failed`` or ``needs_attention`` thread again from its latest checkpoint
-        (after fixing what stopped it). Named so because ``Task.retry`` is Celery's."""
+        (after fixing what stopped it; a call whose outcome is unknown is settled with
+        :meth:`resolve_effect` instead). Named so because ``Task.retry`` is Celery's."""
         meta = self.agentq.store.reopen(
             validate_thread_id(thread_id),
             from_statuses={Status.FAILED, Status.NEEDS_ATTENTION},

@@ -2,13 +2,21 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test lint bench bench-quick install services
+.PHONY: demo test lint bench bench-quick install install-base services
 
-$(VENV)/.installed: pyproject.toml
+# agentq and its own dependencies: all the demo needs, so the first `make demo` is quick.
+$(VENV)/.installed-base: pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e .
+	touch $@
+
+# Beside it, what the tests, linters and benchmarks use.
+$(VENV)/.installed: $(VENV)/.installed-base
 	$(PY) -m pip install --quiet -e '.[test,bench]'
 	touch $@
+
+install-base: $(VENV)/.installed-base
 
 install: $(VENV)/.installed
 
@@ -16,7 +24,7 @@ install: $(VENV)/.installed
 services:
 	bash scripts/services
 
-demo: install
+demo: install-base
 	$(VENV)/bin/agentq demo
 
 lint: install

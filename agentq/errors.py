@@ -127,6 +127,11 @@ class ThreadStateError(AgentqError):
         super().__init__(message, thread_id=thread_id)
 
 
+class FinalCheckpoint(AgentqError, ValueError):
+    """Raised when forking the checkpoint a thread finished at: the fork would have no
+    node to run."""
+
+
 class ThreadExists(AgentqError):
     """Raised when creating a thread (a fork) under an id that is already taken."""
 

@@ -24,6 +24,7 @@ from agentq.errors import (
 )
 from agentq.ids import validate_thread_id
 from agentq.records import Status, ThreadMeta
+from agentq.store.contract import UNSET
 
 logger = logging.getLogger("agentq")
 
@@ -204,13 +205,40 @@ class AgentTask(Task):  # type: ignore[misc]
 
     def retry_thread(self, thread_id: str, **options: Any) -> Any:
         """Run a ``failed`` or ``needs_attention`` thread again from its latest checkpoint
-        (after fixing what stopped it). Named so because ``Task.retry`` is Celery's."""
+        (after fixing what stopped it; a call whose outcome is unknown is settled with
+        :meth:`resolve_effect` instead). Named so because ``Task.retry`` is Celery's."""
         meta = self._store_call(
             "retrying the thread",
             thread_id,
             self.agentq.store.reopen,
             validate_thread_id(thread_id),
             from_statuses={Status.FAILED, Status.NEEDS_ATTENTION},
+            start_grace=self.agentq.settings.start_grace,
+        )
+        return self.resend(meta, **options)
+
+    def resolve_effect(
+        self,
+        thread_id: str,
+        key: str,
+        *,
+        result: Any = UNSET,
+        did_not_run: bool = False,
+        **options: Any,
+    ) -> Any:
+        """Settle tool call ``key`` of a ``needs_attention`` (or ``failed``) thread once you
+        checked what it did, and run the thread on from its latest checkpoint: with
+        ``result`` the node gets it back as the tool's result without calling the tool;
+        with ``did_not_run=True`` the tool runs, once. Refused while a worker holds the
+        thread; see :meth:`~agentq.store.contract.Store.resolve_effect`."""
+        meta = self._store_call(
+            "settling a tool call",
+            thread_id,
+            self.agentq.store.resolve_effect,
+            validate_thread_id(thread_id),
+            key,
+            result=result,
+            did_not_run=did_not_run,
             start_grace=self.agentq.settings.start_grace,
         )
         return self.resend(meta, **options)

@@ -84,7 +84,7 @@ def _reopen_and_send(
     return {"thread_id": thread, "status": meta.status.value, "sent": result.id}
 
 
-def _report_queued(outcome: dict[str, Any], verb: str, as_json: bool) -> None:
+def report_queued(outcome: dict[str, Any], verb: str, as_json: bool) -> None:
     if as_json:
         emit_json(outcome)
         return
@@ -115,7 +115,7 @@ def resume(session: Session, thread: str, value: Any, as_json: bool) -> None:
     """Continue a waiting THREAD (interrupted for a human, or a fresh fork)."""
     outcome = _reopen_and_send(session, thread, {Status.WAITING}, value)
     outcome["resume_value"] = plain(value)
-    _report_queued(outcome, "Resumed", as_json)
+    report_queued(outcome, "Resumed", as_json)
 
 
 @click.command(short_help="Run a failed thread again from its latest checkpoint.")
@@ -126,7 +126,7 @@ def retry(session: Session, thread: str, as_json: bool) -> None:
     """Run a failed or needs_attention THREAD again from its latest checkpoint, once you
     fixed what stopped it."""
     outcome = _reopen_and_send(session, thread, {Status.FAILED, Status.NEEDS_ATTENTION})
-    _report_queued(outcome, "Retrying", as_json)
+    report_queued(outcome, "Retrying", as_json)
 
 
 @click.command(short_help="Cancel a thread.")

@@ -119,6 +119,30 @@ class Driver:
         except FencingError as exc:
             logger.warning("thread %s: stopped, another worker drives it now (%s)", thread_id, exc)
             return None
+        except Exception as exc:
+            if store.is_transient(exc):
+                self._give_back(token)
+            raise
+
+    def _give_back(self, token: int) -> None:
+        """After the store failed for longer than the lease (a SQLite database another
+        process kept locked, an outage): queue the still running thread again if the store
+        answers now, so that its next driver does not count the outage as a lost worker."""
+        try:
+            meta = self.store.meta(self.thread_id)
+            if meta is not None and meta.status == Status.RUNNING and meta.fence == token:
+                self.store.set_status(
+                    self.thread_id, token, Status.QUEUED, due_in=0, release_owner=self.owner
+                )
+                return
+        except Exception as exc:
+            if not self.store.is_transient(exc) and not isinstance(exc, FencingError):
+                raise
+        logger.warning(
+            "thread %s: the store is still unreachable; recovery resumes the thread once "
+            "its lease runs out",
+            self.thread_id,
+        )
 
     def _resume(self, token: int, crashed: bool, lease: Lease) -> Any:
         meta = self._calls("reading the thread", self.store.meta, self.thread_id)
@@ -129,6 +153,9 @@ class Driver:
             return None
         latest = self._latest(token, meta)
         if latest is not None and latest.node is None:
+            # Finished at its latest checkpoint but not marked so (a fork of a final step
+            # made before those were refused): settling it is all that is left to do.
+            self._settle("finishing", token, Status.DONE)
             return meta.result
         pos = self._start_from(latest, meta)
         logs = AppendOnlyFields(
@@ -283,11 +310,9 @@ class Driver:
         except FencingError:
             raise
         except Exception as exc:
-            if store.is_transient(exc):
-                # The store failed longer than the node's own calls to it could wait: the
-                # thread stays running and its lease runs out, then recovery resumes it.
+            if store.is_transient(exc):  # longer than the node's store calls could wait
                 logger.warning(
-                    "thread %s: store unreachable during step %d; leaving it to recovery",
+                    "thread %s: store unreachable during step %d; giving the thread back",
                     thread_id,
                     step,
                 )

@@ -257,7 +257,9 @@ class Run:
                     f"tool {name} with key {key!r} was started by an earlier worker that "
                     "died before recording its outcome, and it declares neither "
                     "idempotent=True nor reconcile=; check whether it happened, then "
-                    "record it or retry the thread",
+                    f"settle it: agentq resolve {thread_id} {key} --result JSON (what "
+                    "it returned) or --did-not-run (it runs once more); 'agentq effects "
+                    f"{thread_id}' lists the thread's calls (in code: task.resolve_effect)",
                     thread_id=thread_id,
                     step=self.step,
                     key=key,

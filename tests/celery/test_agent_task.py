@@ -15,6 +15,7 @@ from celery.contrib.testing.worker import start_worker
 from agentq import Status
 from agentq.codec.envelope import decode_envelope
 from agentq.errors import ArtifactNotFound, InvalidArgument, InvalidThreadId, ThreadStopped
+from agentq.records import Checkpoint
 from agentq.store.contract import Store
 from agentq.store.redis.store import RedisStore
 from tests.support.agents import Ledger, make_app
@@ -119,6 +120,21 @@ def test_a_thread_runs_to_done_with_one_checkpoint_per_node(env: Env) -> None:
     ]
     assert env.ledger.model_calls("t1") == 3
     assert env.ledger.tool_calls("t1") == {"call-refund-1": 1, "call-refund-2": 1}
+
+
+def test_a_thread_queued_at_its_final_checkpoint_is_done_at_once(env: Env) -> None:
+    # What a fork of a finished step was before forks of one were refused.
+    agent, store = env.agent("counting_agent"), env.store
+    store.open_thread("t1", task=agent.name, start_grace=3600)
+    token = store.acquire("t1", "old-worker", 30)
+    store.commit("t1", token, Checkpoint(step=0, node=None, task=agent.name, token=token))
+    store.set_status("t1", token, Status.QUEUED, due_in=0, release_owner="old-worker")
+    agent.enqueue("t1")
+    assert agent.wait("t1", timeout=20) is None
+    meta = agent.thread("t1")
+    assert (meta.status, meta.crashes) == (Status.DONE, 0)
+    # The lease was given up with the status: another owner takes it at once.
+    store.release("t1", "someone", store.acquire("t1", "someone", 30))
 
 
 def test_sending_a_thread_again_never_runs_it_twice(env: Env) -> None:
@@ -281,6 +297,34 @@ def test_unknown_outcome_without_policy_needs_attention(env: Env) -> None:
     assert info.value.status == "needs_attention"
     assert "call-refund-1" in (info.value.error or "") and "refund" in (info.value.error or "")
     assert env.ledger.tool_calls("t1") == {}
+
+
+@pytest.mark.parametrize("settled", ["result", "did_not_run"])
+def test_an_operator_settles_a_needs_attention_thread_and_it_runs_on(
+    env: Env, settled: str
+) -> None:
+    agent = env.agent("support_agent")
+    env.store.open_thread(
+        "t1", task=agent.name, start_grace=3600, input={"question": "hi", "policy": "none"}
+    )
+    _claim_as_dead_worker(env.store, "t1", "call-refund-1")
+    agent.enqueue("t1")
+    with pytest.raises(ThreadStopped, match="agentq resolve t1 call-refund-1 --result"):
+        agent.wait("t1", timeout=20)
+    [effect] = env.store.effects("t1")
+    assert (effect.key, effect.state) == ("call-refund-1", "pending")
+    if settled == "result":  # the operator found the refund made by the dead worker
+        agent.resolve_effect("t1", "call-refund-1", result={"refund_id": "re_9", "amount": 10})
+    else:
+        agent.resolve_effect("t1", "call-refund-1", did_not_run=True)
+    assert agent.wait("t1", timeout=20) == "Refunded 10 EUR."
+    calls = {} if settled == "result" else {"call-refund-1": 1}
+    assert env.ledger.tool_calls("t1") == calls
+    latest = env.store.latest("t1")
+    assert latest is not None
+    [reply] = [m["content"] for m in latest.state["messages"] if m["role"] == "tool"]
+    assert reply["amount"] == 10
+    assert reply["refund_id"] == ("re_9" if settled == "result" else "re_call-refund-1")
 
 
 def test_append_only_messages_are_written_once_each(env: Env) -> None:

@@ -261,6 +261,42 @@ def test_retry_queues_a_failed_thread(threads: Backend) -> None:
     assert meta is not None and meta.status == Status.QUEUED and meta.error is None
 
 
+def stuck(store: Store, thread_id: str = "t-stuck") -> int:
+    """A thread in needs_attention: its worker claimed two refunds, recorded one, died."""
+    token = drive(store, thread_id, [{"n": 1}])
+    store.claim_effect(thread_id, "call-1", token)
+    store.complete_effect(thread_id, "call-1", token, {"refund_id": "re_1"})
+    store.claim_effect(thread_id, "call-2", token)
+    store.set_status(thread_id, token, Status.NEEDS_ATTENTION, error="unknown", release_owner=OWNER)
+    return token
+
+
+def test_effects_lists_every_record_of_a_thread(threads: Backend) -> None:
+    token = stuck(threads.store)
+    assert ok_json(threads, "effects", "t-stuck") == [
+        {"key": "call-1", "state": "done", "token": token, "result": {"refund_id": "re_1"}},
+        {"key": "call-2", "state": "pending", "token": token, "result": None},
+    ]
+    text = run(threads, "effects", "t-stuck").stdout
+    assert "call-2" in text and "outcome unknown" in text and "re_1" in text
+    assert "agentq resolve t-stuck KEY --result JSON" in text
+    assert "no effect records" in run(threads, "effects", "t-done").stdout
+
+
+def test_resolve_settles_a_call_and_queues_the_thread(threads: Backend) -> None:
+    token = stuck(threads.store)
+    settled = ok_json(threads, "resolve", "t-stuck", "call-2", "--result", '{"refund_id": "x"}')
+    assert settled == {"thread_id": "t-stuck", "key": "call-2", "status": "queued", "sent": None}
+    effect = threads.store.effect("t-stuck", "call-2")
+    assert effect is not None and (effect.state, effect.result) == ("done", {"refund_id": "x"})
+    assert effect.token == token + 1
+    assert "t-stuck" in [thread for thread, _ in threads.store.due()]
+    stuck(threads.store, "t-stuck-2")
+    text = run(threads, "resolve", "t-stuck-2", "call-2", "--did-not-run").stdout
+    assert "Settled call-2 of t-stuck-2: queued" in text and "sweeper" in text
+    assert threads.store.effect("t-stuck-2", "call-2") is None
+
+
 def test_cancel_idle_running_and_finished_threads(threads: Backend) -> None:
     assert "cancelled." in run(threads, "cancel", "t-wait").stdout
     assert threads.store.meta("t-wait").status == Status.CANCELLED  # type: ignore[union-attr]
@@ -347,6 +383,8 @@ def test_an_evicting_store_is_refused_unless_allowed(redis_server: RedisServer) 
         ["resume", "nobody"],
         ["retry", "nobody"],
         ["cancel", "nobody"],
+        ["effects", "nobody"],
+        ["resolve", "nobody", "k", "--did-not-run"],
     ],
 )
 def test_unknown_thread_is_one_line(threads: Backend, args: list[str]) -> None:
@@ -364,6 +402,17 @@ def test_unknown_thread_is_one_line(threads: Backend, args: list[str]) -> None:
         (["retry", "t-wait"], ["'t-wait'", "waiting"], 1),
         (["fork", "t-done", "--from", "1", "--to", "t-wait"], ["t-wait", "existing"], 1),
         (["fork", "t-done", "--from", "1", "--to", "bad{id}"], ["brace"], 1),
+        (["fork", "t-done", "--from", "3"], ["step 3", "finished", "fork step 2"], 1),
+        (
+            ["resolve", "t-running", "call-1", "--did-not-run"],
+            ["lease", "once the thread stopped"],
+            1,
+        ),
+        (["resolve", "t-failed", "call-9", "--did-not-run"], ["'call-9'", "no record"], 1),
+        (["resolve", "t-wait", "k", "--result", "1"], ["'t-wait'", "waiting"], 1),
+        (["resolve", "t-failed", "k"], ["--result", "--did-not-run"], 2),
+        (["resolve", "t-failed", "k", "--result", "1", "--did-not-run"], ["exactly one"], 2),
+        (["resolve", "t-failed", "k", "--result", "{x"], ["--result", "not JSON"], 2),
         (["threads", "--status", "lost"], ["--status", "lost"], 2),
         (["threads", "--limit", "0"], ["--limit"], 2),
         (["gc", "--older-than", "-5"], ["--older-than"], 2),
@@ -490,6 +539,10 @@ def test_resume_and_retry_with_an_app_send_a_message(threads: Backend) -> None:
     retried = command([*agentq, "retry", "t-failed"], env)
     assert retried.returncode == 0 and "message sent" in retried.stdout, retried.stderr
     assert queued_messages(threads) == 2
+    stuck(threads.store)
+    settled = command([*agentq, "resolve", "t-stuck", "call-2", "--did-not-run"], env)
+    assert settled.returncode == 0 and "message sent" in settled.stdout, settled.stderr
+    assert queued_messages(threads) == 3
 
 
 def test_sweep_once_resends_what_is_due(threads: Backend) -> None:

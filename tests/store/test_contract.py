@@ -13,6 +13,8 @@ from agentq.errors import (
     CheckpointNotFound,
     CheckpointTooLarge,
     CorruptCheckpoint,
+    EffectError,
+    FinalCheckpoint,
     InvalidArgument,
     InvalidThreadId,
     LeaseHeld,
@@ -319,6 +321,18 @@ def test_fork_copies_a_checkpoint_into_a_new_thread(store: Store) -> None:
         store.fork("t1", 9, "t1-other")
 
 
+def test_fork_of_the_step_a_thread_finished_at_is_refused(store: Store) -> None:
+    token = started(store)
+    store.commit("t1", token, cp(0, token))
+    final = Checkpoint(step=1, node=None, token=token, task="agent")
+    store.commit("t1", token, final, status=Status.DONE, result="ok", release_owner="w1")
+    with pytest.raises(FinalCheckpoint, match=r"step 1:.*finished.*fork step 0") as info:
+        store.fork("t1", 1, "t1-fork")
+    assert (info.value.thread_id, info.value.step) == ("t1", 1)
+    assert store.meta("t1-fork") is None
+    assert store.fork("t1", 0, "t1-fork").node == "node0"
+
+
 def test_delete_thread_removes_everything_it_owns(store: Store) -> None:
     store.open_thread("keep", task="agent")
     before = snapshot(store)
@@ -410,6 +424,74 @@ def test_shared_effects_span_threads(store: Store) -> None:
     assert store.effect("b", "invoice-9") is None
     store.delete_thread("a")
     assert store.effect("b", "invoice-9", shared=True) is not None
+
+
+def test_effects_lists_the_threads_own_records_by_key(store: Store) -> None:
+    token = started(store)
+    store.claim_effect("t1", "refund-2", token)
+    store.claim_effect("t1", "refund-1", token)
+    store.complete_effect("t1", "refund-1", token, {"id": "re_1"})
+    store.claim_effect("t1", "invoice", token, shared=True)
+    store.put_artifact("t1", b"not an effect")
+    listed = store.effects("t1")
+    assert [(e.key, e.state, e.token, e.result) for e in listed] == [
+        ("refund-1", "done", token, {"id": "re_1"}),
+        ("refund-2", "pending", token, None),
+    ]
+    assert store.effects("nobody") == []
+
+
+def stuck(store: Store, key: str = "refund-1") -> int:
+    """A thread stopped in needs_attention on ``key``, claimed by a worker that died."""
+    token = started(store)
+    store.claim_effect("t1", key, token, claim_id="c1")
+    store.set_status("t1", token, Status.NEEDS_ATTENTION, error="unknown", release_owner="w1")
+    return token
+
+
+def test_a_resolved_result_is_the_records_outcome(store: Store) -> None:
+    old = stuck(store)
+    meta = store.resolve_effect("t1", "refund-1", result={"id": "re_1"}, start_grace=0)
+    assert (meta.status, meta.error, meta.fence) == (Status.QUEUED, None, old + 1)
+    assert "t1" in [thread for thread, _ in store.due()]
+    with pytest.raises(StaleToken):  # the dead worker, were it only frozen
+        store.complete_effect("t1", "refund-1", old, {"id": "other"})
+    new = store.acquire("t1", "w2", TTL)
+    claim = store.claim_effect("t1", "refund-1", new)
+    assert (claim.outcome, claim.effect.result) == ("done", {"id": "re_1"})
+
+
+def test_an_effect_resolved_as_not_run_is_claimed_afresh(store: Store) -> None:
+    stuck(store)
+    store.resolve_effect("t1", "refund-1", did_not_run=True)
+    assert store.effects("t1") == []
+    new = store.acquire("t1", "w2", TTL)
+    assert store.claim_effect("t1", "refund-1", new).outcome == "claimed"
+
+
+def test_resolving_is_refused_unless_a_person_must_settle_it(store: Store) -> None:
+    with pytest.raises(ThreadNotFound):
+        store.resolve_effect("nobody", "k", did_not_run=True)
+    token = started(store)
+    store.claim_effect("t1", "refund-1", token)
+    with pytest.raises(LeaseHeld):
+        store.resolve_effect("t1", "refund-1", did_not_run=True)
+    store.set_status("t1", token, Status.WAITING, release_owner="w1")
+    with pytest.raises(ThreadStateError, match="waiting"):
+        store.resolve_effect("t1", "refund-1", did_not_run=True)
+    store.delete_thread("t1")
+    token = stuck(store)
+    with pytest.raises(EffectError, match=r"'other' has no record.*agentq effects"):
+        store.resolve_effect("t1", "other", result=1)
+    for both_or_neither in ({"result": 1, "did_not_run": True}, {}):
+        with pytest.raises(InvalidArgument, match="either"):
+            store.resolve_effect("t1", "refund-1", **both_or_neither)  # type: ignore[arg-type]
+    store.resolve_effect("t1", "refund-1", result=None)
+    token = store.acquire("t1", "w2", TTL)
+    store.set_status("t1", token, Status.FAILED, error="boom", release_owner="w2")
+    with pytest.raises(EffectError, match="already done"):
+        store.resolve_effect("t1", "refund-1", did_not_run=True)
+    assert store.effect("t1", "refund-1").state == "done"  # type: ignore[union-attr]
 
 
 # -- recovery index ----------------------------------------------------------------------

@@ -22,13 +22,28 @@ from typing import Self
 from agentq.records import Finding
 from agentq.settings import DEFAULT_KEEP_LAST, DEFAULT_MAX_CHECKPOINT_BYTES
 from agentq.store.contract.checkpoints import CheckpointsContract
-from agentq.store.contract.common import UNSET, Renewal, _Unset, check_ttl, retry_not_due
+from agentq.store.contract.common import (
+    UNSET,
+    Renewal,
+    _Unset,
+    check_ttl,
+    final_checkpoint,
+    retry_not_due,
+)
 from agentq.store.contract.effects import EffectsContract
 from agentq.store.contract.leases import LeaseContract
 from agentq.store.contract.threads import ThreadsContract
 from agentq.store.graph import GraphStore
 
-__all__ = ["UNSET", "Renewal", "Store", "_Unset", "check_ttl", "retry_not_due"]
+__all__ = [
+    "UNSET",
+    "Renewal",
+    "Store",
+    "_Unset",
+    "check_ttl",
+    "final_checkpoint",
+    "retry_not_due",
+]
 
 
 class Store(ThreadsContract, LeaseContract, CheckpointsContract, EffectsContract):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Final, NamedTuple
 
-from agentq.errors import InvalidArgument, RetryNotDue
+from agentq.errors import FinalCheckpoint, InvalidArgument, RetryNotDue
 
 
 class _Unset:
@@ -42,4 +42,19 @@ def retry_not_due(thread_id: str, seconds: float) -> RetryNotDue:
         "sends it then",
         thread_id=thread_id,
         seconds=seconds,
+    )
+
+
+def final_checkpoint(thread_id: str, step: int) -> FinalCheckpoint:
+    """The refusal of a fork of the checkpoint a thread finished at."""
+    earlier = (
+        f"fork step {step - 1} to run the final node again"
+        if step > 0
+        else ("start a new thread with the same input")
+    )
+    return FinalCheckpoint(
+        f"cannot fork step {step}: the thread finished there, so a fork would have no node "
+        f"to run; {earlier}, or read the result with meta()",
+        thread_id=thread_id,
+        step=step,
     )

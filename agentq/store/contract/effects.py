@@ -1,14 +1,20 @@
 """The effects' side of the store contract: the idempotency records of a thread's side
 effects (and the global ones, shared across threads), claimed and completed under the
-thread's fencing token."""
+thread's fencing token, and settled by an operator when a worker died in between."""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any
+from typing import Any, Final
 
+from agentq.errors import EffectError, InvalidArgument, LeaseHeld, ThreadStateError
 from agentq.ids import validate_effect_key, validate_thread_id
-from agentq.records import Claim, Effect
+from agentq.records import Claim, Effect, EffectState, Status, ThreadMeta
+from agentq.store.contract.common import UNSET
+
+RESOLVABLE: Final = frozenset({Status.NEEDS_ATTENTION, Status.FAILED})
+"""The statuses in which an operator may settle an effect: the thread stopped for a person
+and nothing drives it."""
 
 
 class EffectsContract(ABC):
@@ -90,3 +96,81 @@ class EffectsContract(ABC):
 
     @abstractmethod
     def _do_effect(self, thread_id: str, key: str, *, shared: bool) -> Effect | None: ...
+
+    def effects(self, thread_id: str) -> list[Effect]:
+        """The thread's own idempotency records (not the shared ones), sorted by key; empty
+        for an unknown thread. Each record is read as it is at that moment."""
+        validate_thread_id(thread_id)
+        return sorted(self._do_effects(thread_id), key=lambda effect: effect.key)
+
+    @abstractmethod
+    def _do_effects(self, thread_id: str) -> list[Effect]: ...
+
+    def resolve_effect(
+        self,
+        thread_id: str,
+        key: str,
+        *,
+        result: Any = UNSET,
+        did_not_run: bool = False,
+        start_grace: float = 30.0,
+    ) -> ThreadMeta:
+        """Settle the pending record ``key`` whose outcome no worker recorded, as a person
+        who checked the outside world: with ``result`` the record becomes ``done`` with it
+        (the node gets it back without calling the tool); with ``did_not_run=True`` it is
+        removed (the next call runs the tool, once). Then the thread is queued again, due in
+        ``start_grace`` seconds, as :meth:`reopen` does.
+
+        Only for a thread in ``needs_attention`` or ``failed`` whose lease nobody holds
+        (else :class:`~agentq.errors.ThreadStateError`, :class:`~agentq.errors.LeaseHeld`);
+        the fencing token is raised, so a worker frozen with the old one is refused from
+        then on. :class:`~agentq.errors.EffectError` if the record is absent or ``done``.
+        Atomic.
+        """
+        validate_thread_id(thread_id)
+        validate_effect_key(key, thread_id)
+        if did_not_run == (result is not UNSET):
+            raise InvalidArgument(
+                f"settle effect {key!r} either with result=... (what it did) or with "
+                "did_not_run=True, not both nor neither",
+                thread_id=thread_id,
+            )
+        return self._do_resolve_effect(
+            thread_id, key, result=result, did_not_run=did_not_run, start_grace=start_grace
+        )
+
+    @abstractmethod
+    def _do_resolve_effect(
+        self, thread_id: str, key: str, *, result: Any, did_not_run: bool, start_grace: float
+    ) -> ThreadMeta: ...
+
+
+def not_resolvable(thread_id: str, key: str, state: EffectState | None) -> EffectError:
+    """The refusal to settle a record that is absent or already ``done``."""
+    found = "has no record" if state is None else f"is already {state.value}"
+    return EffectError(
+        f"effect {key!r} {found}: only a pending one can be settled; list the thread's "
+        "records with 'agentq effects THREAD'",
+        thread_id=thread_id,
+    )
+
+
+def status_not_resolvable(thread_id: str, status: str) -> ThreadStateError:
+    """The refusal to settle an effect of a thread that something may still drive."""
+    return ThreadStateError(
+        f"cannot settle an effect of a thread in status {status!r} (only "
+        f"{sorted(s.value for s in RESOLVABLE)}); a thread still running records its own "
+        "effects: wait until it stops",
+        thread_id=thread_id,
+        status=status,
+    )
+
+
+def held_while_resolving(thread_id: str, ttl_ms: int) -> LeaseHeld:
+    """The refusal to settle an effect of a thread a worker holds."""
+    return LeaseHeld(
+        f"a worker holds this thread's lease for {ttl_ms} ms more and records its own "
+        "effects; settle one only once the thread stopped (needs_attention or failed)",
+        thread_id=thread_id,
+        ttl_ms=ttl_ms,
+    )

@@ -79,7 +79,9 @@ class ThreadsContract(ABC):
         its latest, with the source's task and input, in status ``waiting``, with no lease
         and no effect records.
 
-        Raises :class:`~agentq.errors.CheckpointNotFound` if the step is not stored and
+        Raises :class:`~agentq.errors.CheckpointNotFound` if the step is not stored,
+        :class:`~agentq.errors.FinalCheckpoint` if the thread finished at it (a fork would
+        have nothing to run, and nothing would ever settle it), and
         :class:`~agentq.errors.ThreadExists` if the new id is taken. Creating the new thread
         is atomic; the source is only read.
         """

@@ -9,10 +9,22 @@ from __future__ import annotations
 from typing import Any
 
 from agentq.codec.envelope import decode_value, encode_value
-from agentq.records import Claim, ClaimOutcome, Effect, EffectState
+from agentq.records import Claim, ClaimOutcome, Effect, EffectState, ThreadMeta
+from agentq.store.contract.effects import (
+    RESOLVABLE,
+    held_while_resolving,
+    not_resolvable,
+    status_not_resolvable,
+)
 from agentq.store.redis.base import RedisBase
-from agentq.store.redis.decode import fields, raise_refusal, refusal_error
-from agentq.store.redis.refusal import Refusal
+from agentq.store.redis.decode import (
+    fields,
+    hash_to_fields,
+    raise_refusal,
+    refusal_error,
+    text,
+)
+from agentq.store.redis.refusal import Refusal, refusal_of
 
 _CLAIMED, _DONE = 1, 2
 """claim_effect.lua's success codes (3: an unknown outcome)."""
@@ -85,16 +97,68 @@ class RedisEffects(RedisBase):
 
     def _do_effect(self, thread_id: str, key: str, *, shared: bool) -> Effect | None:
         record = fields(self.client.hgetall(self._effect_keys(thread_id, key, shared=shared)[0]))
-        if not record:
-            return None
-        result = record.get("result")
-        return Effect(
-            key,
-            EffectState(record["state"].decode()),
-            int(record["token"]),
-            None
-            if result is None
-            else decode_value(
-                result, what=f"effect {key!r} result", thread_id=thread_id, step=None
-            ),
+        return _effect(thread_id, key, record)
+
+    def _do_effects(self, thread_id: str) -> list[Effect]:
+        prefix = self.keys.effect(thread_id, "")
+        owned = (text(name) for name in self.client.smembers(self.keys.owned(thread_id)))
+        names = [name for name in owned if name.startswith(prefix)]
+        pipe = self.client.pipeline(transaction=False)
+        for name in names:
+            pipe.hgetall(name)
+        found = [
+            _effect(thread_id, name[len(prefix) :], fields(record))
+            for name, record in zip(names, pipe.execute() if names else [], strict=True)
+        ]
+        return [effect for effect in found if effect is not None]
+
+    def _do_resolve_effect(
+        self, thread_id: str, key: str, *, result: Any, did_not_run: bool, start_grace: float
+    ) -> ThreadMeta:
+        data = (
+            b""
+            if did_not_run
+            else encode_value(result, what=f"effect {key!r} result", thread_id=thread_id, step=None)
         )
+        code, value, _ = self._run(
+            "resolve_effect",
+            [
+                self.keys.meta(thread_id),
+                self.keys.lock(thread_id),
+                self.keys.effect(thread_id, key),
+                self.keys.owned(thread_id),
+            ],
+            [
+                thread_id,
+                start_grace,
+                "1" if did_not_run else "0",
+                data,
+                *sorted(status.value for status in RESOLVABLE),
+            ],
+            indexed=True,
+        )
+        refusal = refusal_of(code)
+        if refusal is Refusal.LEASE_HELD:
+            raise held_while_resolving(thread_id, int(value))
+        if refusal is Refusal.STATUS_REFUSED:
+            raise status_not_resolvable(thread_id, text(value))
+        if refusal is Refusal.NOT_CLAIMED or refusal is Refusal.NOT_HOLDER:
+            state = None if refusal is Refusal.NOT_CLAIMED else EffectState.DONE
+            raise not_resolvable(thread_id, key, state)
+        raise_refusal(code, value, thread_id=thread_id, key=key)
+        return self._meta(thread_id, hash_to_fields(value))
+
+
+def _effect(thread_id: str, key: str, record: dict[str, bytes]) -> Effect | None:
+    """The record from its stored fields, ``None`` when there are none."""
+    if not record:
+        return None
+    result = record.get("result")
+    return Effect(
+        key,
+        EffectState(record["state"].decode()),
+        int(record["token"]),
+        None
+        if result is None
+        else decode_value(result, what=f"effect {key!r} result", thread_id=thread_id, step=None),
+    )

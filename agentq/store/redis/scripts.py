@@ -38,6 +38,7 @@ STORE_SCRIPTS = (
     "put_artifact",
     "lease_sweeper",
     "release_effect",
+    "resolve_effect",
 )
 """The store's scripts, ``lua/<name>.lua``."""
 

@@ -25,7 +25,7 @@ from agentq.errors import (
     ThreadNotFound,
 )
 from agentq.records import FINISHED, Finding, Status, ThreadMeta
-from agentq.store.contract import UNSET, Renewal
+from agentq.store.contract import UNSET, Renewal, final_checkpoint
 from agentq.store.meta_fields import meta_from_fields
 from agentq.store.redis.checkpoints import RedisCheckpoints
 from agentq.store.redis.decode import blob, fields, hash_to_fields, log_fields, raise_refusal, text
@@ -126,6 +126,8 @@ class RedisStore(RedisCheckpoints, RedisEffects):
                 step=step,
             )
         source = decode_checkpoint(thread_id, blob(data), step=step)
+        if source.node is None:
+            raise final_checkpoint(thread_id, step)
         _, lengths = decode_envelope(thread_id, blob(data), step=step)
         log_args: list[Any] = [len(lengths)]
         for field, length in lengths.items():

@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+import math
 import sqlite3
+import time
 from typing import Any
 
 from agentq.codec.envelope import decode_value
-from agentq.errors import EffectError, StaleToken
-from agentq.records import Claim, ClaimOutcome, Effect, EffectState
+from agentq.errors import EffectError, StaleToken, ThreadNotFound
+from agentq.records import Claim, ClaimOutcome, Effect, EffectState, Status, ThreadMeta
+from agentq.store.contract.effects import (
+    RESOLVABLE,
+    held_while_resolving,
+    not_resolvable,
+    status_not_resolvable,
+)
 from agentq.store.sqlite.connection import SharedConnection
-from agentq.store.sqlite.queries import encode, fenced
+from agentq.store.sqlite.queries import NOT_FOUND, encode, fenced, read_meta, update
 
 
 class EffectsMixin:
@@ -102,6 +110,57 @@ class EffectsMixin:
     def _do_effect(self, thread_id: str, key: str, *, shared: bool) -> Effect | None:
         with self._conn.locked() as db:
             return _read_effect(db, thread_id, "" if shared else thread_id, key)
+
+    def _do_effects(self, thread_id: str) -> list[Effect]:
+        with self._conn.locked() as db:
+            keys = db.execute('SELECT "key" FROM effects WHERE scope = ?', (thread_id,))
+            found = [_read_effect(db, thread_id, thread_id, row[0]) for row in keys.fetchall()]
+        return [effect for effect in found if effect is not None]
+
+    def _do_resolve_effect(
+        self, thread_id: str, key: str, *, result: Any, did_not_run: bool, start_grace: float
+    ) -> ThreadMeta:
+        data = None if did_not_run else encode(result, f"effect {key!r} result", thread_id, None)
+        with self._conn.write() as db:
+            now = time.time()
+            row = db.execute(
+                "SELECT status, fence, lock_owner, lock_expires FROM threads WHERE thread_id = ?",
+                (thread_id,),
+            ).fetchone()
+            if row is None:
+                raise ThreadNotFound(NOT_FOUND, thread_id=thread_id)
+            if row["lock_owner"] is not None and (row["lock_expires"] or 0) > now:
+                ttl_ms = max(1, math.ceil((row["lock_expires"] - now) * 1000))
+                raise held_while_resolving(thread_id, ttl_ms)
+            if Status(row["status"]) not in RESOLVABLE:
+                raise status_not_resolvable(thread_id, row["status"])
+            found = _read_effect(db, thread_id, thread_id, key)
+            if found is None or found.state != EffectState.PENDING:
+                raise not_resolvable(thread_id, key, None if found is None else found.state)
+            # A new fence: a worker frozen with the old token cannot record over this.
+            fence = row["fence"] + 1
+            if data is None:
+                db.execute('DELETE FROM effects WHERE scope = ? AND "key" = ?', (thread_id, key))
+            else:
+                db.execute(
+                    "UPDATE effects SET state = 'done', token = ?, result = ?, claim = NULL "
+                    'WHERE scope = ? AND "key" = ?',
+                    (fence, data, thread_id, key),
+                )
+            update(
+                db,
+                thread_id,
+                now,
+                status=Status.QUEUED.value,
+                fence=fence,
+                error=None,
+                attempts=0,
+                cancel=0,
+                due_at=now + start_grace,
+            )
+            meta = read_meta(db, thread_id)
+        assert meta is not None
+        return meta
 
 
 def _read_effect(db: sqlite3.Connection, thread_id: str, scope: str, key: str) -> Effect | None:

@@ -28,7 +28,7 @@ from agentq.errors import (
 )
 from agentq.records import FINISHED, Finding, Status, ThreadMeta
 from agentq.settings import DEFAULT_KEEP_LAST, DEFAULT_MAX_CHECKPOINT_BYTES
-from agentq.store.contract import UNSET, Renewal, Store, retry_not_due
+from agentq.store.contract import UNSET, Renewal, Store, final_checkpoint, retry_not_due
 from agentq.store.meta_fields import meta_from_fields
 from agentq.store.sqlite.checkpoints import CheckpointsMixin
 from agentq.store.sqlite.connection import SharedConnection, durability_findings
@@ -152,6 +152,8 @@ class SQLiteStore(CheckpointsMixin, EffectsMixin, Store):
             if source is None:
                 raise checkpoint_not_found(thread_id, step, self.keep_last)
             node = decode_checkpoint(thread_id, source["data"], step=step).node
+            if node is None:
+                raise final_checkpoint(thread_id, step)
             now = time.time()
             try:
                 db.execute(

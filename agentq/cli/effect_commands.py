@@ -1,0 +1,94 @@
+"""Commands for a thread's tool calls: list their records, settle one no worker recorded."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+from rich.table import Table
+from rich.text import Text
+
+from agentq.celery.task import resend_thread
+from agentq.cli.control_commands import parse_json, report_queued
+from agentq.cli.output import emit_json, short, show_block
+from agentq.cli.read_commands import json_option, pass_session
+from agentq.cli.session import Session
+from agentq.ops.console import console
+from agentq.records import EffectState
+from agentq.store.contract import UNSET
+
+
+@click.command(short_help="List a thread's tool calls and their records.")
+@click.argument("thread")
+@json_option
+@pass_session
+def effects(session: Session, thread: str, as_json: bool) -> None:
+    """List every effect record of THREAD: its key, whether its outcome was recorded
+    (done) or is unknown (pending: claimed by a worker that stopped before recording it),
+    the fencing token of the worker that claimed it, and the recorded result."""
+    meta = session.meta(thread)
+    found = session.store.effects(thread)
+    if as_json:
+        emit_json(found)
+        return
+    out = console()
+    if not found:
+        out.print(f"{thread} has no effect records.", markup=False)
+        return
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    for column in ("KEY", "STATE", "TOKEN", "RESULT"):
+        table.add_column(column, no_wrap=column != "RESULT")
+    for effect in found:
+        pending = effect.state == EffectState.PENDING
+        table.add_row(
+            Text(effect.key),
+            Text(effect.state.value, style="bold magenta" if pending else "green"),
+            str(effect.token),
+            Text("outcome unknown" if pending else short(effect.result, 60)),
+        )
+    show_block(out, table)
+    if any(effect.state == EffectState.PENDING for effect in found) and not meta.status.is_live:
+        out.print(
+            f"Settle a pending one with: agentq resolve {thread} KEY --result JSON "
+            "(what it did) or --did-not-run (it runs once more).",
+            markup=False,
+        )
+
+
+@click.command(short_help="Settle a tool call whose outcome no worker recorded.")
+@click.argument("thread")
+@click.argument("key")
+@click.option(
+    "--result",
+    metavar="JSON",
+    callback=parse_json,
+    help="What the call did, as JSON: the node gets it as the tool's result.",
+)
+@click.option("--did-not-run", is_flag=True, help="The call had no effect: run it once more.")
+@json_option
+@pass_session
+def resolve(
+    session: Session, thread: str, key: str, result: Any, did_not_run: bool, as_json: bool
+) -> None:
+    """Settle the pending tool call KEY of THREAD (needs_attention or failed) once you
+    checked what it did, then run the thread on from its latest checkpoint. Refused while
+    a worker holds the thread."""
+    given = click.get_current_context().get_parameter_source("result")
+    has_result = given is not None and given.name != "DEFAULT"
+    if has_result == did_not_run:
+        raise click.UsageError("give exactly one of --result JSON and --did-not-run")
+    session.meta(thread)
+    app = session.app
+    meta = session.store.resolve_effect(
+        thread,
+        key,
+        result=result if has_result else UNSET,
+        did_not_run=did_not_run,
+        start_grace=0 if app is None else session.settings.start_grace,
+    )
+    sent = None if app is None else resend_thread(app, meta).id
+    outcome = {"thread_id": thread, "key": key, "status": meta.status.value, "sent": sent}
+    report_queued(outcome, f"Settled {key} of", as_json)
+
+
+EFFECT_COMMANDS: tuple[Any, ...] = (effects, resolve)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
-import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final, NoReturn
@@ -16,12 +15,11 @@ from agentq.engine.append_only import AppendOnlyFields
 from agentq.engine.backoff import retry_delay
 from agentq.engine.lease import Lease, confirm, keeper_for
 from agentq.engine.run import NO_VALUE, Run
-from agentq.engine.store_retry import RetriedCalls
-from agentq.engine.transition import checkpoint_after
+from agentq.engine.store_retry import RetriedCalls, give_back
+from agentq.engine.transition import checkpoint_after, checkpoint_lost, error_text
 from agentq.errors import (
     AgentqError,
     AppendOnlyViolation,
-    CheckpointLost,
     CheckpointNotFound,
     CodecError,
     FencingError,
@@ -38,11 +36,6 @@ from agentq.settings import Settings
 from agentq.store.contract import UNSET, Store
 
 logger = logging.getLogger("agentq")
-
-
-def _error_text(exc: BaseException, limit: int = 2000) -> str:
-    trace = "".join(traceback.format_exception(exc, limit=-3))
-    return f"{type(exc).__name__}: {exc}\n{trace}"[:limit]
 
 
 @dataclass
@@ -121,28 +114,8 @@ class Driver:
             return None
         except Exception as exc:
             if store.is_transient(exc):
-                self._give_back(token)
+                give_back(store, thread_id, token, self.owner)
             raise
-
-    def _give_back(self, token: int) -> None:
-        """After the store failed for longer than the lease (a SQLite database another
-        process kept locked, an outage): queue the still running thread again if the store
-        answers now, so that its next driver does not count the outage as a lost worker."""
-        try:
-            meta = self.store.meta(self.thread_id)
-            if meta is not None and meta.status == Status.RUNNING and meta.fence == token:
-                self.store.set_status(
-                    self.thread_id, token, Status.QUEUED, due_in=0, release_owner=self.owner
-                )
-                return
-        except Exception as exc:
-            if not self.store.is_transient(exc) and not isinstance(exc, FencingError):
-                raise
-        logger.warning(
-            "thread %s: the store is still unreachable; recovery resumes the thread once "
-            "its lease runs out",
-            self.thread_id,
-        )
 
     def _resume(self, token: int, crashed: bool, lease: Lease) -> Any:
         meta = self._calls("reading the thread", self.store.meta, self.thread_id)
@@ -178,7 +151,7 @@ class Driver:
 
     def _latest(self, token: int, meta: ThreadMeta) -> Checkpoint | None:
         """The latest checkpoint; one the store lost stops the thread in needs_attention
-        (:class:`CheckpointLost`) rather than start it again from step 0 as a new one."""
+        (:class:`~agentq.errors.CheckpointLost`) rather than start it again from step 0 as a new one."""
         try:
             latest = self._calls("reading the checkpoint", self.store.latest, self.thread_id)
         except CheckpointNotFound as exc:
@@ -188,13 +161,7 @@ class Driver:
         return latest
 
     def _report_loss(self, token: int, meta: ThreadMeta, what: str) -> NoReturn:
-        lost = CheckpointLost(
-            f"data loss: step {meta.step} was committed but {what}; the store dropped "
-            "acknowledged writes (eviction, no persistence, an old backup: run agentq "
-            "doctor). Fork the thread from an older checkpoint if one is left, or delete it",
-            thread_id=self.thread_id,
-            step=meta.step,
-        )
+        lost = checkpoint_lost(self.thread_id, meta.step, what)
         self._settle("reporting data loss", token, Status.NEEDS_ATTENTION, error=str(lost))
         logger.error("%s", lost)
         raise lost
@@ -402,7 +369,7 @@ class Driver:
                 Status.RETRYING,
                 due_in=delay,
                 attempts=attempt,
-                error=_error_text(exc),
+                error=error_text(exc),
             )
             logger.warning(
                 "thread %s: step %d attempt %d failed (%s); retrying in %.1f s",
@@ -419,7 +386,7 @@ class Driver:
             token,
             Status.FAILED,
             attempts=attempt,
-            error=gave_up + _error_text(exc),
+            error=gave_up + error_text(exc),
         )
         logger.error("thread %s: step %d failed: %s", thread_id, step, exc)
         raise exc

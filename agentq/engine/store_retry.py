@@ -15,6 +15,8 @@ from typing import Any, TypeVar
 
 from agentq.engine.backoff import backoff
 from agentq.engine.lease import Lease
+from agentq.errors import FencingError
+from agentq.records import Status
 from agentq.store.contract import Store
 
 logger = logging.getLogger("agentq")
@@ -71,3 +73,22 @@ class RetriedCalls:
                     delay,
                 )
                 time.sleep(delay)
+
+
+def give_back(store: Store, thread_id: str, token: int, owner: str) -> None:
+    """After the store failed for longer than the lease (a SQLite database another
+    process kept locked, an outage): queue the still running thread again if the store
+    answers now, so that its next driver does not count the outage as a lost worker."""
+    try:
+        meta = store.meta(thread_id)
+        if meta is not None and meta.status == Status.RUNNING and meta.fence == token:
+            store.set_status(thread_id, token, Status.QUEUED, due_in=0, release_owner=owner)
+            return
+    except Exception as exc:
+        if not store.is_transient(exc) and not isinstance(exc, FencingError):
+            raise
+    logger.warning(
+        "thread %s: the store is still unreachable; recovery resumes the thread once "
+        "its lease runs out",
+        thread_id,
+    )

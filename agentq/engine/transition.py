@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import time
+import traceback
 from typing import Any
 
 from agentq.engine.run import Run
-from agentq.errors import UnknownNode
+from agentq.errors import CheckpointLost, UnknownNode
 from agentq.outcomes import Done, Interrupt
 from agentq.records import Checkpoint, Status
 
@@ -42,3 +43,21 @@ def checkpoint_after(
         created_at=time.time(),
     )
     return checkpoint, status, extra
+
+
+def error_text(exc: BaseException, limit: int = 2000) -> str:
+    """What a failed or retrying thread keeps of the error: its type, message and the
+    end of its traceback."""
+    trace = "".join(traceback.format_exception(exc, limit=-3))
+    return f"{type(exc).__name__}: {exc}\n{trace}"[:limit]
+
+
+def checkpoint_lost(thread_id: str, step: int, what: str) -> CheckpointLost:
+    """The error of a thread whose committed step ``step`` the store no longer holds."""
+    return CheckpointLost(
+        f"data loss: step {step} was committed but {what}; the store dropped "
+        "acknowledged writes (eviction, no persistence, an old backup: run agentq "
+        "doctor). Fork the thread from an older checkpoint if one is left, or delete it",
+        thread_id=thread_id,
+        step=step,
+    )

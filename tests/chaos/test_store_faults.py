@@ -100,8 +100,12 @@ def test_a_store_outage_inside_a_tool_call_leaves_the_thread_to_recovery(env: En
     assert env.emails() == 1
     meta = env.store.meta("t1")
     assert meta is not None
-    # Left to recovery (lease expiry) or scheduled for a retry; not given up on.
-    assert meta.status in (Status.RUNNING, Status.RETRYING), f"{meta.status.value}: {meta.error}"
+    # Given back to the queue once the store answered again (or left to its lease's
+    # expiry, or scheduled for a retry): not given up on, no crash counted.
+    assert meta.status in (Status.QUEUED, Status.RUNNING, Status.RETRYING), (
+        f"{meta.status.value}: {meta.error}"
+    )
+    assert meta.crashes == 0
 
 
 def test_a_lease_confirmation_answered_too_late_stops_the_tool_call(env: Env) -> None:

@@ -151,7 +151,7 @@ class Driver:
 
     def _latest(self, token: int, meta: ThreadMeta) -> Checkpoint | None:
         """The latest checkpoint; one the store lost stops the thread in needs_attention
-        (:class:`~agentq.errors.CheckpointLost`) rather than start it again from step 0 as a new one."""
+        (:class:`~agentq.errors.CheckpointLost`) rather than start it again from step 0."""
         try:
             latest = self._calls("reading the checkpoint", self.store.latest, self.thread_id)
         except CheckpointNotFound as exc:

@@ -29,6 +29,16 @@ local REFUSAL = {
   LEASE_HELD = -9,
 }
 
+-- Whether `status` is one of ARGV[first], ARGV[first + 1], ...
+local function listed_from(first, status)
+  for i = first, #ARGV do
+    if ARGV[i] == status then
+      return true
+    end
+  end
+  return false
+end
+
 local function now_seconds()
   local t = redis.call('TIME')
   return tonumber(t[1]) + tonumber(t[2]) / 1000000

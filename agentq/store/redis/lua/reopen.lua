@@ -10,13 +10,7 @@ local status = redis.call('HGET', meta, 'status')
 if not status then
   return {REFUSAL.THREAD_NOT_FOUND, 0, 0}
 end
-local allowed = false
-for i = 5, #ARGV do
-  if ARGV[i] == status then
-    allowed = true
-  end
-end
-if not allowed then
+if not listed_from(5, status) then
   return {REFUSAL.STATUS_REFUSED, status, 0}
 end
 local now = now_seconds()

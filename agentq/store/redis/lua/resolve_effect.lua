@@ -17,13 +17,7 @@ local ttl = redis.call('PTTL', KEYS[2])
 if ttl > 0 then
   return {REFUSAL.LEASE_HELD, ttl, 0}
 end
-local allowed = false
-for i = 6, #ARGV do
-  if ARGV[i] == status then
-    allowed = true
-  end
-end
-if not allowed then
+if not listed_from(6, status) then
   return {REFUSAL.STATUS_REFUSED, status, 0}
 end
 local state = redis.call('HGET', KEYS[3], 'state')

@@ -7,14 +7,39 @@ from pathlib import Path
 
 import pytest
 import redis
+from celery import Celery
 
 from agentq import Status
 from agentq.errors import StoreUnavailable
+from agentq.store.contract import Store
 from tests.support.agents import make_app
 from tests.support.redis_server import running_redis, wait_until
 from tests.support.threads_worker import statuses, threads_worker
 
 THREADS = [f"t{n}" for n in range(10)]
+
+
+def start_all(app: Celery, store: Store, *, steps: int, past_step: int) -> None:
+    """Send every thread and wait until each has committed ``past_step``."""
+    agent = app.tasks["tests.waiting_agent"]
+    for thread_id in THREADS:
+        agent.delay(thread_id, steps=steps, wait=0.25)
+    wait_until(
+        lambda: all(store.meta(t).step >= past_step for t in THREADS),  # type: ignore[union-attr]
+        timeout=30,
+        what=f"every thread past step {past_step}",
+    )
+
+
+def finished_untouched(store: Store) -> set[tuple[int, int, int]]:
+    """Wait until every thread is done; their (crashes, fence, attempts), once each."""
+    wait_until(
+        lambda: set(statuses(store, THREADS).values()) == {Status.DONE},
+        timeout=60,
+        what="all threads done",
+    )
+    metas = [store.meta(t) for t in THREADS]
+    return {(m.crashes, m.fence, m.attempts) for m in metas if m is not None}
 
 
 def test_a_store_restart_mid_run_fails_no_thread_and_counts_no_crash(
@@ -24,23 +49,10 @@ def test_a_store_restart_mid_run_fails_no_thread_and_counts_no_crash(
         running_redis(tmp_path / "store") as server,
         threads_worker(redis_broker, server.url, concurrency=10, lease_ttl=8) as (app, store),
     ):
-        agent = app.tasks["tests.waiting_agent"]
-        for thread_id in THREADS:
-            agent.delay(thread_id, steps=8, wait=0.25)
-        wait_until(
-            lambda: all(store.meta(t).step >= 1 for t in THREADS),  # type: ignore[union-attr]
-            timeout=30,
-            what="every thread past its second step",
-        )
+        start_all(app, store, steps=8, past_step=1)
         server.restart(down=1.5)  # SIGKILL, down, then back on its AOF
-        wait_until(
-            lambda: set(statuses(store, THREADS).values()) == {Status.DONE},
-            timeout=60,
-            what="all threads done",
-        )
-        metas = [store.meta(t) for t in THREADS]
         # Each driver waited for the store and went on under its own lease: no takeover.
-        assert {(m.crashes, m.fence, m.attempts) for m in metas if m is not None} == {(0, 1, 0)}
+        assert finished_untouched(store) == {(0, 1, 0)}
         assert all(store.latest(t).state["left"] == 0 for t in THREADS)  # type: ignore[union-attr]
 
 
@@ -56,27 +68,14 @@ def test_a_busy_store_is_waited_for(redis_broker: str, tmp_path: Path) -> None:
         running_redis(tmp_path / "store", "--busy-reply-threshold", "50") as server,
         threads_worker(redis_broker, server.url, concurrency=10, lease_ttl=8) as (app, store),
     ):
-        agent = app.tasks["tests.waiting_agent"]
-        for thread_id in THREADS:
-            agent.delay(thread_id, steps=6, wait=0.25)
-        wait_until(
-            lambda: all(store.meta(t).step >= 0 for t in THREADS),  # type: ignore[union-attr]
-            timeout=30,
-            what="every thread past its first step",
-        )
+        start_all(app, store, steps=6, past_step=0)
         # Another client's script holds the server for 2 s: every other command meets BUSY.
         busy = threading.Thread(
             target=lambda: redis.Redis(port=server.port).eval(BUSY_SCRIPT, 0, 2), daemon=True
         )
         busy.start()
         busy.join(timeout=30)
-        wait_until(
-            lambda: set(statuses(store, THREADS).values()) == {Status.DONE},
-            timeout=60,
-            what="all threads done",
-        )
-        metas = [store.meta(t) for t in THREADS]
-        assert {(m.crashes, m.fence, m.attempts) for m in metas if m is not None} == {(0, 1, 0)}
+        assert finished_untouched(store) == {(0, 1, 0)}
 
 
 def test_delay_while_the_store_is_down_raises_store_unavailable(

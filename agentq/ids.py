@@ -25,6 +25,20 @@ def owner_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
+_DOWNSTREAM_NAMESPACE = uuid.UUID("5b1e0c2a-6f0d-4d8e-9c59-3f2a7d1b8e41")
+
+
+def downstream_key(namespace: str, thread_id: str, key: str, *, shared: bool = False) -> str:
+    """The idempotency key a tool forwards to the service it calls: a UUID derived from the
+    store's ``namespace``, the thread and the effect ``key`` (the shared ones: the namespace
+    and the key alone), so that two threads, a fork and its source, or two deployments
+    never send the same one, while a retried or replayed call sends the same one again.
+    Thirty-six characters of ``[0-9a-f-]``, which every payment API accepts."""
+    scope = "shared" if shared else f"thread:{len(thread_id)}:{thread_id}"
+    name = f"{len(namespace)}:{namespace}|{scope}|{key}"
+    return str(uuid.uuid5(_DOWNSTREAM_NAMESPACE, name))
+
+
 def validate_thread_id(thread_id: object) -> str:
     """Return ``thread_id`` if it is a usable thread id, else raise :class:`InvalidThreadId`.
 

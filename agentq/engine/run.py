@@ -129,8 +129,10 @@ class Run:
 
         ``key`` defaults to the step and the call's position in the node (deterministic:
         a re-run node makes the same calls in the same order); pass the model's tool-call
-        id when there is one. ``fn`` receives the key as ``idempotency_key`` and the lease's
-        fencing token as ``fencing_token`` if it has parameters of those names: a service
+        id when there is one. ``fn`` receives a key for its service as ``idempotency_key``
+        (see :meth:`~agentq.store.contract.Store.downstream_key`: unique to the thread, the
+        key and the store's prefix) and the lease's fencing token as ``fencing_token`` if
+        it has parameters of those names: a service
         that keeps the highest token it saw per thread can refuse a worker that was frozen
         between its claim and the call, which nothing on this side can stop.
         ``idempotent``/``reconcile``/``shared`` override the policy
@@ -236,8 +238,9 @@ class Run:
         key = options.key if options.key is not None else f"step{self.step}.call{self._calls}"
         # Names this call, so that a claim resent after a lost reply is known as ours.
         claim_id = uuid.uuid4().hex
-        call = _Call(key, claim_id, policy.shared, dict(kwargs))
         store, thread_id = self._store, self.thread_id
+        downstream = store.downstream_key(thread_id, key, shared=policy.shared)
+        call = _Call(key, downstream, claim_id, policy.shared, dict(kwargs))
         claim = self._store_calls(
             "claiming a tool call",
             store.claim_effect,
@@ -276,13 +279,13 @@ class Run:
                 claim_id=claim_id,
             )
             if policy.reconcile is not None:
-                found = policy.reconcile(key, *args, **kwargs)
+                found = policy.reconcile(call.downstream, *args, **kwargs)
                 if found is not DID_NOT_RUN:
                     call.recorded = self._record(call, found)
                     return call
         parameters = inspect.signature(fn).parameters
         if "idempotency_key" in parameters:
-            call.kwargs["idempotency_key"] = key
+            call.kwargs["idempotency_key"] = downstream
         if "fencing_token" in parameters:
             call.kwargs["fencing_token"] = self._token
         # A worker paused since its claim may have been replaced meanwhile: renewing the
@@ -344,6 +347,8 @@ class _Call:
     """One tool call between its claim and its record."""
 
     key: str
+    downstream: str
+    """The key the tool forwards to the service it calls (``idempotency_key``)."""
     claim_id: str
     shared: bool
     kwargs: dict[str, Any]

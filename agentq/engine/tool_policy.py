@@ -22,10 +22,11 @@ DID_NOT_RUN: Final = _DidNotRun()
 class ToolPolicy:
     """How ``run.tool`` treats a claim left ``pending`` by a driver that died mid-call.
 
-    ``idempotent``: run the tool again with the same key (it receives it as
-    ``idempotency_key`` if it takes that parameter, to forward downstream).
-    ``reconcile``: ``reconcile(key, *args, **kwargs)`` asks the outside world; it returns
-    the effect's result if it happened, or :data:`DID_NOT_RUN`.
+    ``idempotent``: run the tool again with the same key (it receives the key to forward
+    downstream as ``idempotency_key`` if it takes that parameter).
+    ``reconcile``: ``reconcile(idempotency_key, *args, **kwargs)`` asks the outside world
+    whether the call forwarding that key happened; it returns the effect's result if it
+    did, or :data:`DID_NOT_RUN`.
     Neither: the thread stops as ``needs_attention``.
     ``shared``: the key is global across threads (e.g. an invoice number).
     """

@@ -119,7 +119,9 @@ def test_a_thread_runs_to_done_with_one_checkpoint_per_node(env: Env) -> None:
         "model",
     ]
     assert env.ledger.model_calls("t1") == 3
-    assert env.ledger.tool_calls("t1") == {"call-refund-1": 1, "call-refund-2": 1}
+    assert env.ledger.tool_calls("t1") == env.ledger.as_sent(
+        "t1", {"call-refund-1": 1, "call-refund-2": 1}
+    )
 
 
 def test_a_thread_queued_at_its_final_checkpoint_is_done_at_once(env: Env) -> None:
@@ -278,11 +280,15 @@ def test_unknown_outcome_is_settled_by_the_tool_policy(
     )
     _claim_as_dead_worker(env.store, "t1", "call-refund-1")
     # The dead worker's refund did reach the payment service:
-    env.ledger.client.hset(env.ledger.key("effects", "t1"), "call-refund-1", 10)
+    env.ledger.client.hset(
+        env.ledger.key("effects", "t1"), env.ledger.sent("t1", "call-refund-1"), 10
+    )
     agent.enqueue("t1")
     assert agent.wait("t1", timeout=20) == "Refunded 10 EUR."
-    assert env.ledger.tool_calls("t1").get("call-refund-1", 0) == expected_calls
-    assert env.ledger.effects("t1") == {"call-refund-1": "10"}
+    assert (
+        env.ledger.tool_calls("t1").get(env.ledger.sent("t1", "call-refund-1"), 0) == expected_calls
+    )
+    assert env.ledger.effects("t1") == env.ledger.as_sent("t1", {"call-refund-1": "10"})
 
 
 def test_unknown_outcome_without_policy_needs_attention(env: Env) -> None:
@@ -319,12 +325,14 @@ def test_an_operator_settles_a_needs_attention_thread_and_it_runs_on(
         agent.resolve_effect("t1", "call-refund-1", did_not_run=True)
     assert agent.wait("t1", timeout=20) == "Refunded 10 EUR."
     calls = {} if settled == "result" else {"call-refund-1": 1}
-    assert env.ledger.tool_calls("t1") == calls
+    assert env.ledger.tool_calls("t1") == env.ledger.as_sent("t1", calls)
     latest = env.store.latest("t1")
     assert latest is not None
     [reply] = [m["content"] for m in latest.state["messages"] if m["role"] == "tool"]
     assert reply["amount"] == 10
-    assert reply["refund_id"] == ("re_9" if settled == "result" else "re_call-refund-1")
+    assert reply["refund_id"] == (
+        "re_9" if settled == "result" else f"re_{env.ledger.sent('t1', 'call-refund-1')}"
+    )
 
 
 def test_append_only_messages_are_written_once_each(env: Env) -> None:

@@ -118,10 +118,11 @@ def test_function_nodes_run_a_durable_thread(env: Env) -> None:
     meta = env.support.thread("t1")
     # start, model (429, retried from the checkpoint), model, tools, model
     assert (meta.status, meta.step) == (Status.DONE, 3)
-    assert env.calls.counts == {"start": 1, "model": 3, "refund call-1": 1}
+    refund = f"refund {env.app._agentq_runtime.store.downstream_key('t1', 'call-1')}"
+    assert env.calls.counts == {"start": 1, "model": 3, refund: 1}
     env.support.delay("t1")  # sent again once done: returns the result, runs nothing
     assert env.support.wait("t1", timeout=5) == "refunded 20"
-    assert env.calls.counts == {"start": 1, "model": 3, "refund call-1": 1}
+    assert env.calls.counts == {"start": 1, "model": 3, refund: 1}
 
 
 def test_options_are_task_attributes_and_the_entry_node_is_configurable(env: Env) -> None:

@@ -273,12 +273,16 @@ def stuck(store: Store, thread_id: str = "t-stuck") -> int:
 
 def test_effects_lists_every_record_of_a_thread(threads: Backend) -> None:
     token = stuck(threads.store)
+    sent = [threads.store.downstream_key("t-stuck", key) for key in ("call-1", "call-2")]
     assert ok_json(threads, "effects", "t-stuck") == [
-        {"key": "call-1", "state": "done", "token": token, "result": {"refund_id": "re_1"}},
-        {"key": "call-2", "state": "pending", "token": token, "result": None},
+        {"key": "call-1", "state": "done", "token": token, "result": {"refund_id": "re_1"}}
+        | {"sent_as": sent[0]},
+        {"key": "call-2", "state": "pending", "token": token, "result": None}
+        | {"sent_as": sent[1]},
     ]
     text = run(threads, "effects", "t-stuck").stdout
     assert "call-2" in text and "outcome unknown" in text and "re_1" in text
+    assert sent[1] in text
     assert "agentq resolve t-stuck KEY --result JSON" in text
     assert "no effect records" in run(threads, "effects", "t-done").stdout
 

@@ -102,8 +102,8 @@ def test_sigkill_mid_graph_resumes_and_refunds_once(cluster: Cluster, point: str
     assert result["messages"][-1]["content"] == "Refunded 10 EUR."
     # an uninterrupted run makes 2 model calls; a crash costs at most the one in flight
     assert cluster.ledger.model_calls("t1") <= 3
-    assert cluster.ledger.tool_calls("t1") == {"call-refund-1": 1}
-    assert cluster.ledger.effects("t1") == {"call-refund-1": "10"}
+    assert cluster.ledger.tool_calls("t1") == cluster.ledger.as_sent("t1", {"call-refund-1": 1})
+    assert cluster.ledger.effects("t1") == cluster.ledger.as_sent("t1", {"call-refund-1": "10"})
     assert [m["type"] for m in result["messages"]] == ["human", "ai", "tool", "ai"]
     assert_one_checkpoint_chain(cluster, "t1")
     assert cluster.task.thread("t1").fence >= 2  # the second worker took the lease over
@@ -131,8 +131,10 @@ def test_sigkill_between_the_refund_and_its_record(
     meta = cluster.task.thread("t1")
     assert meta.status == status, meta.error
     # The payment service applied the refund exactly once, whatever the policy.
-    assert cluster.ledger.effects("t1") == {"call-refund-1": "10"}
-    assert cluster.ledger.tool_calls("t1") == {"call-refund-1": tool_calls}
+    assert cluster.ledger.effects("t1") == cluster.ledger.as_sent("t1", {"call-refund-1": "10"})
+    assert cluster.ledger.tool_calls("t1") == cluster.ledger.as_sent(
+        "t1", {"call-refund-1": tool_calls}
+    )
 
 
 def test_sigkill_while_resuming_an_interrupt(cluster: Cluster) -> None:
@@ -153,7 +155,7 @@ def test_sigkill_while_resuming_an_interrupt(cluster: Cluster) -> None:
     result = cluster.task.wait("t1", timeout=60)
     assert result["messages"][-1]["content"] == "Refunded 10 EUR."
     assert result["approved"] is True
-    assert cluster.ledger.tool_calls("t1") == {"call-refund-1": 1}
+    assert cluster.ledger.tool_calls("t1") == cluster.ledger.as_sent("t1", {"call-refund-1": 1})
     assert_one_checkpoint_chain(cluster, "t1")
 
 
@@ -170,6 +172,8 @@ def test_sigterm_hands_the_graph_over_within_one_step(cluster: Cluster) -> None:
     cluster.worker()
     result = cluster.task.wait("t1", timeout=90)
     assert result["messages"][-1]["content"] == "Refunded 80 EUR."
-    assert cluster.ledger.tool_calls("t1") == {f"call-refund-{i}": 1 for i in range(1, 9)}
+    assert cluster.ledger.tool_calls("t1") == cluster.ledger.as_sent(
+        "t1", {f"call-refund-{i}": 1 for i in range(1, 9)}
+    )
     assert cluster.ledger.model_calls("t1") <= 10  # 9 in a run, plus at most the one cut
     assert_one_checkpoint_chain(cluster, "t1")

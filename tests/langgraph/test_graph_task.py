@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from celery import Celery
 from celery.contrib.testing.worker import start_worker
+from langchain_core.messages import ToolMessage
 from langgraph.checkpoint.memory import InMemorySaver
 
 from agentq import Status
@@ -58,7 +59,8 @@ def env(
     with start_worker(
         app, pool="threads", concurrency=2, perform_ping_check=False, shutdown_timeout=30
     ):
-        yield Env(app, Ledger(redis_server.url, prefix.rstrip(":")))
+        key_namespace = app._agentq_runtime.store.key_namespace
+        yield Env(app, Ledger(redis_server.url, prefix.rstrip(":"), key_namespace))
     app._agentq_runtime.store.close()
 
 
@@ -72,7 +74,9 @@ def test_a_graph_runs_to_done_with_a_checkpoint_per_step(env: Env) -> None:
     assert final_text(result) == "Refunded 20 EUR."
     assert [m["type"] for m in result["messages"]] == ["human", "ai", "tool", "ai", "tool", "ai"]
     assert env.ledger.model_calls("t1") == 3
-    assert env.ledger.tool_calls("t1") == {"call-refund-1": 1, "call-refund-2": 1}
+    assert env.ledger.tool_calls("t1") == env.ledger.as_sent(
+        "t1", {"call-refund-1": 1, "call-refund-2": 1}
+    )
     effect = env.store.effect("t1", "call-refund-2")
     assert effect is not None and effect.state == "done"
     # input, then model/tools/model/tools/model: one LangGraph checkpoint per super-step
@@ -94,7 +98,14 @@ def test_the_same_graph_ends_in_the_same_state_as_with_memory_saver(env: Env) ->
     by_saver = plain.compile(checkpointer=saver).invoke(
         question("refund twice", refunds=2), {"configurable": {"thread_id": "s1"}}
     )
-    assert by_task == by_memory == by_saver
+    assert by_memory == by_saver
+    # Under a task the tool received the key agentq forwards downstream; outside one, the
+    # model's tool-call id.
+    for message in by_task["messages"]:
+        if isinstance(message, ToolMessage):
+            sent = env.store.downstream_key("t1", message.tool_call_id)
+            message.content = message.content.replace(sent, message.tool_call_id)
+    assert by_task == by_memory
     replayed = saver.get_tuple({"configurable": {"thread_id": "s1"}})
     assert (
         replayed is not None
@@ -116,7 +127,7 @@ def test_interrupt_waits_and_resume_sends_the_value(env: Env) -> None:
     env.task.resume("t1", {"approved": True})
     assert final_text(env.task.wait("t1", timeout=30)) == "Refunded 10 EUR."
     assert env.task.state("t1").values["approved"] is True
-    assert env.ledger.tool_calls("t1") == {"call-refund-1": 1}
+    assert env.ledger.tool_calls("t1") == env.ledger.as_sent("t1", {"call-refund-1": 1})
     assert env.ledger.model_calls("t1") == 2  # the interrupt re-ran no model call
 
 
@@ -134,7 +145,7 @@ def test_a_rate_limit_retries_the_step_from_the_checkpoint(env: Env) -> None:
     assert env.task.thread("t1").attempts == 1
     assert final_text(env.task.wait("t1", timeout=30)) == "Refunded 10 EUR."
     assert env.ledger.model_calls("t1") == 3  # one refused, then the two of the run
-    assert env.ledger.tool_calls("t1") == {"call-refund-1": 1}
+    assert env.ledger.tool_calls("t1") == env.ledger.as_sent("t1", {"call-refund-1": 1})
 
 
 def test_sending_a_thread_again_never_runs_it_twice(env: Env) -> None:
@@ -156,7 +167,9 @@ def _claim_as_dead_worker(env: Env, policy: str) -> None:
 
 def test_an_unknown_tool_outcome_is_settled_by_reconcile(env: Env) -> None:
     _claim_as_dead_worker(env, "reconcile")
-    env.ledger.client.hset(env.ledger.key("effects", "t1"), "call-refund-1", 10)
+    env.ledger.client.hset(
+        env.ledger.key("effects", "t1"), env.ledger.sent("t1", "call-refund-1"), 10
+    )
     env.task.enqueue("t1")
     assert final_text(env.task.wait("t1", timeout=30)) == "Refunded 10 EUR."
     assert env.ledger.tool_calls("t1") == {}  # reconciled, not run again

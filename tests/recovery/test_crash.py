@@ -110,8 +110,8 @@ def test_sigkill_mid_node_resumes_on_another_worker(cluster: Cluster, point: str
     assert step_at_kill < 3
     # an uninterrupted run makes 2 model calls; a crash costs at most one more
     assert cluster.ledger.model_calls("t1") <= 3
-    assert cluster.ledger.tool_calls("t1") == {"call-refund-1": 1}
-    assert cluster.ledger.effects("t1") == {"call-refund-1": "10"}
+    assert cluster.ledger.tool_calls("t1") == cluster.ledger.as_sent("t1", {"call-refund-1": 1})
+    assert cluster.ledger.effects("t1") == cluster.ledger.as_sent("t1", {"call-refund-1": "10"})
     assert_history_is_whole(cluster.store, "t1")
 
 
@@ -138,8 +138,10 @@ def test_sigkill_after_the_effect_before_its_record(
     meta = agent.thread("t1")
     assert meta.status == status, meta.error
     # The payment service applied the refund exactly once, whatever the policy.
-    assert cluster.ledger.effects("t1") == {"call-refund-1": "10"}
-    assert cluster.ledger.tool_calls("t1") == {"call-refund-1": tool_calls}
+    assert cluster.ledger.effects("t1") == cluster.ledger.as_sent("t1", {"call-refund-1": "10"})
+    assert cluster.ledger.tool_calls("t1") == cluster.ledger.as_sent(
+        "t1", {"call-refund-1": tool_calls}
+    )
     if status == Status.NEEDS_ATTENTION:
         assert "call-refund-1" in (meta.error or "")
 

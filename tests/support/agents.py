@@ -14,13 +14,16 @@ import json
 import os
 import time
 import uuid
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 import redis
 from celery import Celery
 
 import agentq
 from agentq import DID_NOT_RUN, AgentTask, Done, Interrupt, Run
+from agentq.ids import downstream_key
+
+V = TypeVar("V")
 
 
 class RateLimitError(Exception):
@@ -38,12 +41,24 @@ class RateLimitError(Exception):
 class Ledger:
     """The outside world, as seen by the tests."""
 
-    def __init__(self, url: str, namespace: str) -> None:
+    def __init__(self, url: str, namespace: str, key_namespace: str | None = None) -> None:
         self.client = redis.Redis.from_url(url, decode_responses=True)
         self.ns = namespace
+        # The store's: its prefix, which the ledger's namespace is without its colon,
+        # unless the store says otherwise (a SQLite file).
+        self.key_namespace = f"{namespace}:" if key_namespace is None else key_namespace
 
     def key(self, *parts: str) -> str:
         return ":".join((self.ns, *parts))
+
+    def sent(self, thread_id: str, key: str) -> str:
+        """The ``idempotency_key`` a tool of the thread received for effect ``key``: the
+        tools record what they received, as a downstream service would see it."""
+        return downstream_key(self.key_namespace, thread_id, key)
+
+    def as_sent(self, thread_id: str, by_key: dict[str, V]) -> dict[str, V]:
+        """``by_key`` (effect key -> value) keyed as the tools received the keys."""
+        return {self.sent(thread_id, key): value for key, value in by_key.items()}
 
     def model_calls(self, thread_id: str) -> int:
         return int(self.client.get(self.key("model", thread_id)) or 0)

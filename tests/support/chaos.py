@@ -542,10 +542,16 @@ def _check_effects(
 ) -> None:
     """The outside world: every effect applied once, no tool call made twice unless the
     tool is declared idempotent."""
-    effects = {k: json.loads(v) for k, v in ledger.effects(thread_id).items()}
+    # The tools see the keys as sent downstream; name them by effect key again.
+    named = {}
+    for name in expected:
+        tool, key = name.split(":", 1)
+        named[f"{tool}:{ledger.sent(thread_id, key)}"] = name
+    effects = {named.get(k, k): json.loads(v) for k, v in ledger.effects(thread_id).items()}
     if done and effects != expected:
         tally.problems.append(f"{thread_id}: effects {effects} != {expected}")
-    for name, count in ledger.invocations(thread_id).items():
+    for sent, count in ledger.invocations(thread_id).items():
+        name = named.get(sent, sent)
         if name not in expected:
             tally.problems.append(f"{thread_id}: unexpected tool call {name}")
         elif name.startswith("notify:") and count > 1:  # not idempotent: an email twice

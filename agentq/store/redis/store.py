@@ -293,6 +293,10 @@ class RedisStore(RedisCheckpoints, RedisEffects):
             self._scripts["lease_sweeper"](keys=[self.keys.sweeper()], args=[owner, _millis(ttl)])
         )
 
+    @property
+    def key_namespace(self) -> str:
+        return self.keys.prefix
+
     def check(self) -> list[Finding]:
         return server_findings(self.client)
 

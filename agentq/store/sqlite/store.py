@@ -378,6 +378,10 @@ class SQLiteStore(CheckpointsMixin, EffectsMixin, Store):
 
     # -- operations ----------------------------------------------------------------------
 
+    @property
+    def key_namespace(self) -> str:
+        return os.path.basename(self.path)
+
     def check(self) -> list[Finding]:
         with self._conn.locked() as db:
             return durability_findings(db, self.path)

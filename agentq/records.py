@@ -95,6 +95,9 @@ class ThreadMeta:
     options: dict[str, Any] = field(default_factory=dict)
     """The Celery routing options the thread was first sent with (queue, priority, ...),
     reused for every later send."""
+    origin: str | None = None
+    """The id of the Celery task that first sent the thread, whose result the caller of
+    ``delay()`` holds: the task that ends the thread stores the outcome under it too."""
 
 
 class EffectState(StrEnum):

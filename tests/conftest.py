@@ -66,6 +66,13 @@ def redis_broker(redis_brokers: RedisBrokers) -> Iterator[str]:
 
 
 @pytest.fixture
+def result_backend(redis_brokers: RedisBrokers) -> Iterator[str]:
+    """A database of the broker server for Celery's results, apart from its messages."""
+    with redis_brokers.database() as url:
+        yield url
+
+
+@pytest.fixture
 def rabbitmq_broker() -> Iterator[str]:
     """An AMQP URL on a RabbitMQ vhost created for this test and deleted after it."""
     with rabbitmq_vhost() as url:

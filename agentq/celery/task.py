@@ -10,10 +10,13 @@ from typing import Any, ClassVar, TypeVar
 
 from celery import Task
 from celery.backends.base import DisabledBackend
+from celery.utils import uuid
 
+from agentq.celery import task_outcome
 from agentq.celery.drain import draining
 from agentq.celery.runtime import Runtime, runtime_of
 from agentq.engine.driver import Driver
+from agentq.engine.store_retry import RetriedCalls
 from agentq.errors import (
     InvalidArgument,
     InvalidInput,
@@ -94,9 +97,23 @@ class AgentTask(Task):  # type: ignore[misc]
     # -- the Celery side ---------------------------------------------------------------------
 
     def run(self, thread_id: str) -> Any:
+        """Drive the thread, then end in the Celery state that says what became of it
+        (see :mod:`agentq.celery.task_outcome`)."""
         validate_thread_id(thread_id)
         runtime = self.agentq
-        return Driver(self, thread_id, runtime.store, runtime.settings, draining.is_set).drive()
+        driver = Driver(self, thread_id, runtime.store, runtime.settings, draining.is_set)
+        calls = RetriedCalls(runtime.store, thread_id, runtime.settings.lease_ttl)
+        try:
+            driver.drive()
+        except Exception as exc:
+            if not runtime.store.is_transient(exc):
+                task_outcome.failed(
+                    self, calls("reading the thread", runtime.store.meta, thread_id), exc
+                )
+            raise
+        meta = calls("reading the thread", runtime.store.meta, thread_id)
+        assert meta is not None  # the driver opened it
+        return task_outcome.finish(self, meta, driver.retrying)
 
     def apply_async(self, args: Any = None, kwargs: Any = None, **options: Any) -> Any:
         """Start thread ``args[0]`` with ``kwargs`` as the entry node's input (kept in the
@@ -111,6 +128,9 @@ class AgentTask(Task):  # type: ignore[misc]
             )
         thread_id = validate_thread_id(args[0])
         self._check_input(thread_id, kwargs or {})
+        # Chosen here so that the thread remembers it: the result stored under it is the
+        # thread's, whichever task finishes the thread.
+        task_id = options.setdefault("task_id", uuid())
         delay = float(options.get("countdown") or 0)
         self._store_call(
             "starting the thread",
@@ -121,6 +141,7 @@ class AgentTask(Task):  # type: ignore[misc]
             input=dict(kwargs) if kwargs else None,
             start_grace=delay + self.agentq.settings.start_grace,
             options=_routing(options),
+            origin=task_id,
         )
         return super().apply_async((thread_id,), None, **options)
 
@@ -245,12 +266,15 @@ class AgentTask(Task):  # type: ignore[misc]
 
     def cancel(self, thread_id: str) -> Status:
         """Cancel the thread: at once if idle, at the next step boundary if running."""
-        return self._store_call(
+        status = self._store_call(
             "cancelling the thread",
             thread_id,
             self.agentq.store.request_cancel,
             validate_thread_id(thread_id),
         )
+        if status == Status.CANCELLED:  # no task runs to say so: the first one is revoked
+            task_outcome.cancelled(self, self.thread(thread_id))
+        return status
 
     def wait(self, thread_id: str, timeout: float | None = None, interval: float = 0.1) -> Any:
         """Block until the thread is done and return its result, whichever workers ran it.

@@ -78,6 +78,8 @@ class Driver:
         self.should_stop = should_stop
         self.owner = owner_id()
         self._calls = RetriedCalls(store, thread_id, settings.lease_ttl)
+        self.retrying: tuple[Exception, float] | None = None
+        """The error and the delay of the retry this drive scheduled, if it did."""
 
     def drive(self) -> Any:
         thread_id, store = self.thread_id, self.store
@@ -371,6 +373,7 @@ class Driver:
                 attempts=attempt,
                 error=error_text(exc),
             )
+            self.retrying = (exc, delay)
             logger.warning(
                 "thread %s: step %d attempt %d failed (%s); retrying in %.1f s",
                 thread_id,

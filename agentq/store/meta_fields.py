@@ -26,6 +26,7 @@ META_FIELDS: Final = (
     "resume",
     "cancel",
     "options",
+    "origin",
 )
 """The fields of a thread's meta, as both backends store them. ``first`` is the oldest step
 still stored; ``input``, ``result``, ``interrupt`` and ``resume`` hold msgpack bytes."""
@@ -69,4 +70,5 @@ def meta_from_fields(thread_id: str, fields: Mapping[str, Any]) -> ThreadMeta:
         resumed=fields.get("resume") not in (None, b""),
         cancel_requested=text("cancel") == "1",
         options=blob("options") or {},
+        origin=text("origin"),
     )

@@ -19,7 +19,6 @@ from agentq.records import Checkpoint
 from agentq.store.contract import Store
 from agentq.store.redis.store import RedisStore
 from tests.support.agents import Ledger, make_app
-from tests.support.brokers import RedisBrokers
 from tests.support.redis_server import RedisServer, wait_until
 
 
@@ -458,13 +457,6 @@ def test_an_oversized_artifact_is_refused_clearly(
             agent.wait("t1", timeout=10)
     assert "ArtifactTooLarge" in (info.value.error or "")
     assert "max_artifact_bytes" in (info.value.error or "")
-
-
-@pytest.fixture
-def result_backend(redis_brokers: RedisBrokers) -> Iterator[str]:
-    """A database of the broker server for Celery's results, apart from its messages."""
-    with redis_brokers.database() as url:
-        yield url
 
 
 # Celery's Redis result backend still calls redis-py's deprecated setex.

@@ -67,6 +67,13 @@ def test_open_thread_keeps_its_first_send_options(store: Store) -> None:
     assert store.open_thread("t2", task="agent")[0].options == {}
 
 
+def test_open_thread_keeps_the_task_that_first_sent_it(store: Store) -> None:
+    assert store.open_thread("t1", task="agent", origin="task-1")[0].origin == "task-1"
+    store.open_thread("t1", task="agent", origin="task-2")
+    assert store.meta("t1").origin == "task-1"  # type: ignore[union-attr]
+    assert store.open_thread("t2", task="agent")[0].origin is None
+
+
 def test_meta_of_unknown_thread_is_none(store: Store) -> None:
     assert store.meta("nobody") is None
     assert store.latest("nobody") is None

@@ -263,16 +263,18 @@ def test_a_version_2_database_is_upgraded_in_place(tmp_path: Path) -> None:
     with sqlite3.connect(path) as db:  # what agentq wrote before retry times were kept
         db.execute("ALTER TABLE threads DROP COLUMN retry_at")
         db.execute("ALTER TABLE threads DROP COLUMN options")
+        db.execute("ALTER TABLE threads DROP COLUMN origin")
         db.execute("PRAGMA user_version = 2")
     with SQLiteStore(path) as store:
         assert store.latest("t1") == Checkpoint(step=0, node="n", token=token)
         store.set_status("t1", token, Status.RETRYING, due_in=30, release_owner="w1")
         with pytest.raises(RetryNotDue):
             store.acquire("t1", "w2", 60)
-        store.open_thread("t2", task="agent", options={"queue": "gpu"})
-        assert store.meta("t2").options == {"queue": "gpu"}  # type: ignore[union-attr]
+        store.open_thread("t2", task="agent", options={"queue": "gpu"}, origin="task-1")
+        meta = store.meta("t2")
+        assert meta is not None and (meta.options, meta.origin) == ({"queue": "gpu"}, "task-1")
     with sqlite3.connect(path) as db:
-        assert db.execute("PRAGMA user_version").fetchone() == (3,)
+        assert db.execute("PRAGMA user_version").fetchone() == (4,)
 
 
 def test_newer_schema_is_refused(tmp_path: Path) -> None:

@@ -23,17 +23,24 @@ class ThreadsContract(ABC):
         input: Any = None,
         start_grace: float = 30.0,
         options: Mapping[str, Any] | None = None,
+        origin: str | None = None,
     ) -> tuple[ThreadMeta, bool]:
         """Create the thread as ``queued`` unless it exists; return its meta and whether it
         was created. A new thread is due ``start_grace`` seconds from now, so a lost
-        message is re-sent by recovery, and keeps ``options`` (how to send it) in its meta.
-        An existing thread is returned unchanged.
+        message is re-sent by recovery, and keeps ``options`` (how to send it) and
+        ``origin`` (the id of the task sending it) in its meta. An existing thread is
+        returned unchanged.
 
         Atomic.
         """
         validate_thread_id(thread_id)
         return self._do_open_thread(
-            thread_id, task=task, input=input, start_grace=start_grace, options=options
+            thread_id,
+            task=task,
+            input=input,
+            start_grace=start_grace,
+            options=options,
+            origin=origin,
         )
 
     @abstractmethod
@@ -45,6 +52,7 @@ class ThreadsContract(ABC):
         input: Any,
         start_grace: float,
         options: Mapping[str, Any] | None,
+        origin: str | None,
     ) -> tuple[ThreadMeta, bool]: ...
 
     def meta(self, thread_id: str) -> ThreadMeta | None:

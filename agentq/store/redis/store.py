@@ -55,6 +55,7 @@ class RedisStore(RedisCheckpoints, RedisEffects):
         input: Any,
         start_grace: float,
         options: Mapping[str, Any] | None,
+        origin: str | None,
     ) -> tuple[ThreadMeta, bool]:
         blobs = [
             b"" if value is None else encode_value(value, what=name, thread_id=thread_id, step=None)
@@ -63,7 +64,7 @@ class RedisStore(RedisCheckpoints, RedisEffects):
         created, flat, _ = self._run(
             "open_thread",
             [self.keys.meta(thread_id)],
-            [thread_id, task, blobs[0], start_grace, blobs[1]],
+            [thread_id, task, blobs[0], start_grace, blobs[1], origin or ""],
             indexed=True,
         )
         return self._meta(thread_id, hash_to_fields(flat)), bool(created)

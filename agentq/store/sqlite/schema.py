@@ -14,7 +14,7 @@ from typing import Final
 from agentq.errors import StoreConfigError
 from agentq.store.meta_fields import META_FIELDS
 
-SCHEMA_VERSION: Final = 3
+SCHEMA_VERSION: Final = 4
 
 _META_TYPES: Final = {
     "status": "TEXT NOT NULL",
@@ -34,6 +34,7 @@ _META_TYPES: Final = {
     "resume": "BLOB",
     "cancel": "INTEGER NOT NULL DEFAULT 0",
     "options": "BLOB",
+    "origin": "TEXT",
 }
 # Indexing by META_FIELDS makes a field added to the contract fail here, at import.
 META_COLUMNS: Final = ", ".join(f'"{name}"' for name in META_FIELDS)
@@ -75,4 +76,6 @@ def migrate(db: sqlite3.Connection, path: str) -> None:
     if version in (1, 2):  # version 3: when a retrying thread may run, and how
         db.execute("ALTER TABLE threads ADD COLUMN retry_at REAL")  # to send it
         db.execute("ALTER TABLE threads ADD COLUMN options BLOB")
+    if version in (1, 2, 3):  # version 4: the task that first sent the thread
+        db.execute("ALTER TABLE threads ADD COLUMN origin TEXT")
     db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")

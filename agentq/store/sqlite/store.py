@@ -107,6 +107,7 @@ class SQLiteStore(CheckpointsMixin, EffectsMixin, Store):
         input: Any,
         start_grace: float,
         options: Mapping[str, Any] | None,
+        origin: str | None,
     ) -> tuple[ThreadMeta, bool]:
         data = encode(input, "input", thread_id, None)
         sending = encode(options or None, "options", thread_id, None)
@@ -114,9 +115,19 @@ class SQLiteStore(CheckpointsMixin, EffectsMixin, Store):
             now = time.time()
             created = db.execute(
                 "INSERT INTO threads (thread_id, status, step, task, created_at, updated_at, "
-                "input, due_at, options) VALUES (?, ?, -1, ?, ?, ?, ?, ?, ?) "
+                "input, due_at, options, origin) VALUES (?, ?, -1, ?, ?, ?, ?, ?, ?, ?) "
                 "ON CONFLICT DO NOTHING",
-                (thread_id, Status.QUEUED.value, task, now, now, data, now + start_grace, sending),
+                (
+                    thread_id,
+                    Status.QUEUED.value,
+                    task,
+                    now,
+                    now,
+                    data,
+                    now + start_grace,
+                    sending,
+                    origin,
+                ),
             ).rowcount
             meta = read_meta(db, thread_id)
         assert meta is not None

@@ -2,7 +2,8 @@
 -- Creates a thread as 'queued' unless it exists.
 -- KEYS[1]: meta, [due index].
 -- ARGV[1]: status prefix or '', [2] thread id, [3] task name, [4] input (msgpack, '' for
--- none), [5] start grace in seconds, [6] send options (msgpack, '' for none).
+-- none), [5] start grace in seconds, [6] send options (msgpack, '' for none), [7] the id of
+-- the task sending it ('' for none).
 -- Returns {created 0|1, meta as a flat HGETALL list, index ops}.
 local meta = KEYS[1]
 if redis.call('EXISTS', meta) == 1 then
@@ -16,6 +17,9 @@ if ARGV[4] ~= '' then
 end
 if ARGV[6] ~= '' then
   redis.call('HSET', meta, 'options', ARGV[6])
+end
+if ARGV[7] ~= '' then
+  redis.call('HSET', meta, 'origin', ARGV[7])
 end
 local ops = index(ARGV[2], '', STATUS.QUEUED, now + tonumber(ARGV[5]), now)
 return {1, redis.call('HGETALL', meta), ops}

@@ -1,0 +1,114 @@
+"""How a task run ends in Celery's terms: its state, its events, and the result the caller
+of ``delay()`` waits for, all saying what became of the thread.
+
+A task that leaves its thread unfinished does not succeed with ``None``: it ends
+``WAITING`` (for a human), ``RETRY`` (Celery's own, so ``on_retry`` and ``task-retried``
+fire; the thread is due again later), ``HANDED_OVER`` (another task carries the thread
+on) or ``NEEDS_ATTENTION``. The states with a thread id in their meta are not ready, so
+``AsyncResult.get()`` keeps waiting; the task that ends the thread stores its result (or
+error, or revocation) under the thread's first task id too, where ``get()`` finds it.
+"""
+
+from __future__ import annotations
+
+import datetime
+from typing import TYPE_CHECKING, Any, Final
+
+from celery.backends.base import DisabledBackend
+from celery.exceptions import Ignore, Retry
+
+from agentq.errors import ThreadStopped
+from agentq.records import Status, ThreadMeta
+
+if TYPE_CHECKING:
+    from agentq.celery.task import AgentTask
+
+WAITING: Final = "WAITING"
+"""The thread waits for a human (``run.interrupt``); meta holds the interrupt payload."""
+HANDED_OVER: Final = "HANDED_OVER"
+"""Another task carries the thread on: this worker stopped (a warm shutdown) or gave it
+back, or another worker already drives it."""
+NEEDS_ATTENTION: Final = "NEEDS_ATTENTION"
+"""The thread stopped for a person (a tool call whose outcome nobody knows, a lost
+checkpoint); meta holds the error. ``agentq effects`` and ``agentq resolve`` settle it."""
+
+_EVENTS: Final = {
+    Status.WAITING: ("task-waiting", WAITING),
+    Status.QUEUED: ("task-handed-over", HANDED_OVER),
+    Status.RUNNING: ("task-handed-over", HANDED_OVER),
+    Status.NEEDS_ATTENTION: ("task-needs-attention", NEEDS_ATTENTION),
+}
+
+
+def finish(task: AgentTask, meta: ThreadMeta, retrying: tuple[Exception, float] | None) -> Any:
+    """The task's return value if the thread is done; else raise what ends the task in
+    the state that says why (``Retry``, or ``Ignore`` after storing a custom state)."""
+    status = meta.status
+    fields = {"thread_id": meta.thread_id, "step": meta.step, "status": status.value}
+    if status == Status.DONE:
+        _for_origin(task, meta, lambda backend, id: backend.mark_as_done(id, meta.result))
+        return meta.result
+    if status == Status.RETRYING and retrying is not None:
+        exc, delay = retrying
+        due = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=delay)
+        _event(task, "task-retrying", **fields, due_at=due.timestamp(), error=meta.error)
+        message = (
+            f"thread {meta.thread_id!r} retries step {meta.step + 1} at {due.isoformat()} "
+            f"after {type(exc).__name__}: {exc}"
+        )
+        raise Retry(message, exc=exc, when=due) from exc
+    if status == Status.CANCELLED:
+        _event(task, "task-revoked", terminated=False, signum=None, expired=False, **fields)
+        reason = f"thread {meta.thread_id} was cancelled"
+        _store(task, lambda backend, id: backend.mark_as_revoked(id, reason))
+        cancelled(task, meta)
+        raise Ignore()
+    if status == Status.FAILED:  # a later message for a thread that failed before
+        raise ThreadStopped(
+            "thread is failed" + (f": {meta.error.splitlines()[0]}" if meta.error else ""),
+            thread_id=meta.thread_id,
+            status=status.value,
+            error=meta.error,
+        )
+    event, state = _EVENTS.get(status, ("task-handed-over", HANDED_OVER))
+    if status == Status.WAITING:
+        fields["interrupt"] = meta.interrupt
+    elif status == Status.NEEDS_ATTENTION:
+        fields["error"] = meta.error
+    _event(task, event, **fields)
+    _store(task, lambda backend, id: backend.store_result(id, fields, state, request=task.request))
+    raise Ignore()
+
+
+def failed(task: AgentTask, meta: ThreadMeta | None, exc: BaseException) -> None:
+    """Store the error of a task that failed its thread under the thread's first task id."""
+    if meta is not None and meta.status == Status.FAILED:
+        _for_origin(task, meta, lambda backend, id: backend.mark_as_failure(id, exc))
+
+
+def cancelled(task: AgentTask, meta: ThreadMeta) -> None:
+    """Revoke the thread's first task, for a thread cancelled while no task ran it."""
+    reason = f"thread {meta.thread_id} was cancelled"
+    _for_origin(task, meta, lambda backend, id: backend.mark_as_revoked(id, reason))
+
+
+def _storing(task: AgentTask) -> bool:
+    return not task.ignore_result and not isinstance(task.backend, DisabledBackend)
+
+
+def _store(task: AgentTask, write: Any) -> None:
+    if _storing(task) and task.request.id:
+        write(task.backend, task.request.id)
+
+
+def _for_origin(task: AgentTask, meta: ThreadMeta, write: Any) -> None:
+    if _storing(task) and meta.origin and meta.origin != task.request.id:
+        write(task.backend, meta.origin)
+
+
+def _event(task: AgentTask, type_: str, **fields: Any) -> None:
+    if task.app.conf.worker_send_task_events and task.request.hostname:
+        task.send_event(type_, **fields)
+
+
+__all__ = ["HANDED_OVER", "NEEDS_ATTENTION", "WAITING", "cancelled", "failed", "finish"]

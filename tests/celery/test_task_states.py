@@ -1,0 +1,166 @@
+"""Celery's view of a thread, on an in-process worker with a real result backend and a
+real event receiver: a task that leaves its thread unfinished says why, and the result of
+the first ``delay()`` ends with the thread's, whichever task finished it."""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import threading
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from celery import Celery
+from celery.contrib.testing.worker import start_worker
+from celery.result import AsyncResult
+
+import agentq
+from agentq import Done, FunctionAgent, Run
+from agentq.celery.drain import draining
+from agentq.celery.task_outcome import HANDED_OVER, NEEDS_ATTENTION, WAITING
+from agentq.errors import NeedsAttention
+from tests.support.agents import RateLimitError
+from tests.support.redis_server import RedisServer, wait_until
+
+pytestmark = pytest.mark.filterwarnings("ignore:Call to deprecated setex:DeprecationWarning")
+
+EVENTS = ("task-waiting", "task-retrying", "task-handed-over", "task-needs-attention")
+
+
+@dataclass
+class Env:
+    app: Celery
+    agent: FunctionAgent
+    retried: list[tuple[str, BaseException]]
+    events: list[dict[str, Any]] = field(default_factory=list)
+
+
+def define(app: Celery, retried: list[tuple[str, BaseException]]) -> FunctionAgent:
+    def on_retry(self: Any, exc: BaseException, task_id: str, *args: Any) -> None:
+        retried.append((task_id, exc))
+
+    agent = agentq.agent(app, "tests.states", retry_on=(RateLimitError,), on_retry=on_retry)
+    first_attempts: set[str] = set()
+
+    @agent.node
+    def start(run: Run, mode: str) -> Any:
+        if mode == "wait":
+            return Done({"approved": run.interrupt({"question": "refund 10?"})})
+        if mode == "retry" and run.thread_id not in first_attempts:
+            first_attempts.add(run.thread_id)
+            raise RateLimitError(retry_after="0.2")
+        if mode == "attention":
+            raise NeedsAttention(
+                "a person must look", thread_id=run.thread_id, step=0, key="k", tool="t"
+            )
+        if mode == "fail":
+            raise ValueError("the model said no")
+        return Done(mode)
+
+    return agent
+
+
+@pytest.fixture
+def env(redis_broker: str, result_backend: str, redis_server: RedisServer) -> Iterator[Env]:
+    prefix = f"st{uuid.uuid4().hex[:8]}:"
+    app = Celery("agentq-states", broker=redis_broker, backend=result_backend, set_as_current=False)
+    app.conf.update(
+        task_default_queue=f"agentq-test-{prefix}",
+        worker_hijack_root_logger=False,
+        broker_connection_retry_on_startup=True,
+        worker_send_task_events=True,
+    )
+    agentq.init_app(
+        app, store=redis_server.url, prefix=prefix, lease_ttl=5, start_grace=5, sweep_interval=0.1
+    )
+    retried: list[tuple[str, BaseException]] = []
+    env = Env(app, define(app, retried), retried)
+    listening = threading.Event()
+    receivers: list[Any] = []
+
+    def listen() -> None:
+        handlers = {name: env.events.append for name in (*EVENTS, "task-revoked")}
+        with app.connection_for_read() as connection:
+            receiver = app.events.Receiver(connection, handlers=handlers)
+            receivers.append(receiver)
+            receiver.on_consume_ready = lambda *args, **kwargs: listening.set()
+            with contextlib.suppress(TimeoutError, OSError):
+                for _ in receiver.itercapture(limit=None, timeout=120, wakeup=False):
+                    pass
+
+    listener = threading.Thread(target=listen, daemon=True)
+    listener.start()
+    assert listening.wait(10)
+    with start_worker(
+        app, pool="threads", concurrency=2, perform_ping_check=False, shutdown_timeout=30
+    ):
+        yield env
+    # Results unsubscribe from the backend when collected: now, while it still runs.
+    gc.collect()
+    receivers[0].should_stop = True  # seen within a second, at the next poll
+    listener.join(10)
+    app._agentq_runtime.store.close()
+    app.close()
+
+
+def event_of(env: Env, type_: str, thread_id: str) -> dict[str, Any]:
+    wait_until(
+        lambda: any(e["type"] == type_ and e.get("thread_id") == thread_id for e in env.events),
+        timeout=20,
+        what=f"{type_} for {thread_id}",
+    )
+    return next(e for e in env.events if e["type"] == type_ and e.get("thread_id") == thread_id)
+
+
+def test_a_thread_waiting_for_a_human_is_waiting_and_get_ends_with_its_result(env: Env) -> None:
+    first = env.agent.delay("t1", mode="wait")
+    wait_until(lambda: first.state == WAITING, timeout=20, what="WAITING")
+    assert first.info["thread_id"] == "t1"
+    assert first.info["interrupt"] == {"question": "refund 10?"}
+    assert not first.ready()
+    assert event_of(env, "task-waiting", "t1")["interrupt"] == {"question": "refund 10?"}
+    resumed = env.agent.resume("t1", True)
+    assert resumed.get(timeout=20) == {"approved": True}
+    assert first.get(timeout=20) == {"approved": True}
+    assert AsyncResult(first.id, app=env.app).state == "SUCCESS"
+
+
+def test_a_retry_after_is_celerys_retry_and_on_retry_fires(env: Env) -> None:
+    first = env.agent.delay("t2", mode="retry")
+    assert first.get(timeout=20) == "retry"
+    [(task_id, exc)] = env.retried
+    assert task_id == first.id and isinstance(exc, RateLimitError)
+    event = event_of(env, "task-retrying", "t2")
+    assert event["due_at"] > 0 and "RateLimitError" in event["error"]
+
+
+def test_a_handed_over_thread_is_handed_over_until_another_task_ends_it(env: Env) -> None:
+    draining.set()  # as on a warm shutdown: the worker hands every thread on
+    try:
+        first = env.agent.delay("t3", mode="fast")
+        wait_until(lambda: first.state == HANDED_OVER, timeout=20, what="HANDED_OVER")
+        assert first.info["thread_id"] == "t3"
+        event_of(env, "task-handed-over", "t3")
+    finally:
+        draining.clear()
+    assert first.get(timeout=20) == "fast"
+
+
+def test_needs_attention_and_a_failed_thread_say_so(env: Env) -> None:
+    stuck = env.agent.delay("t4", mode="attention")
+    wait_until(lambda: stuck.state == NEEDS_ATTENTION, timeout=20, what="NEEDS_ATTENTION")
+    assert "a person must look" in stuck.info["error"]
+    event_of(env, "task-needs-attention", "t4")
+    failing = env.agent.delay("t5", mode="fail")
+    with pytest.raises(ValueError, match="the model said no"):
+        failing.get(timeout=20)
+
+
+def test_a_cancelled_thread_revokes_the_first_task(env: Env) -> None:
+    first = env.agent.delay("t6", mode="wait")
+    wait_until(lambda: first.state == WAITING, timeout=20, what="WAITING")
+    env.agent.cancel("t6")
+    wait_until(lambda: first.state == "REVOKED", timeout=20, what="REVOKED")

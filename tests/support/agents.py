@@ -421,12 +421,13 @@ def chaos_tools(ledger: ChaosLedger, thread_id: str, latency: float) -> tuple[An
     def refund(amount: int, *, idempotency_key: str) -> dict[str, Any]:
         ledger.apply(thread_id, "refund", idempotency_key, amount)
         _latency(latency)
-        return {"refund_id": f"re_{idempotency_key}", "amount": amount}
+        # Nothing of the key: it is the thread's, and results must match the reference's.
+        return {"refunded": amount}
 
     def sent(key: str, to: str) -> Any:
         if ledger.applied(thread_id, "notify", key) is None:
             return DID_NOT_RUN
-        return {"message_id": f"msg_{key}", "to": to}
+        return {"sent_to": to}
 
     @agentq.tool(reconcile=sent)
     def notify(to: str, *, idempotency_key: str) -> dict[str, Any]:
@@ -434,7 +435,7 @@ def chaos_tools(ledger: ChaosLedger, thread_id: str, latency: float) -> tuple[An
             ledger.pause_point(thread_id, "notify")
         ledger.apply(thread_id, "notify", idempotency_key, to)
         _latency(latency)
-        return {"message_id": f"msg_{idempotency_key}", "to": to}
+        return {"sent_to": to}
 
     return refund, notify
 

@@ -40,7 +40,8 @@ def test_support_agent_example_runs_end_to_end_on_the_fake_model(
         module.support_agent.delay(thread_id, question="Where is my refund for order 42?")
         answer = module.support_agent.wait(thread_id, timeout=30)
     assert answer == "I refunded 30 EUR for order 42."
-    assert list(module.REFUNDS) == ["call-1"]
+    store = app._agentq_runtime.store
+    assert list(module.REFUNDS) == [store.downstream_key(thread_id, "call-1")]
     messages = app._agentq_runtime.store.latest(thread_id).state["messages"]
     assert [m["role"] for m in messages] == ["system", "user", "assistant", "tool", "assistant"]
 

@@ -12,16 +12,14 @@ error, or revocation) under the thread's first task id too, where ``get()`` find
 from __future__ import annotations
 
 import datetime
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
+from celery import Task
 from celery.backends.base import DisabledBackend
 from celery.exceptions import Ignore, Retry
 
 from agentq.errors import ThreadStopped
 from agentq.records import Status, ThreadMeta
-
-if TYPE_CHECKING:
-    from agentq.celery.task import AgentTask
 
 WAITING: Final = "WAITING"
 """The thread waits for a human (``run.interrupt``); meta holds the interrupt payload."""
@@ -40,7 +38,7 @@ _EVENTS: Final = {
 }
 
 
-def finish(task: AgentTask, meta: ThreadMeta, retrying: tuple[Exception, float] | None) -> Any:
+def finish(task: Task, meta: ThreadMeta, retrying: tuple[Exception, float] | None) -> Any:
     """The task's return value if the thread is done; else raise what ends the task in
     the state that says why (``Retry``, or ``Ignore`` after storing a custom state)."""
     status = meta.status
@@ -80,33 +78,33 @@ def finish(task: AgentTask, meta: ThreadMeta, retrying: tuple[Exception, float] 
     raise Ignore()
 
 
-def failed(task: AgentTask, meta: ThreadMeta | None, exc: BaseException) -> None:
+def failed(task: Task, meta: ThreadMeta | None, exc: BaseException) -> None:
     """Store the error of a task that failed its thread under the thread's first task id."""
     if meta is not None and meta.status == Status.FAILED:
         _for_origin(task, meta, lambda backend, id: backend.mark_as_failure(id, exc))
 
 
-def cancelled(task: AgentTask, meta: ThreadMeta) -> None:
+def cancelled(task: Task, meta: ThreadMeta) -> None:
     """Revoke the thread's first task, for a thread cancelled while no task ran it."""
     reason = f"thread {meta.thread_id} was cancelled"
     _for_origin(task, meta, lambda backend, id: backend.mark_as_revoked(id, reason))
 
 
-def _storing(task: AgentTask) -> bool:
+def _storing(task: Task) -> bool:
     return not task.ignore_result and not isinstance(task.backend, DisabledBackend)
 
 
-def _store(task: AgentTask, write: Any) -> None:
+def _store(task: Task, write: Any) -> None:
     if _storing(task) and task.request.id:
         write(task.backend, task.request.id)
 
 
-def _for_origin(task: AgentTask, meta: ThreadMeta, write: Any) -> None:
+def _for_origin(task: Task, meta: ThreadMeta, write: Any) -> None:
     if _storing(task) and meta.origin and meta.origin != task.request.id:
         write(task.backend, meta.origin)
 
 
-def _event(task: AgentTask, type_: str, **fields: Any) -> None:
+def _event(task: Task, type_: str, **fields: Any) -> None:
     if task.app.conf.worker_send_task_events and task.request.hostname:
         task.send_event(type_, **fields)
 

@@ -6,10 +6,11 @@ import inspect
 import logging
 import time
 from collections.abc import Callable
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, Final, TypeVar
 
 from celery import Task
 from celery.backends.base import DisabledBackend
+from celery.exceptions import Ignore
 from celery.utils import uuid
 
 from agentq.celery import task_outcome
@@ -36,6 +37,16 @@ T = TypeVar("T")
 ROUTING_OPTIONS = ("queue", "exchange", "routing_key", "priority")
 """The ``apply_async`` options a thread keeps for every later send: where its messages
 go. One-shot options (``countdown``, ``eta``, ``task_id``, ...) apply to one message."""
+
+
+STORED_HEADER: Final = "agentq_stored"
+"""The message header saying that its sender saw the thread in the store: a worker that
+finds no such thread knows it was deleted since (a late or duplicated message) and drops
+the message rather than start the thread again from nothing and repeat its tools."""
+
+
+def _stored(options: dict[str, Any]) -> dict[str, Any]:
+    return {**options, "headers": {**(options.get("headers") or {}), STORED_HEADER: True}}
 
 
 def _routing(options: dict[str, Any]) -> dict[str, Any]:
@@ -101,7 +112,10 @@ class AgentTask(Task):  # type: ignore[misc]
         (see :mod:`agentq.celery.task_outcome`)."""
         validate_thread_id(thread_id)
         runtime = self.agentq
-        driver = Driver(self, thread_id, runtime.store, runtime.settings, draining.is_set)
+        stored = bool(getattr(self.request, STORED_HEADER, False))
+        driver = Driver(
+            self, thread_id, runtime.store, runtime.settings, draining.is_set, may_open=not stored
+        )
         calls = RetriedCalls(runtime.store, thread_id, runtime.settings.lease_ttl)
         try:
             driver.drive()
@@ -112,7 +126,8 @@ class AgentTask(Task):  # type: ignore[misc]
                 )
             raise
         meta = calls("reading the thread", runtime.store.meta, thread_id)
-        assert meta is not None  # the driver opened it
+        if meta is None:  # deleted: the driver dropped the message
+            raise Ignore()
         return task_outcome.finish(self, meta, driver.retrying)
 
     def apply_async(self, args: Any = None, kwargs: Any = None, **options: Any) -> Any:
@@ -143,7 +158,7 @@ class AgentTask(Task):  # type: ignore[misc]
             options=_routing(options),
             origin=task_id,
         )
-        return super().apply_async((thread_id,), None, **options)
+        return super().apply_async((thread_id,), None, **_stored(options))
 
     def _check_input(self, thread_id: str, input: dict[str, Any]) -> None:
         """Bind ``input`` to the entry node's signature here, in the caller, as Celery's
@@ -180,7 +195,7 @@ class AgentTask(Task):  # type: ignore[misc]
 
     def resend(self, meta: ThreadMeta, **options: Any) -> Any:
         """:meth:`enqueue` for a caller that holds the thread's meta already."""
-        return super().apply_async((meta.thread_id,), None, **{**meta.options, **options})
+        return super().apply_async((meta.thread_id,), None, **_stored({**meta.options, **options}))
 
     # -- hooks -------------------------------------------------------------------------------
 
@@ -311,4 +326,4 @@ def resend_thread(app: Any, meta: ThreadMeta) -> Any:
     task = app.tasks.get(meta.task)
     if isinstance(task, AgentTask):
         return task.resend(meta)
-    return app.send_task(meta.task, args=(meta.thread_id,), **meta.options)
+    return app.send_task(meta.task, args=(meta.thread_id,), **_stored(meta.options))

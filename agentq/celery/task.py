@@ -11,6 +11,7 @@ from typing import Any, ClassVar, Final, TypeVar
 from celery import Task
 from celery.backends.base import DisabledBackend
 from celery.exceptions import Ignore
+from celery.result import AsyncResult
 from celery.utils import uuid
 
 from agentq.celery import task_outcome
@@ -130,7 +131,17 @@ class AgentTask(Task):  # type: ignore[misc]
             raise Ignore()
         return task_outcome.finish(self, meta, driver.retrying)
 
-    def apply_async(self, args: Any = None, kwargs: Any = None, **options: Any) -> Any:
+    def delay(self, thread_id: str, /, **input: Any) -> AsyncResult:
+        """Start (or re-send) thread ``thread_id``, ``input`` being the entry node's
+        keyword arguments: ``apply_async((thread_id,), input)``."""
+        return self.apply_async((thread_id,), input)
+
+    def apply_async(
+        self,
+        args: tuple[str] | list[str] | None = None,
+        kwargs: dict[str, Any] | None = None,
+        **options: Any,
+    ) -> AsyncResult:
         """Start thread ``args[0]`` with ``kwargs`` as the entry node's input (kept in the
         store, not the message) and send it with the usual Celery ``options``. Its routing
         options (``queue``, ``exchange``, ``routing_key``, ``priority``) are kept too, so
@@ -183,7 +194,7 @@ class AgentTask(Task):  # type: ignore[misc]
                 thread_id=thread_id,
             ) from exc
 
-    def enqueue(self, thread_id: str, **options: Any) -> Any:
+    def enqueue(self, thread_id: str, **options: Any) -> AsyncResult:
         """Send a message for a thread the store already holds, routed as it was first
         sent unless ``options`` say otherwise."""
         meta = self._store_call(
@@ -193,7 +204,7 @@ class AgentTask(Task):  # type: ignore[misc]
             return super().apply_async((thread_id,), None, **options)
         return self.resend(meta, **options)
 
-    def resend(self, meta: ThreadMeta, **options: Any) -> Any:
+    def resend(self, meta: ThreadMeta, **options: Any) -> AsyncResult:
         """:meth:`enqueue` for a caller that holds the thread's meta already."""
         return super().apply_async((meta.thread_id,), None, **_stored({**meta.options, **options}))
 
@@ -225,7 +236,7 @@ class AgentTask(Task):  # type: ignore[misc]
             raise ThreadNotFound("no such thread; start it with .delay()", thread_id=thread_id)
         return meta
 
-    def resume(self, thread_id: str, value: Any = None, **options: Any) -> Any:
+    def resume(self, thread_id: str, value: Any = None, **options: Any) -> AsyncResult:
         """Continue a ``waiting`` thread: ``value`` becomes ``run.resume_value`` (and what
         ``run.interrupt()`` returns)."""
         meta = self._store_call(
@@ -239,7 +250,7 @@ class AgentTask(Task):  # type: ignore[misc]
         )
         return self.resend(meta, **options)
 
-    def retry_thread(self, thread_id: str, **options: Any) -> Any:
+    def retry_thread(self, thread_id: str, **options: Any) -> AsyncResult:
         """Run a ``failed`` or ``needs_attention`` thread again from its latest checkpoint
         (after fixing what stopped it; a call whose outcome is unknown is settled with
         :meth:`resolve_effect` instead). Named so because ``Task.retry`` is Celery's."""
@@ -261,7 +272,7 @@ class AgentTask(Task):  # type: ignore[misc]
         result: Any = UNSET,
         did_not_run: bool = False,
         **options: Any,
-    ) -> Any:
+    ) -> AsyncResult:
         """Settle tool call ``key`` of a ``needs_attention`` (or ``failed``) thread once you
         checked what it did, and run the thread on from its latest checkpoint: with
         ``result`` the node gets it back as the tool's result without calling the tool;

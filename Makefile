@@ -4,16 +4,20 @@ PY := $(VENV)/bin/python
 
 .PHONY: demo test lint bench bench-quick install install-base services
 
+# compat: the checkout goes on sys.path as a plain path, which type checkers follow (the
+# default editable install hides it behind an import hook).
+EDITABLE := --config-settings editable_mode=compat
+
 # agentq and its own dependencies: all the demo needs, so the first `make demo` is quick.
-$(VENV)/.installed-base: pyproject.toml
+$(VENV)/.installed-base: pyproject.toml Makefile
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e .
+	$(PY) -m pip install --quiet $(EDITABLE) -e .
 	touch $@
 
 # Beside it, what the tests, linters and benchmarks use.
 $(VENV)/.installed: $(VENV)/.installed-base
-	$(PY) -m pip install --quiet -e '.[test,bench]'
+	$(PY) -m pip install --quiet $(EDITABLE) -e '.[test,bench]'
 	touch $@
 
 install-base: $(VENV)/.installed-base

@@ -6,10 +6,12 @@ import inspect
 import logging
 import time
 from collections.abc import Callable
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, Final, TypeVar
 
 from celery import Task
 from celery.backends.base import DisabledBackend
+from celery.exceptions import Ignore
+from celery.result import AsyncResult
 from celery.utils import uuid
 
 from agentq.celery import task_outcome
@@ -36,6 +38,16 @@ T = TypeVar("T")
 ROUTING_OPTIONS = ("queue", "exchange", "routing_key", "priority")
 """The ``apply_async`` options a thread keeps for every later send: where its messages
 go. One-shot options (``countdown``, ``eta``, ``task_id``, ...) apply to one message."""
+
+
+STORED_HEADER: Final = "agentq_stored"
+"""The message header saying that its sender saw the thread in the store: a worker that
+finds no such thread knows it was deleted since (a late or duplicated message) and drops
+the message rather than start the thread again from nothing and repeat its tools."""
+
+
+def _stored(options: dict[str, Any]) -> dict[str, Any]:
+    return {**options, "headers": {**(options.get("headers") or {}), STORED_HEADER: True}}
 
 
 def _routing(options: dict[str, Any]) -> dict[str, Any]:
@@ -101,7 +113,10 @@ class AgentTask(Task):  # type: ignore[misc]
         (see :mod:`agentq.celery.task_outcome`)."""
         validate_thread_id(thread_id)
         runtime = self.agentq
-        driver = Driver(self, thread_id, runtime.store, runtime.settings, draining.is_set)
+        stored = bool(getattr(self.request, STORED_HEADER, False))
+        driver = Driver(
+            self, thread_id, runtime.store, runtime.settings, draining.is_set, may_open=not stored
+        )
         calls = RetriedCalls(runtime.store, thread_id, runtime.settings.lease_ttl)
         try:
             driver.drive()
@@ -112,10 +127,21 @@ class AgentTask(Task):  # type: ignore[misc]
                 )
             raise
         meta = calls("reading the thread", runtime.store.meta, thread_id)
-        assert meta is not None  # the driver opened it
+        if meta is None:  # deleted: the driver dropped the message
+            raise Ignore()
         return task_outcome.finish(self, meta, driver.retrying)
 
-    def apply_async(self, args: Any = None, kwargs: Any = None, **options: Any) -> Any:
+    def delay(self, thread_id: str, /, **input: Any) -> AsyncResult:
+        """Start (or re-send) thread ``thread_id``, ``input`` being the entry node's
+        keyword arguments: ``apply_async((thread_id,), input)``."""
+        return self.apply_async((thread_id,), input)
+
+    def apply_async(
+        self,
+        args: tuple[str] | list[str] | None = None,
+        kwargs: dict[str, Any] | None = None,
+        **options: Any,
+    ) -> AsyncResult:
         """Start thread ``args[0]`` with ``kwargs`` as the entry node's input (kept in the
         store, not the message) and send it with the usual Celery ``options``. Its routing
         options (``queue``, ``exchange``, ``routing_key``, ``priority``) are kept too, so
@@ -143,7 +169,7 @@ class AgentTask(Task):  # type: ignore[misc]
             options=_routing(options),
             origin=task_id,
         )
-        return super().apply_async((thread_id,), None, **options)
+        return super().apply_async((thread_id,), None, **_stored(options))
 
     def _check_input(self, thread_id: str, input: dict[str, Any]) -> None:
         """Bind ``input`` to the entry node's signature here, in the caller, as Celery's
@@ -168,7 +194,7 @@ class AgentTask(Task):  # type: ignore[misc]
                 thread_id=thread_id,
             ) from exc
 
-    def enqueue(self, thread_id: str, **options: Any) -> Any:
+    def enqueue(self, thread_id: str, **options: Any) -> AsyncResult:
         """Send a message for a thread the store already holds, routed as it was first
         sent unless ``options`` say otherwise."""
         meta = self._store_call(
@@ -178,9 +204,9 @@ class AgentTask(Task):  # type: ignore[misc]
             return super().apply_async((thread_id,), None, **options)
         return self.resend(meta, **options)
 
-    def resend(self, meta: ThreadMeta, **options: Any) -> Any:
+    def resend(self, meta: ThreadMeta, **options: Any) -> AsyncResult:
         """:meth:`enqueue` for a caller that holds the thread's meta already."""
-        return super().apply_async((meta.thread_id,), None, **{**meta.options, **options})
+        return super().apply_async((meta.thread_id,), None, **_stored({**meta.options, **options}))
 
     # -- hooks -------------------------------------------------------------------------------
 
@@ -210,7 +236,7 @@ class AgentTask(Task):  # type: ignore[misc]
             raise ThreadNotFound("no such thread; start it with .delay()", thread_id=thread_id)
         return meta
 
-    def resume(self, thread_id: str, value: Any = None, **options: Any) -> Any:
+    def resume(self, thread_id: str, value: Any = None, **options: Any) -> AsyncResult:
         """Continue a ``waiting`` thread: ``value`` becomes ``run.resume_value`` (and what
         ``run.interrupt()`` returns)."""
         meta = self._store_call(
@@ -224,7 +250,7 @@ class AgentTask(Task):  # type: ignore[misc]
         )
         return self.resend(meta, **options)
 
-    def retry_thread(self, thread_id: str, **options: Any) -> Any:
+    def retry_thread(self, thread_id: str, **options: Any) -> AsyncResult:
         """Run a ``failed`` or ``needs_attention`` thread again from its latest checkpoint
         (after fixing what stopped it; a call whose outcome is unknown is settled with
         :meth:`resolve_effect` instead). Named so because ``Task.retry`` is Celery's."""
@@ -246,7 +272,7 @@ class AgentTask(Task):  # type: ignore[misc]
         result: Any = UNSET,
         did_not_run: bool = False,
         **options: Any,
-    ) -> Any:
+    ) -> AsyncResult:
         """Settle tool call ``key`` of a ``needs_attention`` (or ``failed``) thread once you
         checked what it did, and run the thread on from its latest checkpoint: with
         ``result`` the node gets it back as the tool's result without calling the tool;
@@ -311,4 +337,4 @@ def resend_thread(app: Any, meta: ThreadMeta) -> Any:
     task = app.tasks.get(meta.task)
     if isinstance(task, AgentTask):
         return task.resend(meta)
-    return app.send_task(meta.task, args=(meta.thread_id,), **meta.options)
+    return app.send_task(meta.task, args=(meta.thread_id,), **_stored(meta.options))

@@ -70,12 +70,17 @@ class Driver:
         store: Store,
         settings: Settings,
         should_stop: Callable[[], bool],
+        *,
+        may_open: bool = True,
     ) -> None:
         self.task = task
         self.thread_id = thread_id
         self.store = store
         self.settings = settings
         self.should_stop = should_stop
+        self.may_open = may_open
+        """Whether a thread the store does not hold is new (sent by name), rather than
+        deleted since its message was sent."""
         self.owner = owner_id()
         self._calls = RetriedCalls(store, thread_id, settings.lease_ttl)
         self.retrying: tuple[Exception, float] | None = None
@@ -84,6 +89,9 @@ class Driver:
     def drive(self) -> Any:
         thread_id, store = self.thread_id, self.store
         meta = self._calls("reading the thread", store.meta, thread_id)
+        if meta is None and not self.may_open:
+            logger.warning("thread %s was deleted after this message was sent: dropped", thread_id)
+            return None
         if meta is None:  # sent by name (send_task) rather than through apply_async
             meta, _ = self._calls(
                 "opening the thread", store.open_thread, thread_id, task=self.task.name
@@ -259,21 +267,11 @@ class Driver:
         try:
             outcome = self._call(pos.node, run, meta.input if step == 0 else None)
         except Interrupted as pause:
-            self._settle(
-                "pausing",
-                token,
-                Status.WAITING,
-                interrupt=pause.payload,
-            )
+            self._settle("pausing", token, Status.WAITING, interrupt=pause.payload)
             logger.info("thread %s: waiting for a human at step %d", thread_id, step)
             return None
         except NeedsAttention as exc:
-            self._settle(
-                "asking for attention",
-                token,
-                Status.NEEDS_ATTENTION,
-                error=str(exc),
-            )
+            self._settle("asking for attention", token, Status.NEEDS_ATTENTION, error=str(exc))
             logger.error("%s", exc)
             return None
         except FencingError:
@@ -313,11 +311,7 @@ class Driver:
         if status != Status.RUNNING:
             return extra.get("result")
         if cancel:
-            self._settle(
-                "cancelling",
-                token,
-                Status.CANCELLED,
-            )
+            self._settle("cancelling", token, Status.CANCELLED)
             logger.info("thread %s: cancelled after step %d", thread_id, step)
             return None
         assert checkpoint.node is not None
@@ -333,11 +327,7 @@ class Driver:
     def _stop_early(self, token: int, meta: ThreadMeta) -> Any:
         """The thread changed between our first look and the lease: honour what it is."""
         if meta.cancel_requested and meta.status == Status.RUNNING:
-            self._settle(
-                "cancelling",
-                token,
-                Status.CANCELLED,
-            )
+            self._settle("cancelling", token, Status.CANCELLED)
         else:
             self._calls(
                 "releasing the lease", self.store.release, self.thread_id, self.owner, token

@@ -96,6 +96,7 @@ class Run:
         self._confirm_lease = confirm_lease
         self._retryable = retryable
         self._calls = 0
+        self._answered = False
 
     @property
     def token(self) -> int:
@@ -106,10 +107,22 @@ class Run:
     def interrupt(self, payload: Any) -> Any:
         """Pause for a human: the thread becomes ``waiting`` with ``payload`` stored, and
         this node runs again from its start on ``resume(thread_id, value)``, when this
-        call returns ``value``. Changes made by this node before the call are not kept."""
+        call returns ``value``. Changes made by this node before the call are not kept.
+        One call per node run: a second one, after the first was answered, raises
+        :class:`~agentq.errors.InvalidArgument` (the thread fails, saying so)."""
+        if self._answered:
+            # Its answer would reach the first question when the node runs again.
+            raise InvalidArgument(
+                "a node asks one question: this one called run.interrupt() again after "
+                "its first question was answered; ask both in one payload, or move the "
+                "second question to a node of its own",
+                thread_id=self.thread_id,
+                step=self.step,
+            )
         if self.resume_value is NO_VALUE:
             raise Interrupted(payload)
         value, self.resume_value = self.resume_value, NO_VALUE
+        self._answered = True
         return value
 
     def tool(

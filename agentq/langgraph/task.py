@@ -27,6 +27,7 @@ import inspect
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, cast
 
+from celery.result import AsyncResult
 from langchain_core.runnables import RunnableConfig
 from langgraph._internal._runnable import RunnableCallable
 from langgraph.graph import StateGraph
@@ -111,7 +112,13 @@ class GraphTask(AgentTask):
 
     # -- sending ---------------------------------------------------------------------------
 
-    def apply_async(self, args: Any = None, kwargs: Any = None, **options: Any) -> Any:
+    def delay(  # type: ignore[override]  # a graph's input is one value, not keywords
+        self, thread_id: str, input: Any = None, /
+    ) -> AsyncResult:
+        """Start (or re-send) thread ``thread_id`` with ``input`` for the graph."""
+        return self.apply_async((thread_id, input))
+
+    def apply_async(self, args: Any = None, kwargs: Any = None, **options: Any) -> AsyncResult:
         """Start thread ``args[0]`` with ``args[1]`` (optional) as the graph's input."""
         if not args or len(args) > 2 or kwargs:
             raise InvalidArgument(
@@ -122,7 +129,7 @@ class GraphTask(AgentTask):
         packed = self._pack(args[1] if len(args) == 2 else None)
         return super().apply_async((thread_id,), {"input": packed}, **options)
 
-    def resume(self, thread_id: str, value: Any = None, **options: Any) -> Any:
+    def resume(self, thread_id: str, value: Any = None, **options: Any) -> AsyncResult:
         """Continue a ``waiting`` thread with ``Command(resume=value)``; for several
         pending interrupts pass ``{interrupt_id: value}``, as LangGraph expects."""
         return super().resume(thread_id, self._pack(value), **options)

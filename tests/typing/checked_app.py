@@ -6,8 +6,11 @@ from __future__ import annotations
 
 from typing import assert_type
 
+from celery import Celery
+from celery.result import AsyncResult
+
 import agentq
-from agentq import AgentTask, Done, Run
+from agentq import AgentTask, Done, Run, Status
 
 
 def refund(amount: int) -> str:
@@ -44,3 +47,14 @@ class OrderAgent(AgentTask):
 
 
 assert_type(agentq.Done(1), Done)
+
+app = Celery("typing")
+# Celery's register_task is untyped: name the agent's class to keep its signatures.
+order_agent: OrderAgent = app.register_task(OrderAgent())
+sent = order_agent.delay("order-1", amount=3)
+assert_type(sent, AsyncResult)
+assert_type(order_agent.resume("order-1", {"approved": True}), AsyncResult)
+assert_type(order_agent.thread("order-1").status, Status)
+order_agent.delay(123)  # expect: arg-type
+order_agent.wait(42)  # expect: arg-type
+order_agent.delay("order-2", 3)  # expect: call-arg

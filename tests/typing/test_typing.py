@@ -4,6 +4,7 @@ as the tool's result, and a wrong use fails to type-check."""
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 
 from mypy import api
@@ -35,3 +36,23 @@ def test_the_checked_app_fails_exactly_where_it_must(tmp_path: Path) -> None:
         for match in re.finditer(r"checked_app\.py:(\d+): error: .*\[([\w-]+)\]$", stdout, re.M)
     }
     assert reported == expected, stdout + stderr
+
+
+def test_an_app_outside_the_checkout_sees_the_installed_agentq(tmp_path: Path) -> None:
+    # The development install must be one a type checker can follow (no import hook).
+    app = tmp_path / "app.py"
+    app.write_text(
+        "from typing import assert_type\nimport agentq\nassert_type(agentq.Done(1), agentq.Done)\n"
+    )
+    stdout, stderr, status = api.run(
+        [
+            "--strict",
+            "--no-incremental",
+            "--cache-dir",
+            str(tmp_path / "cache"),
+            "--python-executable",
+            sys.executable,
+            str(app),
+        ]
+    )
+    assert status == 0, stdout + stderr

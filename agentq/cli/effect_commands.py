@@ -9,11 +9,12 @@ from rich.table import Table
 from rich.text import Text
 
 from agentq.cli.control_commands import parse_json, report_queued
-from agentq.cli.output import emit_json, short, show_block
+from agentq.cli.output import emit_json, show_block
 from agentq.cli.read_commands import json_option, pass_session
 from agentq.cli.session import Session
 from agentq.ops.console import console
 from agentq.ops.control import settle
+from agentq.ops.jsonable import short
 from agentq.records import EffectState
 from agentq.store.contract import UNSET
 

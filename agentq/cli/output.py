@@ -41,13 +41,6 @@ def emit_json(data: Any) -> None:
     click.echo(json.dumps(plain(data), indent=2, ensure_ascii=False))
 
 
-def short(value: Any, limit: int = 80) -> str:
-    """One line of at most ``limit`` characters showing ``value`` (JSON for structures)."""
-    text = value if isinstance(value, str) else json.dumps(plain(value), ensure_ascii=False)
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
 def status_text(status: Status) -> Text:
     return Text(status.value, style=STATUS_STYLES.get(status, ""))
 

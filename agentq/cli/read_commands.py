@@ -14,7 +14,6 @@ from rich.text import Text
 from agentq.cli.output import (
     ago,
     emit_json,
-    short,
     show_block,
     status_text,
     when,
@@ -22,7 +21,7 @@ from agentq.cli.output import (
 from agentq.cli.session import Session
 from agentq.ops.console import console
 from agentq.ops.diffing import Change, changed_parts, checkpoint_changes
-from agentq.ops.jsonable import plain
+from agentq.ops.jsonable import plain, short
 from agentq.records import Checkpoint, Status, ThreadMeta
 
 pass_session = click.make_pass_decorator(Session)

@@ -27,3 +27,10 @@ def plain(value: Any) -> Any:
 
 def _key(key: Any) -> str:
     return key if isinstance(key, str) else json.dumps(plain(key))
+
+
+def short(value: Any, limit: int = 80) -> str:
+    """One line of at most ``limit`` characters showing ``value`` (JSON for structures)."""
+    text = value if isinstance(value, str) else json.dumps(plain(value), ensure_ascii=False)
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"

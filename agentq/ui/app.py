@@ -12,8 +12,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from agentq.errors import InvalidArgument
 from agentq.store.contract import Store
-from agentq.ui import routes
 from agentq.ui.inspector import Inspector, templates
+from agentq.ui.routes import EXCEPTION_HANDLERS, ROUTES
 from agentq.ui.security import LoopbackHosts, TokenGate, new_secret
 
 # No inline script or style anywhere: a thread's state that escaped its escaping could
@@ -69,11 +69,11 @@ def create_app(
         middleware.insert(0, Middleware(LoopbackHosts))
     web = Starlette(
         routes=[
-            *routes.ROUTES,
+            *ROUTES,
             Mount("/static", StaticFiles(packages=[("agentq.ui", "static")]), name="static"),
         ],
         middleware=middleware,
-        exception_handlers=routes.EXCEPTION_HANDLERS,
+        exception_handlers=EXCEPTION_HANDLERS,
     )
     web.state.inspector = inspector
     return web

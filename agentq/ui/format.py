@@ -59,10 +59,12 @@ def size(count: int | None) -> str:
     return f"{count} B"
 
 
-def first_line(text: str | None, limit: int = 80) -> str:
+def error_line(text: str | None, limit: int = 80) -> str:
+    """The line of an error that says what went wrong: a traceback's last one."""
     if not text:
         return ""
-    return short(text.strip().splitlines()[0], limit)
+    lines = text.strip().splitlines()
+    return short(lines[-1] if lines[0].startswith("Traceback") else lines[0], limit)
 
 
 FILTERS: Final[dict[str, Callable[..., Any]]] = {
@@ -72,5 +74,5 @@ FILTERS: Final[dict[str, Callable[..., Any]]] = {
     "when": when,
     "size": size,
     "short": short,
-    "first_line": first_line,
+    "error_line": error_line,
 }

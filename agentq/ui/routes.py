@@ -52,7 +52,7 @@ def _number(request: Request, name: str) -> int | None:
 
 def _filter(request: Request) -> Filter:
     raw = request.query_params.get("status") or None
-    if raw is not None and raw not in Status.__members__.values():
+    if raw is not None and raw not in {status.value for status in Status}:
         raise InvalidArgument(f"status {raw!r} is not one of {', '.join(s.value for s in Status)}")
     return Filter(
         Status(raw) if raw else None,
@@ -201,6 +201,15 @@ async def bad_request(request: Request, exc: Exception) -> Response:
     return render(request, "error.html", 400, message=str(exc))
 
 
+async def server_error(request: Request, exc: Exception) -> Response:
+    if inspector(request).store.is_transient(exc):
+        message = f"the store did not answer ({type(exc).__name__}: {exc}); reload to try again"
+        return render(request, "error.html", 503, message=message)
+    return render(
+        request, "error.html", 500, message=f"internal error: {type(exc).__name__}: {exc}"
+    )
+
+
 ROUTES: Final = [
     Route("/", home),
     Route("/threads", threads),
@@ -216,4 +225,5 @@ EXCEPTION_HANDLERS: Final = {
     CheckpointNotFound: not_found,
     ArtifactNotFound: not_found,
     AgentqError: bad_request,
+    Exception: server_error,
 }

@@ -12,7 +12,7 @@ from typing import Any, Final
 
 from agentq.errors import InvalidArgument
 from agentq.ids import validate_effect_key, validate_thread_id
-from agentq.ops.control import requeue, settle
+from agentq.ops.control import Requeued, requeue, settle
 from agentq.records import Status
 from agentq.store.contract import Store
 from agentq.store.contract.effects import RESOLVABLE
@@ -67,7 +67,7 @@ def fork_target(form: Form) -> tuple[int, str]:
     return step, validate_thread_id(target)
 
 
-def _outcome(requeued: Any) -> Outcome:
+def _outcome(requeued: Requeued) -> Outcome:
     return Outcome(requeued.thread_id, requeued.sent)
 
 

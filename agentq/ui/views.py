@@ -86,8 +86,8 @@ def threads_page(store: Store, wanted: Filter, offset: int, limit: int = PAGE) -
 def _rows(store: Store, metas: list[ThreadMeta]) -> list[Row]:
     # A row shows the lease owner, and only a running thread has a lease: the others cost
     # no reads (their due times are on the thread's page).
-    live = [meta.thread_id for meta in metas if meta.status == Status.RUNNING]
-    schedules = {s.thread_id: s for s in store.schedules(live)} if live else {}
+    running = [meta.thread_id for meta in metas if meta.status == Status.RUNNING]
+    schedules = {s.thread_id: s for s in store.schedules(running)} if running else {}
     return [Row(meta, schedules.get(meta.thread_id, Schedule(meta.thread_id))) for meta in metas]
 
 

@@ -156,3 +156,19 @@ class Finding:
 
     def __str__(self) -> str:
         return f"{self.setting}={self.value}: {self.problem} Fix: {self.fix}"
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Who drives a thread now and when it must run, as an operator reads it.
+
+    ``owner`` and ``token`` are the live lease's (``None`` when nobody holds it), with
+    ``lease_left`` seconds to go; ``due_at`` is the Unix time at which recovery sends the
+    thread (``None`` when it is not in the due index: waiting, finished, cancelled).
+    """
+
+    thread_id: str
+    owner: str | None = None
+    token: int | None = None
+    lease_left: float | None = None
+    due_at: float | None = None

@@ -24,6 +24,7 @@ LAYERS: Final = (
     ("agentq.langgraph",),
     ("agentq.ops",),
     ("agentq.demo",),
+    ("agentq.ui",),
     ("agentq.cli",),
 )
 """Lowest first; the package's face (``agentq``, ``agentq._moved``) stands above them all."""

@@ -10,12 +10,13 @@ from typing import Any
 import click
 from rich.markup import escape
 
-from agentq.celery.task import resend_thread
-from agentq.cli.output import emit_json, plain
+from agentq.cli.output import emit_json
 from agentq.cli.read_commands import json_option, pass_session
 from agentq.cli.session import Session
 from agentq.ids import validate_thread_id
 from agentq.ops.console import console
+from agentq.ops.control import requeue
+from agentq.ops.jsonable import plain
 from agentq.records import Status
 from agentq.store.contract import UNSET
 
@@ -68,20 +69,17 @@ def _reopen_and_send(
 ) -> dict[str, Any]:
     """Queue the thread again and tell how it will start: sent now with an app, else
     picked up by the workers' sweeper (which re-sends every due thread)."""
-    meta = session.meta(thread)
+    session.meta(thread)
     app = session.app
-    store = session.store
-    if app is None:
-        meta = store.reopen(thread, from_statuses=from_statuses, resume_value=value, start_grace=0)
-        return {"thread_id": thread, "status": meta.status.value, "sent": None}
-    meta = store.reopen(
+    requeued = requeue(
+        session.store,
+        app,
         thread,
         from_statuses=from_statuses,
-        resume_value=value,
+        value=value,
         start_grace=session.settings.start_grace,
     )
-    result = resend_thread(app, meta)
-    return {"thread_id": thread, "status": meta.status.value, "sent": result.id}
+    return {"thread_id": thread, "status": requeued.status.value, "sent": requeued.sent}
 
 
 def report_queued(outcome: dict[str, Any], verb: str, as_json: bool) -> None:

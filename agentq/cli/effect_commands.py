@@ -8,12 +8,13 @@ import click
 from rich.table import Table
 from rich.text import Text
 
-from agentq.celery.task import resend_thread
 from agentq.cli.control_commands import parse_json, report_queued
-from agentq.cli.output import emit_json, plain, short, show_block
+from agentq.cli.output import emit_json, show_block
 from agentq.cli.read_commands import json_option, pass_session
 from agentq.cli.session import Session
 from agentq.ops.console import console
+from agentq.ops.control import settle
+from agentq.ops.jsonable import plain, short
 from agentq.records import EffectState
 from agentq.store.contract import UNSET
 
@@ -83,15 +84,21 @@ def resolve(
         raise click.UsageError("give exactly one of --result JSON and --did-not-run")
     session.meta(thread)
     app = session.app
-    meta = session.store.resolve_effect(
+    settled = settle(
+        session.store,
+        app,
         thread,
         key,
         result=result if has_result else UNSET,
         did_not_run=did_not_run,
-        start_grace=0 if app is None else session.settings.start_grace,
+        start_grace=session.settings.start_grace,
     )
-    sent = None if app is None else resend_thread(app, meta).id
-    outcome = {"thread_id": thread, "key": key, "status": meta.status.value, "sent": sent}
+    outcome = {
+        "thread_id": thread,
+        "key": key,
+        "status": settled.status.value,
+        "sent": settled.sent,
+    }
     report_queued(outcome, f"Settled {key} of", as_json)
 
 

@@ -13,6 +13,7 @@ from agentq.cli.group import AgentqGroup
 from agentq.cli.ops_commands import OPS_COMMANDS
 from agentq.cli.read_commands import READ_COMMANDS
 from agentq.cli.session import CliError, Session
+from agentq.cli.ui_command import ui
 
 _CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -96,7 +97,7 @@ def celery_command(
     ctx.call_on_close(session.close)
 
 
-for _command in (*READ_COMMANDS, *CONTROL_COMMANDS, *EFFECT_COMMANDS, *OPS_COMMANDS):
+for _command in (*READ_COMMANDS, *CONTROL_COMMANDS, *EFFECT_COMMANDS, *OPS_COMMANDS, ui):
     cli.add_command(_command)
     celery_command.add_command(_command)
 cli.add_command(demo)

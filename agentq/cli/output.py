@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import base64
-import dataclasses
 import json
 import time
 from typing import Any, Final
@@ -12,6 +10,7 @@ import click
 from rich.console import Console, RenderableType
 from rich.text import Text
 
+from agentq.ops.jsonable import plain
 from agentq.records import Status
 
 STATUS_STYLES: Final = {
@@ -38,35 +37,8 @@ def show_block(out: Console, renderable: RenderableType) -> None:
         out.file.write(line.rstrip() + "\n")
 
 
-def plain(value: Any) -> Any:
-    """``value`` as JSON can hold it: msgpack bytes become ``{"$bytes": base64}``, tuples
-    lists, non-string keys strings, records dicts."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, dict):
-        return {_key(k): plain(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [plain(v) for v in value]
-    if isinstance(value, bytes | bytearray | memoryview):
-        return {"$bytes": base64.b64encode(bytes(value)).decode()}
-    if value is None or isinstance(value, str | int | float | bool):
-        return value
-    return repr(value)
-
-
-def _key(key: Any) -> str:
-    return key if isinstance(key, str) else json.dumps(plain(key))
-
-
 def emit_json(data: Any) -> None:
     click.echo(json.dumps(plain(data), indent=2, ensure_ascii=False))
-
-
-def short(value: Any, limit: int = 80) -> str:
-    """One line of at most ``limit`` characters showing ``value`` (JSON for structures)."""
-    text = value if isinstance(value, str) else json.dumps(plain(value), ensure_ascii=False)
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def status_text(status: Status) -> Text:

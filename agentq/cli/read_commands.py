@@ -11,18 +11,17 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from agentq.cli.diffing import Change, changed_parts, checkpoint_changes
 from agentq.cli.output import (
     ago,
     emit_json,
-    plain,
-    short,
     show_block,
     status_text,
     when,
 )
 from agentq.cli.session import Session
 from agentq.ops.console import console
+from agentq.ops.diffing import Change, changed_parts, checkpoint_changes
+from agentq.ops.jsonable import plain, short
 from agentq.records import Checkpoint, Status, ThreadMeta
 
 pass_session = click.make_pass_decorator(Session)

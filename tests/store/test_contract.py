@@ -98,6 +98,39 @@ def test_threads_lists_by_status_newest_first(store: Store) -> None:
     assert store.threads(Status.RUNNING) == []
 
 
+def test_status_counts_every_status_from_the_indexes(store: Store) -> None:
+    assert store.status_counts() == dict.fromkeys(Status, 0)
+    for name in ("a", "b", "c"):
+        store.open_thread(name, task="agent")
+    token = store.acquire("b", "w1", TTL)
+    store.commit("b", token, cp(0, token), status=Status.DONE, result=1)
+    store.request_cancel("c")
+    counts = store.status_counts()
+    assert counts == {
+        **dict.fromkeys(Status, 0),
+        Status.QUEUED: 1,
+        Status.DONE: 1,
+        Status.CANCELLED: 1,
+    }
+
+
+def test_schedules_tell_the_lease_holder_and_the_due_time(store: Store) -> None:
+    store.open_thread("queued", task="agent", start_grace=60)
+    token = started(store, "held", owner="host:42:w1")
+    store.open_thread("waiting", task="agent")
+    store.request_cancel("waiting")
+    queued, held, cancelled, unknown = store.schedules(["queued", "held", "waiting", "nope"])
+    assert (queued.owner, queued.token, queued.lease_left) == (None, None, None)
+    assert queued.due_at is not None and queued.due_at > time.time() + 30
+    assert (held.owner, held.token) == ("host:42:w1", token)
+    assert held.lease_left is not None and 0 < held.lease_left <= TTL
+    assert held.due_at is not None
+    assert (cancelled.owner, cancelled.due_at) == (None, None)
+    assert unknown.thread_id == "nope" and unknown.due_at is None
+    store.release("held", "host:42:w1", token)
+    assert store.schedules(["held"])[0].owner is None
+
+
 # -- lease -------------------------------------------------------------------------------
 
 

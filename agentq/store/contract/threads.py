@@ -4,11 +4,11 @@ and deleting threads, and their artifacts."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from agentq.ids import validate_thread_id
-from agentq.records import Status, ThreadMeta
+from agentq.records import Schedule, Status, ThreadMeta
 from agentq.store.contract.common import UNSET
 
 
@@ -71,6 +71,22 @@ class ThreadsContract(ABC):
 
         Not atomic across threads: each meta is read as it is at that moment.
         """
+
+    @abstractmethod
+    def status_counts(self) -> dict[Status, int]:
+        """How many threads are in each status (every status present, zeros included),
+        from the status indexes: no thread is read. Not atomic across statuses."""
+
+    def schedules(self, thread_ids: Sequence[str]) -> list[Schedule]:
+        """The lease and due time of each thread, in the order given, in one round trip;
+        an unknown thread gets an empty :class:`~agentq.records.Schedule`. Read-only, not
+        atomic across threads."""
+        for thread_id in thread_ids:
+            validate_thread_id(thread_id)
+        return self._do_schedules(thread_ids)
+
+    @abstractmethod
+    def _do_schedules(self, thread_ids: Sequence[str]) -> list[Schedule]: ...
 
     def delete_thread(self, thread_id: str) -> bool:
         """Delete the thread with every checkpoint, effect record and index entry it owns;

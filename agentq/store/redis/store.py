@@ -24,7 +24,7 @@ from agentq.errors import (
     ThreadExists,
     ThreadNotFound,
 )
-from agentq.records import FINISHED, Finding, Status, ThreadMeta
+from agentq.records import FINISHED, Finding, Schedule, Status, ThreadMeta
 from agentq.store.contract import UNSET, Renewal, final_checkpoint
 from agentq.store.meta_fields import meta_from_fields
 from agentq.store.redis.checkpoints import RedisCheckpoints
@@ -94,6 +94,37 @@ class RedisStore(RedisCheckpoints, RedisEffects):
             if record:
                 metas.append(meta_from_fields(thread_id, fields(record)))
         return metas
+
+    def status_counts(self) -> dict[Status, int]:
+        pipe = self.client.pipeline(transaction=False)
+        for each in Status:
+            pipe.zcard(self.keys.status_index(each.value))
+        return dict(zip(Status, map(int, pipe.execute()), strict=True))
+
+    def _do_schedules(self, thread_ids: Sequence[str]) -> list[Schedule]:
+        pipe = self.client.pipeline(transaction=False)
+        for thread_id in thread_ids:
+            pipe.get(self.keys.lock(thread_id))
+            pipe.pttl(self.keys.lock(thread_id))
+            pipe.zscore(self.keys.due(), thread_id)
+        replies = pipe.execute()
+        found = []
+        for index, thread_id in enumerate(thread_ids):
+            lock, ttl_ms, due_at = replies[3 * index : 3 * index + 3]
+            if lock is None:
+                found.append(Schedule(thread_id, due_at=due_at))
+                continue
+            token, _, owner = lock.decode().partition(":")
+            found.append(
+                Schedule(
+                    thread_id,
+                    owner=owner,
+                    token=int(token),
+                    lease_left=max(ttl_ms, 0) / 1000,
+                    due_at=due_at,
+                )
+            )
+        return found
 
     def _do_delete_thread(self, thread_id: str) -> bool:
         return self._delete(thread_id, finished_before="")

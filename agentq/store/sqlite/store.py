@@ -26,7 +26,7 @@ from agentq.errors import (
     ThreadNotFound,
     ThreadStateError,
 )
-from agentq.records import FINISHED, Finding, Status, ThreadMeta
+from agentq.records import FINISHED, Finding, Schedule, Status, ThreadMeta
 from agentq.settings import DEFAULT_KEEP_LAST, DEFAULT_MAX_CHECKPOINT_BYTES
 from agentq.store.contract import UNSET, Renewal, Store, final_checkpoint, retry_not_due
 from agentq.store.meta_fields import meta_from_fields
@@ -148,6 +148,41 @@ class SQLiteStore(CheckpointsMixin, EffectsMixin, Store):
                 (*args, limit, offset),
             ).fetchall()
         return [meta_from_fields(row["thread_id"], dict(row)) for row in rows]
+
+    def status_counts(self) -> dict[Status, int]:
+        with self._conn.locked() as db:
+            rows = db.execute("SELECT status, COUNT(*) FROM threads GROUP BY status").fetchall()
+        counts = dict.fromkeys(Status, 0)
+        counts.update({Status(status): count for status, count in rows})
+        return counts
+
+    def _do_schedules(self, thread_ids: Sequence[str]) -> list[Schedule]:
+        with self._conn.locked() as db:
+            rows = db.execute(
+                "SELECT thread_id, lock_owner, lock_token, lock_expires, due_at FROM threads "
+                f"WHERE thread_id IN ({marks(list(thread_ids))})",
+                tuple(thread_ids),
+            ).fetchall()
+        now = time.time()
+        by_id = {row["thread_id"]: row for row in rows}
+        found = []
+        for thread_id in thread_ids:
+            row = by_id.get(thread_id)
+            if row is None:
+                found.append(Schedule(thread_id))
+            elif row["lock_owner"] is None or row["lock_expires"] <= now:
+                found.append(Schedule(thread_id, due_at=row["due_at"]))
+            else:
+                found.append(
+                    Schedule(
+                        thread_id,
+                        owner=row["lock_owner"],
+                        token=row["lock_token"],
+                        lease_left=row["lock_expires"] - now,
+                        due_at=row["due_at"],
+                    )
+                )
+        return found
 
     def _do_delete_thread(self, thread_id: str) -> bool:
         with self._conn.write() as db:

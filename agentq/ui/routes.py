@@ -1,0 +1,229 @@
+"""The pages and the actions. Store calls block, so every handler that makes them is a
+plain function, which Starlette runs on its thread pool."""
+
+from __future__ import annotations
+
+from typing import Any, Final
+from urllib.parse import parse_qsl, urlencode
+
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse, RedirectResponse, Response
+from starlette.routing import Route
+
+from agentq.errors import (
+    AgentqError,
+    ArtifactNotFound,
+    CheckpointNotFound,
+    InvalidArgument,
+    ThreadNotFound,
+)
+from agentq.ids import validate_thread_id
+from agentq.ops.jsonable import plain
+from agentq.records import Checkpoint, Status, ThreadMeta
+from agentq.ui.actions import ACTIONS, Form, check, perform
+from agentq.ui.inspector import Inspector
+from agentq.ui.security import same
+from agentq.ui.views import Filter, Shown, as_json, diff, thread_view, threads_page
+
+_MAX_FORM: Final = 1 << 20
+
+
+def inspector(request: Request) -> Inspector:
+    found: Inspector = request.app.state.inspector
+    return found
+
+
+def render(request: Request, name: str, status_code: int = 200, **context: Any) -> Response:
+    ins = inspector(request)
+    context.setdefault("read_only", ins.read_only)
+    context.setdefault("csrf", ins.csrf)
+    return ins.templates.TemplateResponse(request, name, context, status_code=status_code)
+
+
+def _number(request: Request, name: str) -> int | None:
+    raw = request.query_params.get(name)
+    if raw in (None, ""):
+        return None
+    if not raw.isdigit():
+        raise InvalidArgument(f"{name} must be a whole number, got {raw!r}")
+    return int(raw)
+
+
+def _filter(request: Request) -> Filter:
+    raw = request.query_params.get("status") or None
+    if raw is not None and raw not in {status.value for status in Status}:
+        raise InvalidArgument(f"status {raw!r} is not one of {', '.join(s.value for s in Status)}")
+    return Filter(
+        Status(raw) if raw else None,
+        request.query_params.get("task", "").strip(),
+        request.query_params.get("prefix", "").strip(),
+    )
+
+
+def _query(wanted: Filter, **extra: Any) -> str:
+    pairs = {"status": wanted.status.value if wanted.status else "", "task": wanted.task}
+    pairs.update(prefix=wanted.prefix, **{k: v for k, v in extra.items() if v is not None})
+    return urlencode({k: v for k, v in pairs.items() if v != ""})
+
+
+def home(request: Request) -> Response:
+    return RedirectResponse("/threads", status_code=303)
+
+
+def threads(request: Request) -> Response:
+    store = inspector(request).store
+    wanted = _filter(request)
+    page = threads_page(store, wanted, _number(request, "offset") or 0)
+    live = request.url.path.endswith("/live")
+    return render(
+        request,
+        "threads_live.html" if live else "threads.html",
+        page=page,
+        counts=store.status_counts(),
+        wanted=wanted,
+        query=_query(wanted),
+        live_query=_query(wanted, offset=page.offset or None),
+        next_query=None if page.next_offset is None else _query(wanted, offset=page.next_offset),
+        first_query=_query(wanted) if page.offset else None,
+    )
+
+
+def _meta(request: Request) -> ThreadMeta:
+    thread_id = validate_thread_id(request.query_params.get("id", ""))
+    meta = inspector(request).store.meta(thread_id)
+    if meta is None:
+        raise ThreadNotFound("no such thread in this store", thread_id=thread_id)
+    return meta
+
+
+def thread(request: Request) -> Response:
+    store = inspector(request).store
+    meta = _meta(request)
+    view = thread_view(store, meta, _number(request, "step"))
+    a, b = _number(request, "a"), _number(request, "b")
+    changes = diff(store, meta.thread_id, a, b) if a is not None and b is not None else None
+    if a is None and len(view.timeline) > 1:
+        a, b = view.timeline[1].checkpoint.step, view.timeline[0].checkpoint.step
+    live = request.url.path.endswith("/live")
+    notice = request.query_params.get("done")
+    return render(
+        request,
+        "thread_live.html" if live else "thread.html",
+        view=view,
+        a=a,
+        b=b,
+        changes=changes,
+        parts=_parts(view.shown) if view.shown is not None else [],
+        notice=ACTIONS[notice].done if notice in ACTIONS else None,
+        sent=request.query_params.get("sent"),
+        actions=ACTIONS,
+    )
+
+
+def _parts(checkpoint: Checkpoint) -> list[tuple[str, Shown]]:
+    calls = len(checkpoint.pending)
+    return [
+        ("state", as_json(checkpoint.state)),
+        (f"pending ({calls} tool call{'' if calls == 1 else 's'})", as_json(checkpoint.pending)),
+        ("cursors", as_json(checkpoint.cursors)),
+    ]
+
+
+def checkpoint_json(request: Request) -> Response:
+    meta = _meta(request)
+    step = _number(request, "step")
+    store = inspector(request).store
+    if step is None:
+        return JSONResponse(plain(meta))
+    return JSONResponse(plain(store.checkpoint(meta.thread_id, step)))
+
+
+def artifact(request: Request) -> Response:
+    meta = _meta(request)
+    digest = request.query_params.get("digest", "")
+    data = inspector(request).store.get_artifact(meta.thread_id, digest)
+    # Never shown inline: an artifact is whatever the agent stored, a page included.
+    return Response(
+        data,
+        media_type="application/octet-stream",
+        headers={"content-disposition": f'attachment; filename="{digest[:16]}.bin"'},
+    )
+
+
+async def action(request: Request) -> Response:
+    ins = inspector(request)
+    if ins.read_only:
+        return render(request, "error.html", 403, message="this inspector is read-only")
+    body = await request.body()
+    if len(body) > _MAX_FORM:
+        return render(request, "error.html", 413, message="the form is too large")
+    form: Form = dict(parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True))
+    if not same(form.get("csrf"), ins.csrf):
+        return render(
+            request,
+            "error.html",
+            403,
+            message="the form is stale or from another site (CSRF check); reload the "
+            "thread's page and try again",
+        )
+    return await run_in_threadpool(_act, request, form)
+
+
+def _act(request: Request, form: Form) -> Response:
+    ins = inspector(request)
+    name = form.get("action", "")
+    if name not in ACTIONS:
+        raise InvalidArgument(f"unknown action {name!r}")
+    thread_id = validate_thread_id(form.get("id", ""))
+    meta = ins.store.meta(thread_id)
+    if meta is None:
+        raise ThreadNotFound("no such thread in this store", thread_id=thread_id)
+    spec = ACTIONS[name]
+    try:
+        if form.get("confirmed") != "yes":
+            check(spec, form)  # a bad value is told before the confirmation, not after
+            return render(request, "confirm.html", spec=spec, form=form, meta=meta, error=None)
+        outcome = perform(ins.store, ins.app, ins.start_grace, spec, form)
+    except AgentqError as exc:
+        return render(request, "confirm.html", 409, spec=spec, form=form, meta=meta, error=str(exc))
+    query = {"id": outcome.thread_id, "done": name}
+    if outcome.sent:
+        query["sent"] = outcome.sent
+    return RedirectResponse("/thread?" + urlencode(query), status_code=303)
+
+
+async def not_found(request: Request, exc: Exception) -> Response:
+    return render(request, "error.html", 404, message=str(exc))
+
+
+async def bad_request(request: Request, exc: Exception) -> Response:
+    return render(request, "error.html", 400, message=str(exc))
+
+
+async def server_error(request: Request, exc: Exception) -> Response:
+    if inspector(request).store.is_transient(exc):
+        message = f"the store did not answer ({type(exc).__name__}: {exc}); reload to try again"
+        return render(request, "error.html", 503, message=message)
+    return render(
+        request, "error.html", 500, message=f"internal error: {type(exc).__name__}: {exc}"
+    )
+
+
+ROUTES: Final = [
+    Route("/", home),
+    Route("/threads", threads),
+    Route("/threads/live", threads),
+    Route("/thread", thread),
+    Route("/thread/live", thread),
+    Route("/thread/json", checkpoint_json),
+    Route("/thread/artifact", artifact),
+    Route("/thread/action", action, methods=["POST"]),
+]
+EXCEPTION_HANDLERS: Final = {
+    ThreadNotFound: not_found,
+    CheckpointNotFound: not_found,
+    ArtifactNotFound: not_found,
+    AgentqError: bad_request,
+    Exception: server_error,
+}

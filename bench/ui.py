@@ -1,0 +1,130 @@
+"""How long the inspector's threads page takes on a large store: server time per page
+over 100 000 threads, against one ``ZREVRANGE`` page of the status index.
+
+Run from the repository root::
+
+    python -m bench.ui [--quick]
+
+A private ``redis-server`` gets 100 000 threads (``--quick``: 5000), one in ten cancelled,
+the rest queued, through ``Store.open_thread``. The inspector's ASGI app is then called
+in process, without a socket or an HTTP client, so each sample is the server's own time:
+routing, the store's reads (the status counts, a page of the index, the metas, the leases
+of live rows) and rendering 50 rows. Samples alternate with the baseline, one
+``ZREVRANGE ... WITHSCORES`` of the same 50 entries, so both see the same machine load.
+Targets: the page under 50 ms, and at most 3 times the baseline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from bench._redis import PrivateRedis
+from bench._report import Result, Target, exit_with, median, micros, millis, standalone
+
+THREADS = {False: 100_000, True: 5000}
+SAMPLES = {False: 300, True: 50}
+PAGE = 50
+PAGE_TARGET = Target(50.0)
+RATIO_TARGET = Target(3.0)
+
+
+async def get(app: Any, path: str, query: str = "") -> float:
+    """Serve one GET through ``app``; return its seconds (refusing anything but a 200)."""
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "GET",
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": query.encode(),
+        "headers": [(b"host", b"127.0.0.1")],
+        "client": ("127.0.0.1", 1),
+        "server": ("127.0.0.1", 8765),
+    }
+    status: list[int] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            status.append(message["status"])
+
+    started = time.perf_counter()
+    await app(scope, receive, send)
+    elapsed = time.perf_counter() - started
+    if status != [200]:
+        raise RuntimeError(f"GET {path}?{query} answered {status}")
+    return elapsed
+
+
+async def measure(app: Any, client: Any, index: str, samples: int) -> dict[str, list[float]]:
+    times: dict[str, list[float]] = {"all": [], "queued": [], "zrevrange": []}
+    for warmup in (True, False):
+        for _ in range(max(5, samples // 10) if warmup else samples):
+            page_all = await get(app, "/threads")
+            page_queued = await get(app, "/threads", "status=queued")
+            started = time.perf_counter()
+            client.zrevrange(index, 0, PAGE - 1, withscores=True)
+            baseline = time.perf_counter() - started
+            if not warmup:
+                times["all"].append(page_all)
+                times["queued"].append(page_queued)
+                times["zrevrange"].append(baseline)
+    return times
+
+
+def run(quick: bool) -> list[Result]:
+    from agentq.store.redis.store import RedisStore
+    from agentq.ui import create_app
+
+    count = THREADS[quick]
+    # Filling the store is not what is measured: no fsync per thread for it.
+    with PrivateRedis("--appendfsync", "no") as server:
+        client = server.client()
+        store = RedisStore(client)
+        try:
+            for n in range(count):
+                store.open_thread(f"bench-{n:06d}", task="bench.agent", start_grace=86400)
+                if n % 10 == 0:
+                    store.request_cancel(f"bench-{n:06d}")
+            app = create_app(store)
+            times = asyncio.run(
+                measure(app, client, store.keys.status_index("queued"), SAMPLES[quick])
+            )
+        finally:
+            client.close()
+    base = median(times["zrevrange"])
+    queued, every = median(times["queued"]), median(times["all"])
+    what = f"over {count} threads"
+    return [
+        Result(
+            "figure",
+            "ui_threads_page_ms",
+            every * 1000,
+            f"inspector threads page, every status, {what}",
+            millis(every),
+            target=PAGE_TARGET,
+        ),
+        Result(
+            "ratio",
+            "ui_threads_page_over_zrevrange",
+            queued / base,
+            f"inspector page of queued threads ÷ one ZREVRANGE page, {what}",
+            millis(queued),
+            micros(base),
+            RATIO_TARGET,
+        ),
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    return standalone("python -m bench.ui", __doc__, run, argv)
+
+
+if __name__ == "__main__":
+    exit_with(main)

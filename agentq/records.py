@@ -125,6 +125,10 @@ class Effect:
     state: EffectState
     token: int
     result: Any = None
+    tool: str | None = None
+    """The name of the function claimed under the key (its ``__qualname__``)."""
+    claimed_at: float | None = None
+    """When the latest claim was made (Unix time, the store's clock)."""
 
 
 @dataclass(frozen=True)

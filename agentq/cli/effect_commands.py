@@ -9,7 +9,7 @@ from rich.table import Table
 from rich.text import Text
 
 from agentq.cli.control_commands import parse_json, report_queued
-from agentq.cli.output import emit_json, show_block
+from agentq.cli.output import ago, emit_json, show_block
 from agentq.cli.read_commands import json_option, pass_session
 from agentq.cli.session import Session
 from agentq.ops.console import console
@@ -25,9 +25,10 @@ from agentq.store.contract import UNSET
 @pass_session
 def effects(session: Session, thread: str, as_json: bool) -> None:
     """List every effect record of THREAD: its key, the idempotency key its tool sent
-    downstream (look the call up at the service by it), whether its outcome was recorded
-    (done) or is unknown (pending: claimed by a worker that stopped before recording it),
-    the fencing token of the worker that claimed it, and the recorded result."""
+    downstream (look the call up at the service by it), the tool, when it was claimed,
+    whether its outcome was recorded (done) or is unknown (pending: claimed by a worker
+    that stopped before recording it), the fencing token of the worker that claimed it,
+    and the recorded result."""
     meta = session.meta(thread)
     found = session.store.effects(thread)
     if as_json:
@@ -40,13 +41,15 @@ def effects(session: Session, thread: str, as_json: bool) -> None:
         out.print(f"{thread} has no effect records.", markup=False)
         return
     table = Table(box=None, pad_edge=False, header_style="bold")
-    for column in ("KEY", "SENT AS", "STATE", "TOKEN", "RESULT"):
+    for column in ("KEY", "SENT AS", "TOOL", "CLAIMED", "STATE", "TOKEN", "RESULT"):
         table.add_column(column, no_wrap=column != "RESULT")
     for effect in found:
         pending = effect.state == EffectState.PENDING
         table.add_row(
             Text(effect.key),
             session.store.downstream_key(thread, effect.key),
+            Text(effect.tool or "-"),
+            "-" if effect.claimed_at is None else ago(effect.claimed_at),
             Text(effect.state.value, style="bold magenta" if pending else "green"),
             str(effect.token),
             Text("outcome unknown" if pending else short(effect.result, 60)),

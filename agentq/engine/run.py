@@ -262,6 +262,7 @@ class Run:
             self._token,
             shared=policy.shared,
             claim_id=claim_id,
+            tool=_name(fn),
         )
         if claim.outcome == ClaimOutcome.DONE:
             call.recorded = claim.effect.result
@@ -290,6 +291,7 @@ class Run:
                 shared=policy.shared,
                 takeover=True,
                 claim_id=claim_id,
+                tool=_name(fn),
             )
             if policy.reconcile is not None:
                 found = policy.reconcile(call.downstream, *args, **kwargs)

@@ -264,9 +264,9 @@ def test_retry_queues_a_failed_thread(threads: Backend) -> None:
 def stuck(store: Store, thread_id: str = "t-stuck") -> int:
     """A thread in needs_attention: its worker claimed two refunds, recorded one, died."""
     token = drive(store, thread_id, [{"n": 1}])
-    store.claim_effect(thread_id, "call-1", token)
+    store.claim_effect(thread_id, "call-1", token, tool="refund")
     store.complete_effect(thread_id, "call-1", token, {"refund_id": "re_1"})
-    store.claim_effect(thread_id, "call-2", token)
+    store.claim_effect(thread_id, "call-2", token, tool="refund")
     store.set_status(thread_id, token, Status.NEEDS_ATTENTION, error="unknown", release_owner=OWNER)
     return token
 
@@ -274,11 +274,14 @@ def stuck(store: Store, thread_id: str = "t-stuck") -> int:
 def test_effects_lists_every_record_of_a_thread(threads: Backend) -> None:
     token = stuck(threads.store)
     sent = [threads.store.downstream_key("t-stuck", key) for key in ("call-1", "call-2")]
-    assert ok_json(threads, "effects", "t-stuck") == [
+    listed = ok_json(threads, "effects", "t-stuck")
+    claimed = [effect.pop("claimed_at") for effect in listed]
+    assert all(isinstance(at, float) for at in claimed)
+    assert listed == [
         {"key": "call-1", "state": "done", "token": token, "result": {"refund_id": "re_1"}}
-        | {"sent_as": sent[0]},
+        | {"tool": "refund", "sent_as": sent[0]},
         {"key": "call-2", "state": "pending", "token": token, "result": None}
-        | {"sent_as": sent[1]},
+        | {"tool": "refund", "sent_as": sent[1]},
     ]
     text = run(threads, "effects", "t-stuck").stdout
     assert "call-2" in text and "outcome unknown" in text and "re_1" in text

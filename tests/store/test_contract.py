@@ -481,6 +481,23 @@ def test_effects_lists_the_threads_own_records_by_key(store: Store) -> None:
     assert store.effects("nobody") == []
 
 
+def test_an_effect_record_names_its_tool_and_when_it_was_claimed(store: Store) -> None:
+    token = started(store)
+    before = time.time()
+    store.claim_effect("t1", "refund-1", token, tool="payments.refund")
+    store.claim_effect("t1", "anonymous", token)
+    after = time.time()
+    named, anonymous = sorted(store.effects("t1"), key=lambda e: e.key != "refund-1")
+    assert named.tool == "payments.refund" and anonymous.tool is None
+    assert named.claimed_at is not None and before - 1 <= named.claimed_at <= after + 1
+    store.complete_effect("t1", "refund-1", token, "ok")
+    done = store.effect("t1", "refund-1")
+    assert done is not None and (done.tool, done.claimed_at) == (
+        "payments.refund",
+        named.claimed_at,
+    )
+
+
 def stuck(store: Store, key: str = "refund-1") -> int:
     """A thread stopped in needs_attention on ``key``, claimed by a worker that died."""
     token = started(store)

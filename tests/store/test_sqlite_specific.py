@@ -264,6 +264,8 @@ def test_a_version_2_database_is_upgraded_in_place(tmp_path: Path) -> None:
         db.execute("ALTER TABLE threads DROP COLUMN retry_at")
         db.execute("ALTER TABLE threads DROP COLUMN options")
         db.execute("ALTER TABLE threads DROP COLUMN origin")
+        db.execute("ALTER TABLE effects DROP COLUMN tool")
+        db.execute("ALTER TABLE effects DROP COLUMN claimed_at")
         db.execute("PRAGMA user_version = 2")
     with SQLiteStore(path) as store:
         assert store.latest("t1") == Checkpoint(step=0, node="n", token=token)

@@ -43,6 +43,7 @@ class EffectsContract(ABC):
         shared: bool = False,
         takeover: bool = False,
         claim_id: str = "",
+        tool: str = "",
     ) -> Claim:
         """Claim the idempotency record ``key`` of the thread (``shared=True``: the global
         record, across threads).
@@ -52,7 +53,8 @@ class EffectsContract(ABC):
         ``unknown``, or with ``takeover=True`` passes to ``token`` and answers ``claimed``.
         ``claim_id`` names this one call: the same claim sent again (a client retrying
         after its reply was lost) answers ``claimed`` again rather than ``unknown``, since
-        no effect can have run in between.
+        no effect can have run in between. ``tool`` names the function, for the operator
+        who reads the record.
 
         Raises :class:`~agentq.errors.StaleToken` when ``token`` is not the thread's
         current one. Atomic (for ``shared`` records on Redis Cluster the token check and the
@@ -61,12 +63,20 @@ class EffectsContract(ABC):
         validate_thread_id(thread_id)
         validate_effect_key(key, thread_id)
         return self._do_claim_effect(
-            thread_id, key, token, shared=shared, takeover=takeover, claim_id=claim_id
+            thread_id, key, token, shared=shared, takeover=takeover, claim_id=claim_id, tool=tool
         )
 
     @abstractmethod
     def _do_claim_effect(
-        self, thread_id: str, key: str, token: int, *, shared: bool, takeover: bool, claim_id: str
+        self,
+        thread_id: str,
+        key: str,
+        token: int,
+        *,
+        shared: bool,
+        takeover: bool,
+        claim_id: str,
+        tool: str,
     ) -> Claim: ...
 
     def complete_effect(

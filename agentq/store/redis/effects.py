@@ -63,11 +63,12 @@ class RedisEffects(RedisBase):
         shared: bool,
         takeover: bool,
         claim_id: str,
+        tool: str,
     ) -> Claim:
         keys = self._effect_keys(thread_id, key, shared=shared)
         self._check_fence_apart(thread_id, token, shared)
         code, holder, result = self._scripts["claim_effect"](
-            keys=keys, args=[token, "1" if takeover else "0", claim_id]
+            keys=keys, args=[token, "1" if takeover else "0", claim_id, tool]
         )
         raise_refusal(code, holder, thread_id=thread_id, token=token, key=key)
         if code == _DONE:
@@ -153,7 +154,7 @@ def _effect(thread_id: str, key: str, record: dict[str, bytes]) -> Effect | None
     """The record from its stored fields, ``None`` when there are none."""
     if not record:
         return None
-    result = record.get("result")
+    result, tool, claimed_at = record.get("result"), record.get("tool"), record.get("at")
     return Effect(
         key,
         EffectState(record["state"].decode()),
@@ -161,4 +162,6 @@ def _effect(thread_id: str, key: str, record: dict[str, bytes]) -> Effect | None
         None
         if result is None
         else decode_value(result, what=f"effect {key!r} result", thread_id=thread_id, step=None),
+        tool=tool.decode() if tool else None,
+        claimed_at=float(claimed_at) if claimed_at else None,
     )

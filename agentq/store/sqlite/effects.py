@@ -34,6 +34,7 @@ class EffectsMixin:
         shared: bool,
         takeover: bool,
         claim_id: str,
+        tool: str,
     ) -> Claim:
         scope = "" if shared else thread_id
         with self._conn.write() as db:
@@ -47,9 +48,9 @@ class EffectsMixin:
             )
             if found is None or (found.state == EffectState.PENDING and takeover) or resent:
                 db.execute(
-                    'INSERT OR REPLACE INTO effects (scope, "key", state, token, claim) '
-                    "VALUES (?, ?, 'pending', ?, ?)",
-                    (scope, key, token, claim_id),
+                    'INSERT OR REPLACE INTO effects (scope, "key", state, token, claim, tool, '
+                    "claimed_at) VALUES (?, ?, 'pending', ?, ?, ?, ?)",
+                    (scope, key, token, claim_id, tool or None, time.time()),
                 )
                 return Claim(ClaimOutcome.CLAIMED, Effect(key, EffectState.PENDING, token))
         done = found.state == EffectState.DONE
@@ -165,14 +166,22 @@ class EffectsMixin:
 
 def _read_effect(db: sqlite3.Connection, thread_id: str, scope: str, key: str) -> Effect | None:
     row = db.execute(
-        'SELECT state, token, result FROM effects WHERE scope = ? AND "key" = ?', (scope, key)
+        'SELECT state, token, result, tool, claimed_at FROM effects WHERE scope = ? AND "key" = ?',
+        (scope, key),
     ).fetchone()
     if row is None:
         return None
     result = row["result"]
     if result is not None:
         result = decode_value(result, what=f"effect {key!r}", thread_id=thread_id, step=None)
-    return Effect(key, EffectState(row["state"]), row["token"], result)
+    return Effect(
+        key,
+        EffectState(row["state"]),
+        row["token"],
+        result,
+        tool=row["tool"],
+        claimed_at=row["claimed_at"],
+    )
 
 
 def _stored_result(db: sqlite3.Connection, scope: str, key: str) -> bytes | None:

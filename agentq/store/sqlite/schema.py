@@ -48,8 +48,8 @@ SCHEMA: Final = (
     "CREATE TABLE IF NOT EXISTS checkpoints (thread_id TEXT NOT NULL, step INTEGER NOT NULL, "
     "data BLOB NOT NULL, PRIMARY KEY (thread_id, step))",
     'CREATE TABLE IF NOT EXISTS effects (scope TEXT NOT NULL, "key" TEXT NOT NULL, '
-    "state TEXT NOT NULL, token INTEGER NOT NULL, result BLOB, claim TEXT, "
-    'PRIMARY KEY (scope, "key"))',
+    "state TEXT NOT NULL, token INTEGER NOT NULL, result BLOB, claim TEXT, tool TEXT, "
+    'claimed_at REAL, PRIMARY KEY (scope, "key"))',
     "CREATE TABLE IF NOT EXISTS artifacts (thread_id TEXT NOT NULL, digest TEXT NOT NULL, "
     "data BLOB NOT NULL, PRIMARY KEY (thread_id, digest))",
     "CREATE TABLE IF NOT EXISTS leases (name TEXT PRIMARY KEY, owner TEXT NOT NULL, "
@@ -76,6 +76,8 @@ def migrate(db: sqlite3.Connection, path: str) -> None:
     if version in (1, 2):  # version 3: when a retrying thread may run, and how
         db.execute("ALTER TABLE threads ADD COLUMN retry_at REAL")  # to send it
         db.execute("ALTER TABLE threads ADD COLUMN options BLOB")
-    if version in (1, 2, 3):  # version 4: the task that first sent the thread
-        db.execute("ALTER TABLE threads ADD COLUMN origin TEXT")
+    if version in (1, 2, 3):  # version 4: the task that first sent the thread, and what
+        db.execute("ALTER TABLE threads ADD COLUMN origin TEXT")  # claimed an effect when
+        db.execute("ALTER TABLE effects ADD COLUMN tool TEXT")
+        db.execute("ALTER TABLE effects ADD COLUMN claimed_at REAL")
     db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")

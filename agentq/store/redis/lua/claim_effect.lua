@@ -2,7 +2,8 @@
 -- KEYS[1]: effect record, [2]: meta (omitted for a shared record on Redis Cluster),
 -- [3]: the thread's set of owned keys (thread-scoped records only).
 -- ARGV[1]: token, [2]: '1' to take over a pending record, [3]: the claim's id ('' for
--- none): a pending record holding the same id is this very claim, resent.
+-- none): a pending record holding the same id is this very claim, resent; [4] the tool's
+-- name.
 -- Returns {1, token, 0} claimed; {2, token, result} done; {3, token, 0} unknown
 -- outcome; {STALE_TOKEN, fence, 0}; {THREAD_NOT_FOUND, 0, 0}.
 local refused = refuse_stale_effect(ARGV[1])
@@ -20,7 +21,8 @@ end
 if state == 'pending' and ARGV[2] ~= '1' then
   return {3, tonumber(redis.call('HGET', KEYS[1], 'token')), 0}
 end
-redis.call('HSET', KEYS[1], 'state', 'pending', 'token', ARGV[1], 'claim', ARGV[3])
+redis.call('HSET', KEYS[1], 'state', 'pending', 'token', ARGV[1], 'claim', ARGV[3], 'tool', ARGV[4],
+  'at', tostring(now_seconds()))
 if #KEYS >= 3 then
   redis.call('SADD', KEYS[3], KEYS[1])
 end

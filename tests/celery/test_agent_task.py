@@ -14,7 +14,13 @@ from celery.contrib.testing.worker import start_worker
 
 from agentq import Status
 from agentq.codec.envelope import decode_envelope
-from agentq.errors import ArtifactNotFound, InvalidArgument, InvalidThreadId, ThreadStopped
+from agentq.errors import (
+    ArtifactNotFound,
+    InvalidArgument,
+    InvalidThreadId,
+    ThreadStopped,
+    UnserializableState,
+)
 from agentq.records import Checkpoint
 from agentq.store.contract import Store
 from agentq.store.redis.store import RedisStore
@@ -175,6 +181,15 @@ def test_rate_limit_waits_for_retry_after_then_finishes(env: Env) -> None:
     assert len(times) == 2 and times[1] - times[0] >= 2.0
 
 
+def test_the_error_of_a_rate_limit_is_gone_once_the_thread_moves_on(env: Env) -> None:
+    agent = env.agent("support_agent")
+    agent.delay("t1", question="hi", refunds=1, rate_limits=1, retry_after=0)
+    assert agent.wait("t1", timeout=30) == "Refunded 10 EUR."
+    meta = agent.thread("t1")
+    assert env.ledger.model_calls("t1") == 3  # the 429, then two answers
+    assert (meta.status, meta.attempts, meta.error) == (Status.DONE, 0, None)
+
+
 def test_rate_limit_past_max_attempts_fails_the_thread(env: Env) -> None:
     agent = env.agent("support_agent")
     agent.delay("t1", question="hi", refunds=0, rate_limits=99, retry_after=0)
@@ -234,6 +249,38 @@ def test_unstorable_state_fails_the_thread_naming_the_path(env: Env) -> None:
         agent.wait("t1", timeout=10)
     assert "state.handle" in (info.value.error or "")
     assert env.store.latest("t1").step == 0  # type: ignore[union-attr]
+
+
+# Celery's Redis result backend still calls redis-py's deprecated setex.
+@pytest.mark.filterwarnings("ignore:Call to deprecated setex:DeprecationWarning")
+@pytest.mark.parametrize("serializer", ["json", "pickle"])
+def test_get_raises_unserializable_state_from_the_worker(
+    redis_broker: str, result_backend: str, redis_server: RedisServer, serializer: str
+) -> None:
+    prefix = f"us{uuid.uuid4().hex[:8]}:"
+    app = make_app(
+        broker=redis_broker,
+        store=redis_server.url,
+        prefix=prefix,
+        queue=f"agentq-test-{prefix}",
+        ledger_url=redis_server.url,
+    )
+    app.conf.update(
+        result_backend=result_backend,
+        result_serializer=serializer,
+        result_accept_content=[serializer],
+        accept_content=["json", serializer],
+    )
+    agent = app.tasks["tests.broken_agent"]
+    with start_worker(app, pool="solo", perform_ping_check=False):
+        result = agent.delay("t1", mode="unstorable")
+        with pytest.raises(UnserializableState, match=r"state\.handle"):
+            result.get(timeout=20)
+    app.close()
+    error = result.result
+    assert isinstance(error, UnserializableState)
+    # Pickle keeps the attributes; JSON carries the message only.
+    assert error.path == ("state.handle" if serializer == "pickle" else None)
 
 
 def test_a_node_returning_nonsense_fails_clearly(env: Env) -> None:

@@ -281,6 +281,17 @@ def test_set_status_is_fenced_and_schedules(store: Store) -> None:
     assert store.due() == []
 
 
+def test_a_commit_clears_the_error_an_earlier_attempt_left(store: Store) -> None:
+    token = started(store)
+    store.set_status(
+        "t1", token, Status.RETRYING, due_in=0, attempts=1, error="429", release_owner="w1"
+    )
+    newer = store.acquire("t1", "w2", TTL)
+    store.commit("t1", newer, cp(0, newer))
+    meta = store.meta("t1")
+    assert meta is not None and (meta.attempts, meta.error) == (0, None)
+
+
 def test_retention_keeps_the_last_n(store: Store) -> None:
     token = started(store)
     for step in range(9):

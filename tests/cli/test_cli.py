@@ -318,9 +318,27 @@ def test_gc_deletes_only_finished_threads_past_the_cutoff(threads: Backend) -> N
         finish(threads.store, f"old-{index}", [{"i": index}], result=index)
     result = run(threads, "gc", "--older-than", "0")
     assert result.exit_code == 0, result.output
-    assert result.stdout.strip() == "Removed 122 finished threads older than 0s."
+    assert result.stdout.strip() == "Removed 121 finished threads older than 0s."
     left = {t.thread_id for t in threads.store.threads(limit=500)}
-    assert left == {"t-wait", "t-running"}
+    assert left == {"t-wait", "t-failed", "t-running"}
+
+
+def test_gc_keeps_failed_and_needs_attention_threads_unless_asked(threads: Backend) -> None:
+    stuck(threads.store)
+    before = {t.thread_id for t in threads.store.threads(limit=500)}
+    preview = run(threads, "gc", "--older-than", "0", "--dry-run")
+    assert preview.exit_code == 0, preview.output
+    assert preview.stdout.splitlines()[0].split()[:2] == ["t-done", "done"]
+    assert "Would remove 1 thread older than 0s (dry run: nothing deleted)." in preview.stdout
+    asked = ["--include", "failed", "--include", "needs_attention"]
+    assert ok_json(threads, "gc", "--older-than", "0", "--dry-run", *asked) == {
+        "would_remove": ["t-done", "t-failed", "t-stuck"],
+        "older_than": 0.0,
+    }
+    assert {t.thread_id for t in threads.store.threads(limit=500)} == before
+    assert ok_json(threads, "gc", "--older-than", "0")["removed"] == 1
+    assert ok_json(threads, "gc", "--older-than", "0", *asked)["removed"] == 2
+    assert {t.thread_id for t in threads.store.threads(limit=500)} == {"t-wait", "t-running"}
 
 
 def test_doctor_checks_the_store_and_cleans_up_its_probe(threads: Backend) -> None:

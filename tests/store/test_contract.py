@@ -368,6 +368,18 @@ def test_gc_deletes_finished_threads_after_their_ttl(store: Store) -> None:
     assert store.meta("done") is None and store.meta("running") is not None
 
 
+def test_gc_deletes_only_the_statuses_it_is_given(store: Store) -> None:
+    for status in (Status.DONE, Status.FAILED, Status.NEEDS_ATTENTION, Status.WAITING):
+        token = started(store, status.value)
+        store.set_status(status.value, token, status, release_owner="w1")
+    assert store.gc(0, {Status.DONE, Status.CANCELLED}) == 1
+    assert store.meta("failed") is not None and store.meta("needs_attention") is not None
+    assert store.gc(0, {Status.FAILED, Status.NEEDS_ATTENTION}) == 2
+    assert [t.thread_id for t in store.threads()] == ["waiting"]
+    with pytest.raises(InvalidArgument, match="waiting"):
+        store.gc(0, {Status.WAITING})
+
+
 # -- effects -----------------------------------------------------------------------------
 
 

@@ -96,6 +96,15 @@ class ThreadMeta:
     """The Celery routing options the thread was first sent with (queue, priority, ...),
     reused for every later send."""
 
+    @property
+    def resumable_from(self) -> frozenset[Status]:
+        """The statuses ``resume`` reopens this thread from: ``waiting``, and ``failed``
+        while it holds an answer no step consumed (the node given it failed, so a new
+        answer replaces it)."""
+        if self.resumed:
+            return frozenset({Status.WAITING, Status.FAILED})
+        return frozenset({Status.WAITING})
+
 
 class EffectState(StrEnum):
     """Where an idempotency record is. Stored as the plain string value."""

@@ -11,8 +11,10 @@ from typing import Any
 import pytest
 from celery import Celery
 from celery.contrib.testing.worker import start_worker
+from click.testing import CliRunner, Result
 
 from agentq import Status
+from agentq.cli import cli
 from agentq.codec.envelope import decode_envelope
 from agentq.errors import (
     ArtifactNotFound,
@@ -550,3 +552,37 @@ def test_each_step_reports_progress_to_the_result_backend_and_flower(
         ("t1", 2, "count"),
     ]
     app.close()
+
+
+def cli_on(env: Env, *args: str) -> Result:
+    """The ``agentq`` command against the env's store (its workers' sweepers send what
+    it queues)."""
+    settings = env.app._agentq_runtime.settings
+    return CliRunner().invoke(
+        cli, ["--store", settings.store, "--prefix", settings.prefix, *args], catch_exceptions=False
+    )
+
+
+def test_a_fork_waiting_on_an_interrupt_is_started_and_answered_from_the_cli(env: Env) -> None:
+    agent = env.agent("approval_agent")
+    agent.delay("t1", amount=30)
+    wait_until(lambda: agent.thread("t1").status == Status.WAITING, timeout=10, what="waiting")
+    forked = cli_on(env, "fork", "t1", "--from", "0", "--to", "f1")
+    assert forked.exit_code == 0, forked.output
+    assert "agentq resume f1 --value JSON" in " ".join(forked.stdout.split())
+    # As the hint says: without --value the fork runs on and asks again.
+    assert cli_on(env, "resume", "f1").exit_code == 0
+    wait_until(lambda: agent.thread("f1").status != Status.QUEUED, timeout=20, what="fork started")
+    wait_until(lambda: agent.thread("f1").status == Status.WAITING, timeout=20, what="asking")
+    assert agent.thread("f1").interrupt == {"question": "refund 30?"}
+    # A wrong answer fails the node given it; a new answer resumes it.
+    assert cli_on(env, "resume", "f1", "--value", '"yes"').exit_code == 0
+    wait_until(lambda: agent.thread("f1").status == Status.FAILED, timeout=20, what="failed")
+    assert cli_on(env, "resume", "f1", "--value", '{"approved": true}').exit_code == 0
+    wait_until(
+        lambda: agent.thread("f1").interrupt == {"question": "anything else?"},
+        timeout=20,
+        what="second question",
+    )
+    agent.resume("f1", "thanks")
+    assert agent.wait("f1", timeout=20) == {"approved": True, "note": "thanks"}

@@ -137,7 +137,6 @@ def resume(session: Session, thread: str, value: Any, as_json: bool) -> None:
     report_queued(outcome, "Resumed", as_json)
 
 
-
 @click.command(short_help="Run a failed thread again from its latest checkpoint.")
 @click.argument("thread")
 @json_option

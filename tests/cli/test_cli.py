@@ -598,3 +598,34 @@ def test_sweep_loops_until_interrupted(threads: Backend) -> None:
                 sweeper.kill()
         assert "Traceback" not in sweeper.stderr.read()
     assert queued_messages(threads) >= 1
+
+
+def test_the_app_may_come_after_the_command(threads: Backend) -> None:
+    env = demo_app_env(threads)
+    agentq = str(BIN / "agentq")
+    after = command([agentq, "retry", "t-failed", "-A", "agentq.demo.app"], env)
+    assert after.returncode == 0 and "message sent" in after.stdout, after.stderr
+    assert queued_messages(threads) == 1
+    celery = [str(BIN / "celery"), "-A", "agentq.demo.app", "agentq"]
+    twice = command([*celery, "threads", "-A", "agentq.demo.app"], env)
+    assert twice.returncode == 1 and "write -A before 'agentq'" in twice.stderr, twice.stderr
+
+
+def test_a_reader_that_goes_away_ends_the_listing_quietly(threads: Backend) -> None:
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # as `agentq threads | head` once head has exited
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("AGENTQ_")}
+    try:
+        listed = subprocess.run(
+            [str(BIN / "agentq"), *threads.args, "threads"],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            env=clean,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    finally:
+        os.close(write_end)
+    assert listed.stderr == ""
+    assert listed.returncode == 141

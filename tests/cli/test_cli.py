@@ -629,3 +629,18 @@ def test_a_reader_that_goes_away_ends_the_listing_quietly(threads: Backend) -> N
         os.close(write_end)
     assert listed.stderr == ""
     assert listed.returncode == 141
+
+
+@pytest.mark.parametrize(
+    "args,command_named",
+    [
+        (["retry", "t-wait"], "'agentq "),
+        (["resume", "t-done"], "'agentq "),
+        (["show", "t-done", "--step", "99"], "'agentq history t-done'"),
+        (["fork", "t-done", "--from", "99"], "'agentq history t-done'"),
+    ],
+)
+def test_errors_name_the_command_and_the_method(
+    threads: Backend, args: list[str], command_named: str
+) -> None:
+    assert_one_line_error(run(threads, *args), command_named, " in code)", code=1)

@@ -129,7 +129,8 @@ class RedisStore(RedisCheckpoints, RedisEffects):
         if data is None:
             raise CheckpointNotFound(
                 "cannot fork: the checkpoint is not stored (never written, or pruned by "
-                "keep_last); list the stored steps with history()",
+                f"keep_last); list the stored steps with 'agentq history {thread_id}' "
+                "(store.history in code)",
                 thread_id=thread_id,
                 step=step,
             )

@@ -219,7 +219,8 @@ class SQLiteStore(CheckpointsMixin, EffectsMixin, Store):
                 raise ThreadStateError(
                     f"cannot reopen a thread in status {status.value!r} (only from "
                     f"{sorted(Status(s).value for s in from_statuses)}); wait until it is "
-                    "one of those, or fork it to start over from a checkpoint",
+                    f"one of those, or fork it to start over from a checkpoint: 'agentq fork "
+                    f"{thread_id} --from N' (store.fork in code)",
                     thread_id=thread_id,
                     status=status.value,
                 )

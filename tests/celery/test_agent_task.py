@@ -586,3 +586,17 @@ def test_a_fork_waiting_on_an_interrupt_is_started_and_answered_from_the_cli(env
     )
     agent.resume("f1", "thanks")
     assert agent.wait("f1", timeout=20) == {"approved": True, "note": "thanks"}
+
+
+def test_the_error_and_the_listing_name_the_same_step(env: Env) -> None:
+    agent = env.agent("broken_agent")
+    agent.delay("t1", mode="unstorable")
+    with pytest.raises(ThreadStopped):
+        agent.wait("t1", timeout=10)
+    error = agent.thread("t1").error or ""
+    assert "step 1: state.handle" in error  # checkpoint 0 is the latest: step 1 failed
+    listed = cli_on(env, "threads")
+    row = next(line for line in listed.stdout.splitlines() if line.startswith("t1 "))
+    assert row.split()[:3] == ["t1", "failed", "1"]
+    shown = cli_on(env, "show", "t1").stdout
+    assert "1  (node work; latest checkpoint 0)" in shown

@@ -174,7 +174,7 @@ def test_threads_lists_newest_first_and_filters(threads: Backend) -> None:
     assert table.exit_code == 0
     lines = table.stdout.splitlines()
     assert lines[0].split()[:3] == ["THREAD", "STATUS", "STEP"]
-    assert lines[1].split()[:3] == ["t-running", "running", "0"]
+    assert lines[1].split()[:3] == ["t-running", "running", "1"]  # after checkpoint 0
     assert "KeyError: 'customer_id'" in table.stdout  # a failed thread shows why
     assert all(line == line.rstrip() for line in lines)  # piped: no padding to grep around
     assert run(threads, "threads", "--status", "cancelled").stdout.strip() == (

@@ -2,6 +2,10 @@
 
 All of them derive from :class:`AgentqError` and carry the thread and the step they are
 about as attributes, so a handler can act on them without parsing the message.
+
+An error a task raises in a worker comes back from Celery's ``AsyncResult.get()`` as the
+same class: pickled with its attributes, or rebuilt from its message alone by the JSON
+serializer, which keeps no attributes (those then read ``None``).
 """
 
 from __future__ import annotations
@@ -79,7 +83,14 @@ class CodecError(AgentqError):
 class UnserializableState(CodecError, TypeError):
     """Raised when a checkpoint holds a value msgpack cannot store; names the path to it."""
 
-    def __init__(self, message: str, *, path: str, thread_id: str | None, step: int | None):
+    def __init__(
+        self,
+        message: str,
+        *,
+        path: str | None = None,
+        thread_id: str | None = None,
+        step: int | None = None,
+    ):
         self.path = path
         super().__init__(message, thread_id=thread_id, step=step)
 
@@ -87,7 +98,15 @@ class UnserializableState(CodecError, TypeError):
 class CheckpointTooLarge(CodecError):
     """Raised before writing when an encoded checkpoint exceeds the configured size limit."""
 
-    def __init__(self, message: str, *, size: int, limit: int, thread_id: str, step: int):
+    def __init__(
+        self,
+        message: str,
+        *,
+        size: int | None = None,
+        limit: int | None = None,
+        thread_id: str | None = None,
+        step: int | None = None,
+    ):
         self.size = size
         self.limit = limit
         super().__init__(message, thread_id=thread_id, step=step)
@@ -168,7 +187,14 @@ class StaleToken(FencingError):
 class StepConflict(FencingError):
     """Raised when committing step n while the latest stored step is not n-1."""
 
-    def __init__(self, message: str, *, thread_id: str, step: int, latest: int):
+    def __init__(
+        self,
+        message: str,
+        *,
+        thread_id: str | None = None,
+        step: int | None = None,
+        latest: int | None = None,
+    ):
         self.latest = latest
         super().__init__(message, thread_id=thread_id, step=step)
 
@@ -180,7 +206,15 @@ class LogConflict(FencingError):
 class AppendOnlyViolation(AgentqError):
     """Raised when an item of an append-only state field changed after it was committed."""
 
-    def __init__(self, message: str, *, thread_id: str, step: int, field: str, index: int):
+    def __init__(
+        self,
+        message: str,
+        *,
+        thread_id: str | None = None,
+        step: int | None = None,
+        field: str | None = None,
+        index: int | None = None,
+    ):
         self.field = field
         self.index = index
         super().__init__(message, thread_id=thread_id, step=step)

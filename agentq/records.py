@@ -99,6 +99,15 @@ class ThreadMeta:
     """The id of the Celery task that first sent the thread, whose result the caller of
     ``delay()`` holds: the task that ends the thread stores the outcome under it too."""
 
+    @property
+    def resumable_from(self) -> frozenset[Status]:
+        """The statuses ``resume`` reopens this thread from: ``waiting``, and ``failed``
+        while it holds an answer no step consumed (the node given it failed, so a new
+        answer replaces it)."""
+        if self.resumed:
+            return frozenset({Status.WAITING, Status.FAILED})
+        return frozenset({Status.WAITING})
+
 
 class EffectState(StrEnum):
     """Where an idempotency record is. Stored as the plain string value."""

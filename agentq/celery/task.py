@@ -238,13 +238,14 @@ class AgentTask(Task):  # type: ignore[misc]
 
     def resume(self, thread_id: str, value: Any = None, **options: Any) -> AsyncResult:
         """Continue a ``waiting`` thread: ``value`` becomes ``run.resume_value`` (and what
-        ``run.interrupt()`` returns)."""
+        ``run.interrupt()`` returns). A thread that failed in the node given the previous
+        answer is resumed with this one instead."""
         meta = self._store_call(
             "resuming the thread",
             thread_id,
             self.agentq.store.reopen,
             validate_thread_id(thread_id),
-            from_statuses={Status.WAITING},
+            from_statuses=self.thread(thread_id).resumable_from,
             resume_value=value,
             start_grace=self.agentq.settings.start_grace,
         )

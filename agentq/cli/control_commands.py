@@ -16,7 +16,7 @@ from agentq.cli.session import Session
 from agentq.ids import validate_thread_id
 from agentq.ops.console import console
 from agentq.ops.control import requeue
-from agentq.ops.jsonable import plain
+from agentq.ops.jsonable import plain, short
 from agentq.records import Status
 from agentq.store.contract import UNSET
 
@@ -50,17 +50,29 @@ def parse_json(ctx: click.Context, param: click.Parameter, value: str | None) ->
 @pass_session
 def fork(session: Session, thread: str, step: int, new_thread: str | None, as_json: bool) -> None:
     """Copy checkpoint N of THREAD into a new thread, to replay or try something else from
-    there. The fork waits: start it with 'agentq resume NEW'."""
-    session.meta(thread)
+    there. The fork waits: start it with 'agentq resume NEW', adding --value JSON when
+    its first node asks a human (run.interrupt() returns that value)."""
+    source = session.meta(thread)
     target = validate_thread_id(new_thread or f"{thread}-fork-{step}-{uuid.uuid4().hex[:4]}")
     meta = session.store.fork(thread, step, target)
     if as_json:
         emit_json(meta)
         return
+    start = f"agentq resume {escape(target)}"
+    if source.status == Status.WAITING and source.step == step and source.interrupt is not None:
+        # The source waits on a question its next node asked: the fork asks it again.
+        hint = (
+            f"{start} --value JSON, the answer to {escape(short(source.interrupt, 60))} "
+            "(without --value it waits on that question again)"
+        )
+    else:
+        hint = (
+            f"{start} (if node {escape(meta.node or '-')} asks a human, it waits again "
+            f"for: {start} --value JSON)"
+        )
     console().print(
         f"Forked [bold]{escape(thread)}[/] at step {step} into "
-        f"[bold cyan]{escape(target)}[/] ({meta.status.value}). Start it with: "
-        f"agentq resume {escape(target)}"
+        f"[bold cyan]{escape(target)}[/] ({meta.status.value}). Start it with: {hint}"
     )
 
 
@@ -105,14 +117,21 @@ def report_queued(outcome: dict[str, Any], verb: str, as_json: bool) -> None:
     "--value",
     metavar="JSON",
     callback=parse_json,
-    help="What run.interrupt() returns in the thread, as JSON.",
+    help="What run.interrupt() returns in the thread, as JSON. Without it the thread "
+    "runs on and a run.interrupt() waits again.",
 )
 @json_option
 @pass_session
 def resume(session: Session, thread: str, value: Any, as_json: bool) -> None:
-    """Continue a waiting THREAD (interrupted for a human, or a fresh fork)."""
-    outcome = _reopen_and_send(session, thread, {Status.WAITING}, value)
-    outcome["resume_value"] = plain(value)
+    """Continue a waiting THREAD (interrupted for a human, or a fresh fork). A thread that
+    failed in the node given the previous answer takes a new one with --value."""
+    # --value null answers None; no --value at all answers nothing.
+    source = click.get_current_context().get_parameter_source("value")
+    given = source == click.core.ParameterSource.COMMANDLINE
+    answer = value if given else UNSET
+    statuses = session.meta(thread).resumable_from if given else {Status.WAITING}
+    outcome = _reopen_and_send(session, thread, statuses, answer)
+    outcome["resume_value"] = plain(value) if given else None
     report_queued(outcome, "Resumed", as_json)
 
 

@@ -97,7 +97,23 @@ def celery_command(
     ctx.call_on_close(session.close)
 
 
+def _late_app(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    session = ctx.find_object(Session)
+    if value is not None and session is not None:
+        session.use_app_path(value)
+
+
+_LATE_APP = click.Option(
+    ["-A", "--app"],
+    metavar="MODULE:APP",
+    expose_value=False,
+    callback=_late_app,
+    help="Your Celery app, as before the command.",
+)
+
 for _command in (*READ_COMMANDS, *CONTROL_COMMANDS, *EFFECT_COMMANDS, *OPS_COMMANDS, ui):
+    # '-A proj' after the command too, where people type it from habit.
+    _command.params.append(_LATE_APP)
     cli.add_command(_command)
     celery_command.add_command(_command)
 cli.add_command(demo)

@@ -15,6 +15,8 @@ from agentq.errors import AgentqError
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
+EXIT_BROKEN_PIPE = 141
+"""128 + SIGPIPE: what a shell reports for a tool its reader (``| head``) went away from."""
 TRACEBACK_ENV = "AGENTQ_TRACEBACK"
 
 
@@ -52,10 +54,19 @@ def _usage_line(exc: click.ClickException) -> str:
     return message
 
 
+def stop_writing() -> NoReturn:
+    """Exit quietly once stdout's reader has gone: what is left to write goes to
+    /dev/null, so the interpreter's last flush cannot fail again at exit."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    raise click.exceptions.Exit(EXIT_BROKEN_PIPE)
+
+
 def report(exc: BaseException) -> NoReturn:
     """Print ``exc`` as one line and exit; a bug's traceback only when asked for."""
     if isinstance(exc, click.exceptions.Exit):
         raise exc
+    if isinstance(exc, BrokenPipeError):
+        stop_writing()
     if isinstance(exc, click.ClickException):
         fail(_usage_line(exc), exc.exit_code)
     if isinstance(exc, click.Abort | KeyboardInterrupt):
@@ -85,6 +96,7 @@ class AgentqGroup(click.Group):
     ) -> Any:
         try:
             code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+            sys.stdout.flush()  # a pipe's buffer is written here, while errors are caught
         except click.exceptions.Exit as exit_:
             code = exit_.exit_code
         except (Exception, KeyboardInterrupt) as exc:

@@ -9,15 +9,16 @@ from typing import TYPE_CHECKING, Any
 import click
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+from rich.text import Text
 
 from agentq.cli.group import describe
-from agentq.cli.output import duration, emit_json
+from agentq.cli.output import ago, duration, emit_json
 from agentq.cli.read_commands import json_option, pass_session
 from agentq.cli.session import Session
 from agentq.ops import gc as cleanup
 from agentq.ops import latency
 from agentq.ops.console import console
-from agentq.records import Finding
+from agentq.records import Finding, Status, ThreadMeta
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -36,16 +37,37 @@ SLOW_COMMIT_MS = 50.0
     help="Delete threads finished longer ago than this (default: the "
     "finished_ttl setting, 7 days unless configured).",
 )
+@click.option(
+    "--include",
+    "included",
+    multiple=True,
+    type=click.Choice(sorted(s.value for s in cleanup.KEPT_UNLESS_ASKED)),
+    help="Delete threads in this status too (repeatable); they are kept by default, "
+    "since someone may still look into them.",
+)
+@click.option("--dry-run", is_flag=True, help="List what would be deleted; delete nothing.")
 @json_option
 @pass_session
-def gc(session: Session, older_than: float | None, as_json: bool) -> None:
-    """Delete finished threads (done, failed, cancelled) past their retention, with every
-    checkpoint and effect record they own. Workers' sweepers do this too, every minute."""
+def gc(
+    session: Session,
+    older_than: float | None,
+    included: tuple[str, ...],
+    dry_run: bool,
+    as_json: bool,
+) -> None:
+    """Delete done and cancelled threads past their retention, with every checkpoint and
+    effect record they own (failed and needs_attention ones only with --include).
+    Workers' sweepers also delete finished threads, failed ones included, once they are
+    older than finished_ttl."""
     ttl = session.settings.finished_ttl if older_than is None else older_than
+    statuses = {Status.DONE, Status.CANCELLED, *(Status(s) for s in included)}
     store = session.store
+    if dry_run:
+        _preview(cleanup.candidates(store, time.time() - ttl, statuses), ttl, as_json)
+        return
     err = console(stderr=True)
     if as_json or not err.is_terminal:
-        removed = cleanup.collect(store, ttl)
+        removed = cleanup.collect(store, ttl, statuses)
     else:
         with Progress(
             TextColumn("deleting finished threads"),
@@ -61,13 +83,26 @@ def gc(session: Session, older_than: float | None, as_json: bool) -> None:
                 visible = expected > cleanup.CHUNK
                 progress.update(bar, completed=done, total=expected, visible=visible)
 
-            removed = cleanup.collect(store, ttl, show)
+            removed = cleanup.collect(store, ttl, statuses, show)
     if as_json:
         emit_json({"removed": removed, "older_than": ttl})
         return
     console().print(
         f"Removed {removed} finished thread{'s' if removed != 1 else ''} "
         f"older than {duration(ttl)}."
+    )
+
+
+def _preview(found: list[ThreadMeta], ttl: float, as_json: bool) -> None:
+    if as_json:
+        emit_json({"would_remove": [meta.thread_id for meta in found], "older_than": ttl})
+        return
+    out = console()
+    for meta in found:
+        out.print(Text(f"{meta.thread_id}  {meta.status.value}  updated {ago(meta.updated_at)}"))
+    out.print(
+        f"Would remove {len(found)} thread{'s' if len(found) != 1 else ''} older than "
+        f"{duration(ttl)} (dry run: nothing deleted)."
     )
 
 

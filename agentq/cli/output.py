@@ -11,7 +11,7 @@ from rich.console import Console, RenderableType
 from rich.text import Text
 
 from agentq.ops.jsonable import plain
-from agentq.records import Status
+from agentq.records import Status, ThreadMeta
 
 STATUS_STYLES: Final = {
     Status.QUEUED: "blue",
@@ -69,3 +69,10 @@ def duration(seconds: float) -> str:
         if seconds >= size and seconds % size == 0:
             return f"{int(seconds // size)}{unit}"
     return f"{seconds:g}s"
+
+
+def step_at(meta: ThreadMeta) -> int:
+    """The step a thread is at, numbered as the store numbers checkpoints (step n writes
+    checkpoint n): its last one when done, else the one after its latest checkpoint,
+    which is running, retrying, failed or waiting to run, and which errors name."""
+    return meta.step if meta.status == Status.DONE else meta.step + 1

@@ -16,6 +16,7 @@ from agentq.cli.output import (
     emit_json,
     show_block,
     status_text,
+    step_at,
     when,
 )
 from agentq.cli.session import Session
@@ -76,7 +77,7 @@ def threads(session: Session, status: str | None, limit: int, as_json: bool) -> 
         table.add_row(
             Text(meta.thread_id),
             status_text(meta.status),
-            str(meta.step),
+            str(step_at(meta)),
             Text(meta.node or "-"),
             Text(meta.task or "-"),
             ago(meta.updated_at),
@@ -91,7 +92,7 @@ def _meta_table(meta: ThreadMeta) -> Table:
     table.add_column()
     rows: list[tuple[str, RenderableType]] = [
         ("status", status_text(meta.status)),
-        ("step", f"{meta.step}  (next node: {meta.node or '-'})"),
+        ("step", f"{step_at(meta)}  (node {meta.node or '-'}; latest checkpoint {meta.step})"),
         ("task", meta.task or "-"),
         ("attempts", f"{meta.attempts} at this step, {meta.crashes} lost workers"),
         ("fencing token", str(meta.fence)),

@@ -62,6 +62,13 @@ class Session:
                 self._override_store(self._app)
         return self._app
 
+    def use_app_path(self, app_path: str) -> None:
+        """Take ``-A`` given after the command (it wins over ``AGENTQ_APP``), before
+        anything was loaded."""
+        if self._app is not None and self._app_path is None:
+            raise CliError("the app comes from celery here: write -A before 'agentq'")
+        self._app_path = app_path
+
     def require_app(self, purpose: str) -> Any:
         app = self.app
         if app is None:

@@ -186,7 +186,8 @@ class Driver:
                 Status.FAILED,
                 crashes=crashes,
                 error=f"worker lost {crashes} times at step {meta.step + 1}; the step "
-                "may crash its worker (out of memory?): fix it, then retry the thread",
+                "may crash its worker (out of memory?): fix it, then 'agentq retry "
+                f"{self.thread_id}' (task.retry_thread in code)",
             )
             logger.error("thread %s: failed after %d lost workers", self.thread_id, crashes)
             return False

@@ -57,7 +57,8 @@ def checkpoint_lost(thread_id: str, step: int, what: str) -> CheckpointLost:
     return CheckpointLost(
         f"data loss: step {step} was committed but {what}; the store dropped "
         "acknowledged writes (eviction, no persistence, an old backup: run agentq "
-        "doctor). Fork the thread from an older checkpoint if one is left, or delete it",
+        f"doctor). Fork it from an older checkpoint if one is left ('agentq fork {thread_id} "
+        "--from N', store.fork in code), or delete it (store.delete_thread)",
         thread_id=thread_id,
         step=step,
     )

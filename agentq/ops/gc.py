@@ -1,55 +1,61 @@
-"""``gc`` in chunks, so a long clean-up can show progress.
+"""``gc`` in chunks, so a long clean-up can show progress, and what it would delete.
 
-The store's own ``gc(finished_ttl)`` decides and deletes each thread atomically (a thread
-reopened meanwhile is not deleted), but runs as one call. Calling it with TTLs that start
-at the oldest finished thread and shrink to the requested one deletes the same threads in
-age order, a chunk per call, with the same atomic checks: no thread newer than the
-requested cutoff can be deleted, because no TTL used is shorter than the requested one.
+The store's own ``gc(finished_ttl, statuses)`` decides and deletes each thread atomically
+(a thread reopened meanwhile is not deleted), but runs as one call. Calling it with TTLs
+that start at the oldest matching thread and shrink to the requested one deletes the same
+threads in age order, a chunk per call, with the same atomic checks: no thread newer than
+the requested cutoff can be deleted, because no TTL used is shorter than the requested one.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Final
 
-from agentq.records import FINISHED
+from agentq.records import Status, ThreadMeta
 from agentq.store.contract import Store
 
 CHUNK: Final = 100
 """Threads per ``gc`` call when there are more than this many to delete."""
 _PAGE: Final = 500
 
+KEPT_UNLESS_ASKED: Final = frozenset({Status.FAILED, Status.NEEDS_ATTENTION})
+"""Threads someone may still look into: ``agentq gc`` deletes them only when asked."""
 
-def finished_before(store: Store, cutoff: float) -> list[float]:
-    """The update times of the finished threads last updated before ``cutoff``, oldest
-    first. A count for progress only: the deleting call decides again."""
-    times: list[float] = []
-    for status in FINISHED:
+
+def candidates(store: Store, cutoff: float, statuses: Collection[Status]) -> list[ThreadMeta]:
+    """The threads in ``statuses`` last updated before ``cutoff``, oldest first: what a
+    ``gc`` would delete now. A preview only: the deleting call decides again."""
+    found: list[ThreadMeta] = []
+    for status in sorted(statuses):
         offset = 0
         while True:
             page = store.threads(status, limit=_PAGE, offset=offset)
-            times.extend(meta.updated_at for meta in page if meta.updated_at < cutoff)
+            found.extend(meta for meta in page if meta.updated_at < cutoff)
             if len(page) < _PAGE:
                 break
             offset += _PAGE
-    return sorted(times)
+    return sorted(found, key=lambda meta: meta.updated_at)
 
 
 def collect(
-    store: Store, older_than: float, on_progress: Callable[[int, int], None] | None = None
+    store: Store,
+    older_than: float,
+    statuses: Collection[Status],
+    on_progress: Callable[[int, int], None] | None = None,
 ) -> int:
-    """Delete the threads that finished more than ``older_than`` seconds ago; return how
-    many. ``on_progress(removed, expected)`` is called after each chunk."""
+    """Delete the threads in ``statuses`` last updated more than ``older_than`` seconds
+    ago; return how many. ``on_progress(removed, expected)`` is called after each chunk."""
     report = on_progress or (lambda removed, expected: None)
-    times = finished_before(store, time.time() - older_than)
+    times = [meta.updated_at for meta in candidates(store, time.time() - older_than, statuses)]
     removed = 0
     report(removed, len(times))
     if len(times) > CHUNK:
         for index in range(CHUNK - 1, len(times) - 1, CHUNK):
             # Strictly before this thread's update time: the chunk up to it, oldest first.
-            removed += store.gc(max(older_than, time.time() - times[index]))
+            removed += store.gc(max(older_than, time.time() - times[index]), statuses)
             report(removed, max(len(times), removed))
-    removed += store.gc(older_than)
+    removed += store.gc(older_than, statuses)
     report(removed, max(len(times), removed))
     return removed

@@ -11,10 +11,18 @@ from typing import Any
 import pytest
 from celery import Celery
 from celery.contrib.testing.worker import start_worker
+from click.testing import CliRunner, Result
 
 from agentq import Status
+from agentq.cli import cli
 from agentq.codec.envelope import decode_envelope
-from agentq.errors import ArtifactNotFound, InvalidArgument, InvalidThreadId, ThreadStopped
+from agentq.errors import (
+    ArtifactNotFound,
+    InvalidArgument,
+    InvalidThreadId,
+    ThreadStopped,
+    UnserializableState,
+)
 from agentq.records import Checkpoint
 from agentq.store.contract import Store
 from agentq.store.redis.store import RedisStore
@@ -176,6 +184,15 @@ def test_rate_limit_waits_for_retry_after_then_finishes(env: Env) -> None:
     assert len(times) == 2 and times[1] - times[0] >= 2.0
 
 
+def test_the_error_of_a_rate_limit_is_gone_once_the_thread_moves_on(env: Env) -> None:
+    agent = env.agent("support_agent")
+    agent.delay("t1", question="hi", refunds=1, rate_limits=1, retry_after=0)
+    assert agent.wait("t1", timeout=30) == "Refunded 10 EUR."
+    meta = agent.thread("t1")
+    assert env.ledger.model_calls("t1") == 3  # the 429, then two answers
+    assert (meta.status, meta.attempts, meta.error) == (Status.DONE, 0, None)
+
+
 def test_rate_limit_past_max_attempts_fails_the_thread(env: Env) -> None:
     agent = env.agent("support_agent")
     agent.delay("t1", question="hi", refunds=0, rate_limits=99, retry_after=0)
@@ -235,6 +252,38 @@ def test_unstorable_state_fails_the_thread_naming_the_path(env: Env) -> None:
         agent.wait("t1", timeout=10)
     assert "state.handle" in (info.value.error or "")
     assert env.store.latest("t1").step == 0  # type: ignore[union-attr]
+
+
+# Celery's Redis result backend still calls redis-py's deprecated setex.
+@pytest.mark.filterwarnings("ignore:Call to deprecated setex:DeprecationWarning")
+@pytest.mark.parametrize("serializer", ["json", "pickle"])
+def test_get_raises_unserializable_state_from_the_worker(
+    redis_broker: str, result_backend: str, redis_server: RedisServer, serializer: str
+) -> None:
+    prefix = f"us{uuid.uuid4().hex[:8]}:"
+    app = make_app(
+        broker=redis_broker,
+        store=redis_server.url,
+        prefix=prefix,
+        queue=f"agentq-test-{prefix}",
+        ledger_url=redis_server.url,
+    )
+    app.conf.update(
+        result_backend=result_backend,
+        result_serializer=serializer,
+        result_accept_content=[serializer],
+        accept_content=["json", serializer],
+    )
+    agent = app.tasks["tests.broken_agent"]
+    with start_worker(app, pool="solo", perform_ping_check=False):
+        result = agent.delay("t1", mode="unstorable")
+        with pytest.raises(UnserializableState, match=r"state\.handle"):
+            result.get(timeout=20)
+    app.close()
+    error = result.result
+    assert isinstance(error, UnserializableState)
+    # Pickle keeps the attributes; JSON carries the message only.
+    assert error.path == ("state.handle" if serializer == "pickle" else None)
 
 
 def test_a_node_returning_nonsense_fails_clearly(env: Env) -> None:
@@ -503,3 +552,51 @@ def test_each_step_reports_progress_to_the_result_backend_and_flower(
         ("t1", 2, "count"),
     ]
     app.close()
+
+
+def cli_on(env: Env, *args: str) -> Result:
+    """The ``agentq`` command against the env's store (its workers' sweepers send what
+    it queues)."""
+    settings = env.app._agentq_runtime.settings
+    return CliRunner().invoke(
+        cli, ["--store", settings.store, "--prefix", settings.prefix, *args], catch_exceptions=False
+    )
+
+
+def test_a_fork_waiting_on_an_interrupt_is_started_and_answered_from_the_cli(env: Env) -> None:
+    agent = env.agent("approval_agent")
+    agent.delay("t1", amount=30)
+    wait_until(lambda: agent.thread("t1").status == Status.WAITING, timeout=10, what="waiting")
+    forked = cli_on(env, "fork", "t1", "--from", "0", "--to", "f1")
+    assert forked.exit_code == 0, forked.output
+    assert "agentq resume f1 --value JSON" in " ".join(forked.stdout.split())
+    # As the hint says: without --value the fork runs on and asks again.
+    assert cli_on(env, "resume", "f1").exit_code == 0
+    wait_until(lambda: agent.thread("f1").status != Status.QUEUED, timeout=20, what="fork started")
+    wait_until(lambda: agent.thread("f1").status == Status.WAITING, timeout=20, what="asking")
+    assert agent.thread("f1").interrupt == {"question": "refund 30?"}
+    # A wrong answer fails the node given it; a new answer resumes it.
+    assert cli_on(env, "resume", "f1", "--value", '"yes"').exit_code == 0
+    wait_until(lambda: agent.thread("f1").status == Status.FAILED, timeout=20, what="failed")
+    assert cli_on(env, "resume", "f1", "--value", '{"approved": true}').exit_code == 0
+    wait_until(
+        lambda: agent.thread("f1").interrupt == {"question": "anything else?"},
+        timeout=20,
+        what="second question",
+    )
+    agent.resume("f1", "thanks")
+    assert agent.wait("f1", timeout=20) == {"approved": True, "note": "thanks"}
+
+
+def test_the_error_and_the_listing_name_the_same_step(env: Env) -> None:
+    agent = env.agent("broken_agent")
+    agent.delay("t1", mode="unstorable")
+    with pytest.raises(ThreadStopped):
+        agent.wait("t1", timeout=10)
+    error = agent.thread("t1").error or ""
+    assert "step 1: state.handle" in error  # checkpoint 0 is the latest: step 1 failed
+    listed = cli_on(env, "threads")
+    row = next(line for line in listed.stdout.splitlines() if line.startswith("t1 "))
+    assert row.split()[:3] == ["t1", "failed", "1"]
+    shown = cli_on(env, "show", "t1").stdout
+    assert "1  (node work; latest checkpoint 0)" in shown

@@ -174,7 +174,7 @@ def test_threads_lists_newest_first_and_filters(threads: Backend) -> None:
     assert table.exit_code == 0
     lines = table.stdout.splitlines()
     assert lines[0].split()[:3] == ["THREAD", "STATUS", "STEP"]
-    assert lines[1].split()[:3] == ["t-running", "running", "0"]
+    assert lines[1].split()[:3] == ["t-running", "running", "1"]  # after checkpoint 0
     assert "KeyError: 'customer_id'" in table.stdout  # a failed thread shows why
     assert all(line == line.rstrip() for line in lines)  # piped: no padding to grep around
     assert run(threads, "threads", "--status", "cancelled").stdout.strip() == (
@@ -325,9 +325,27 @@ def test_gc_deletes_only_finished_threads_past_the_cutoff(threads: Backend) -> N
         finish(threads.store, f"old-{index}", [{"i": index}], result=index)
     result = run(threads, "gc", "--older-than", "0")
     assert result.exit_code == 0, result.output
-    assert result.stdout.strip() == "Removed 122 finished threads older than 0s."
+    assert result.stdout.strip() == "Removed 121 finished threads older than 0s."
     left = {t.thread_id for t in threads.store.threads(limit=500)}
-    assert left == {"t-wait", "t-running"}
+    assert left == {"t-wait", "t-failed", "t-running"}
+
+
+def test_gc_keeps_failed_and_needs_attention_threads_unless_asked(threads: Backend) -> None:
+    stuck(threads.store)
+    before = {t.thread_id for t in threads.store.threads(limit=500)}
+    preview = run(threads, "gc", "--older-than", "0", "--dry-run")
+    assert preview.exit_code == 0, preview.output
+    assert preview.stdout.splitlines()[0].split()[:2] == ["t-done", "done"]
+    assert "Would remove 1 thread older than 0s (dry run: nothing deleted)." in preview.stdout
+    asked = ["--include", "failed", "--include", "needs_attention"]
+    assert ok_json(threads, "gc", "--older-than", "0", "--dry-run", *asked) == {
+        "would_remove": ["t-done", "t-failed", "t-stuck"],
+        "older_than": 0.0,
+    }
+    assert {t.thread_id for t in threads.store.threads(limit=500)} == before
+    assert ok_json(threads, "gc", "--older-than", "0")["removed"] == 1
+    assert ok_json(threads, "gc", "--older-than", "0", *asked)["removed"] == 2
+    assert {t.thread_id for t in threads.store.threads(limit=500)} == {"t-wait", "t-running"}
 
 
 def test_doctor_checks_the_store_and_cleans_up_its_probe(threads: Backend) -> None:
@@ -587,3 +605,49 @@ def test_sweep_loops_until_interrupted(threads: Backend) -> None:
                 sweeper.kill()
         assert "Traceback" not in sweeper.stderr.read()
     assert queued_messages(threads) >= 1
+
+
+def test_the_app_may_come_after_the_command(threads: Backend) -> None:
+    env = demo_app_env(threads)
+    agentq = str(BIN / "agentq")
+    after = command([agentq, "retry", "t-failed", "-A", "agentq.demo.app"], env)
+    assert after.returncode == 0 and "message sent" in after.stdout, after.stderr
+    assert queued_messages(threads) == 1
+    celery = [str(BIN / "celery"), "-A", "agentq.demo.app", "agentq"]
+    twice = command([*celery, "threads", "-A", "agentq.demo.app"], env)
+    assert twice.returncode == 1 and "write -A before 'agentq'" in twice.stderr, twice.stderr
+
+
+def test_a_reader_that_goes_away_ends_the_listing_quietly(threads: Backend) -> None:
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # as `agentq threads | head` once head has exited
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("AGENTQ_")}
+    try:
+        listed = subprocess.run(
+            [str(BIN / "agentq"), *threads.args, "threads"],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            env=clean,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    finally:
+        os.close(write_end)
+    assert listed.stderr == ""
+    assert listed.returncode == 141
+
+
+@pytest.mark.parametrize(
+    "args,command_named",
+    [
+        (["retry", "t-wait"], "'agentq "),
+        (["resume", "t-done"], "'agentq "),
+        (["show", "t-done", "--step", "99"], "'agentq history t-done'"),
+        (["fork", "t-done", "--from", "99"], "'agentq history t-done'"),
+    ],
+)
+def test_errors_name_the_command_and_the_method(
+    threads: Backend, args: list[str], command_named: str
+) -> None:
+    assert_one_line_error(run(threads, *args), command_named, " in code)", code=1)

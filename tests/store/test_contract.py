@@ -321,6 +321,17 @@ def test_set_status_is_fenced_and_schedules(store: Store) -> None:
     assert store.due() == []
 
 
+def test_a_commit_clears_the_error_an_earlier_attempt_left(store: Store) -> None:
+    token = started(store)
+    store.set_status(
+        "t1", token, Status.RETRYING, due_in=0, attempts=1, error="429", release_owner="w1"
+    )
+    newer = store.acquire("t1", "w2", TTL)
+    store.commit("t1", newer, cp(0, newer))
+    meta = store.meta("t1")
+    assert meta is not None and (meta.attempts, meta.error) == (0, None)
+
+
 def test_retention_keeps_the_last_n(store: Store) -> None:
     token = started(store)
     for step in range(9):
@@ -395,6 +406,18 @@ def test_gc_deletes_finished_threads_after_their_ttl(store: Store) -> None:
     assert store.gc(finished_ttl=3600) == 0
     assert store.gc(finished_ttl=0) == 1
     assert store.meta("done") is None and store.meta("running") is not None
+
+
+def test_gc_deletes_only_the_statuses_it_is_given(store: Store) -> None:
+    for status in (Status.DONE, Status.FAILED, Status.NEEDS_ATTENTION, Status.WAITING):
+        token = started(store, status.value)
+        store.set_status(status.value, token, status, release_owner="w1")
+    assert store.gc(0, {Status.DONE, Status.CANCELLED}) == 1
+    assert store.meta("failed") is not None and store.meta("needs_attention") is not None
+    assert store.gc(0, {Status.FAILED, Status.NEEDS_ATTENTION}) == 2
+    assert [t.thread_id for t in store.threads()] == ["waiting"]
+    with pytest.raises(InvalidArgument, match="waiting"):
+        store.gc(0, {Status.WAITING})
 
 
 # -- effects -----------------------------------------------------------------------------

@@ -36,8 +36,9 @@ class CheckpointsContract(ABC):
         :class:`~agentq.errors.StaleToken`) and the latest step is ``checkpoint.step - 1``
         (else :class:`~agentq.errors.StepConflict`). In one atomic operation it writes the
         snapshot, the latest pointer, the meta (status, step, node; attempts and crashes
-        reset to 0; a consumed resume value removed; ``result`` and the ``interrupt``
-        payload stored if given, else no interrupt), the status and due indexes (due in
+        reset to 0; a consumed resume value and the error of an earlier attempt removed;
+        ``result`` and the ``interrupt`` payload stored if given, else no interrupt), the
+        status and due indexes (due in
         ``due_in`` seconds, out of the due index when ``None``, as it was when ``UNSET``:
         a running thread's due time follows its lease) and prunes checkpoints
         beyond ``keep_last``; with ``release_owner`` it also releases that owner's lease.

@@ -5,11 +5,15 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Collection, Mapping, Sequence
-from typing import Any
+from typing import Any, Final
 
+from agentq.errors import InvalidArgument
 from agentq.ids import validate_thread_id
-from agentq.records import Schedule, Status, ThreadMeta
+from agentq.records import FINISHED, Schedule, Status, ThreadMeta
 from agentq.store.contract.common import UNSET
+
+COLLECTABLE: Final = FINISHED | {Status.NEEDS_ATTENTION}
+"""The statuses ``gc`` may delete: threads nothing drives or will drive by itself."""
 
 
 class ThreadsContract(ABC):
@@ -176,7 +180,21 @@ class ThreadsContract(ABC):
     @abstractmethod
     def _do_get_artifact(self, thread_id: str, digest: str) -> bytes: ...
 
+    def gc(self, finished_ttl: float, statuses: Collection[Status] = FINISHED) -> int:
+        """Delete threads in ``statuses`` (by default the finished ones: ``done``,
+        ``failed``, ``cancelled``) last updated more than ``finished_ttl`` seconds ago;
+        return how many. Only threads nothing drives can be collected: ``statuses`` may
+        also name ``needs_attention``, and anything else raises
+        :class:`~agentq.errors.InvalidArgument`. Each deletion is atomic and checks the
+        status and the age again, so a thread reopened meanwhile stays."""
+        chosen = frozenset(Status(s) for s in statuses)
+        if not chosen <= COLLECTABLE:
+            refused = sorted(s.value for s in chosen - COLLECTABLE)
+            raise InvalidArgument(
+                f"gc cannot delete threads in status {refused} (only "
+                f"{sorted(s.value for s in COLLECTABLE)}): something may still drive them"
+            )
+        return self._do_gc(finished_ttl, chosen)
+
     @abstractmethod
-    def gc(self, finished_ttl: float) -> int:
-        """Delete threads that finished (``done``, ``failed``, ``cancelled``) more than
-        ``finished_ttl`` seconds ago; return how many. Each deletion is atomic."""
+    def _do_gc(self, finished_ttl: float, statuses: frozenset[Status]) -> int: ...

@@ -197,7 +197,7 @@ class RedisCheckpoints(RedisBase):
         if data is None:
             raise CheckpointNotFound(
                 "the latest pointer names a checkpoint that is missing; fork the thread "
-                "from an earlier step",
+                f"from an earlier step: 'agentq fork {thread_id} --from N' (store.fork in code)",
                 thread_id=thread_id,
                 step=step,
             )
@@ -224,7 +224,7 @@ class RedisCheckpoints(RedisBase):
         if data is None:
             raise CheckpointNotFound(
                 "no such checkpoint (never written, or pruned by keep_last); list the "
-                "stored steps with history()",
+                f"stored steps with 'agentq history {thread_id}' (store.history in code)",
                 thread_id=thread_id,
                 step=step,
             )

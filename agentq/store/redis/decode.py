@@ -105,7 +105,8 @@ def refusal_error(
         return not_holder(thread_id, key, token, int(value))
     if refusal is Refusal.STATUS_REFUSED:
         return ThreadStateError(
-            f"the thread is {text(value)}, which does not allow this; see its status with meta()",
+            f"the thread is {text(value)}, which does not allow this; see it with 'agentq "
+            f"show {thread_id}' (task.thread in code)",
             thread_id=thread_id,
             status=text(value),
         )

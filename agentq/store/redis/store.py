@@ -24,7 +24,7 @@ from agentq.errors import (
     ThreadExists,
     ThreadNotFound,
 )
-from agentq.records import FINISHED, Finding, Schedule, Status, ThreadMeta
+from agentq.records import Finding, Schedule, Status, ThreadMeta
 from agentq.store.contract import UNSET, Renewal, final_checkpoint
 from agentq.store.meta_fields import meta_from_fields
 from agentq.store.redis.checkpoints import RedisCheckpoints
@@ -127,9 +127,11 @@ class RedisStore(RedisCheckpoints, RedisEffects):
         return found
 
     def _do_delete_thread(self, thread_id: str) -> bool:
-        return self._delete(thread_id, finished_before="")
+        return self._delete(thread_id, updated_before="", statuses=())
 
-    def _delete(self, thread_id: str, *, finished_before: float | str) -> bool:
+    def _delete(
+        self, thread_id: str, *, updated_before: float | str, statuses: Collection[Status]
+    ) -> bool:
         keys = self.keys
         self._heads.pop(thread_id, None)
         deleted, _ = self._run(
@@ -140,7 +142,13 @@ class RedisStore(RedisCheckpoints, RedisEffects):
                 keys.lock(thread_id),
                 keys.owned(thread_id),
             ],
-            [thread_id, keys.checkpoint_prefix(thread_id), finished_before, keys.thread(thread_id)],
+            [
+                thread_id,
+                keys.checkpoint_prefix(thread_id),
+                updated_before,
+                keys.thread(thread_id),
+                *(s.value for s in statuses),
+            ],
             indexed=True,
         )
         return bool(deleted)
@@ -153,7 +161,8 @@ class RedisStore(RedisCheckpoints, RedisEffects):
         if data is None:
             raise CheckpointNotFound(
                 "cannot fork: the checkpoint is not stored (never written, or pruned by "
-                "keep_last); list the stored steps with history()",
+                f"keep_last); list the stored steps with 'agentq history {thread_id}' "
+                "(store.history in code)",
                 thread_id=thread_id,
                 step=step,
             )
@@ -239,14 +248,14 @@ class RedisStore(RedisCheckpoints, RedisEffects):
             )
         return blob(data)
 
-    def gc(self, finished_ttl: float) -> int:
+    def _do_gc(self, finished_ttl: float, statuses: frozenset[Status]) -> int:
         cutoff = self._now() - finished_ttl
         removed = 0
-        for status in FINISHED:
+        for status in statuses:
             for member in self.client.zrangebyscore(
                 self.keys.status_index(status.value), "-inf", cutoff
             ):
-                removed += self._delete(text(member), finished_before=cutoff)
+                removed += self._delete(text(member), updated_before=cutoff, statuses=statuses)
         return removed
 
     def _do_acquire(self, thread_id: str, owner: str, ttl: float) -> int:

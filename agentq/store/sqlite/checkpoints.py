@@ -78,7 +78,8 @@ class CheckpointsMixin:
             )
             if not isinstance(due_in, _Unset):
                 extra["due_at"] = None if due_in is None else now + due_in
-            # The driver has acted on the resume value and interrupt it read: they are spent.
+            # The driver has acted on the resume value and interrupt it read: they are spent;
+            # and the step got past whatever error a retry or a failure left.
             update(
                 db,
                 thread_id,
@@ -90,6 +91,7 @@ class CheckpointsMixin:
                 crashes=0,
                 first=first,
                 resume=None,
+                error=None,
                 interrupt=pause,
                 **extra,
             )

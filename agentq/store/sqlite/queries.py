@@ -94,7 +94,8 @@ def due_rows(db: sqlite3.Connection, now: float, limit: int) -> list[tuple[str, 
 def checkpoint_not_found(thread_id: str, step: int, keep_last: int) -> CheckpointNotFound:
     return CheckpointNotFound(
         f"checkpoint {step} was never written or was pruned (the last {keep_last} are kept); "
-        "list the stored steps with history(), or raise keep_last to keep more",
+        f"list the stored steps with 'agentq history {thread_id}' (store.history in code), "
+        "or raise keep_last to keep more",
         thread_id=thread_id,
         step=step,
     )

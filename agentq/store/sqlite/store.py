@@ -26,7 +26,7 @@ from agentq.errors import (
     ThreadNotFound,
     ThreadStateError,
 )
-from agentq.records import FINISHED, Finding, Schedule, Status, ThreadMeta
+from agentq.records import Finding, Schedule, Status, ThreadMeta
 from agentq.settings import DEFAULT_KEEP_LAST, DEFAULT_MAX_CHECKPOINT_BYTES
 from agentq.store.contract import UNSET, Renewal, Store, final_checkpoint, retry_not_due
 from agentq.store.meta_fields import meta_from_fields
@@ -265,7 +265,8 @@ class SQLiteStore(CheckpointsMixin, EffectsMixin, Store):
                 raise ThreadStateError(
                     f"cannot reopen a thread in status {status.value!r} (only from "
                     f"{sorted(Status(s).value for s in from_statuses)}); wait until it is "
-                    "one of those, or fork it to start over from a checkpoint",
+                    f"one of those, or fork it to start over from a checkpoint: 'agentq fork "
+                    f"{thread_id} --from N' (store.fork in code)",
                     thread_id=thread_id,
                     status=status.value,
                 )
@@ -310,16 +311,16 @@ class SQLiteStore(CheckpointsMixin, EffectsMixin, Store):
             )
         return bytes(row[0])
 
-    def gc(self, finished_ttl: float) -> int:
-        statuses = sorted(s.value for s in FINISHED)
+    def _do_gc(self, finished_ttl: float, statuses: frozenset[Status]) -> int:
+        names = sorted(s.value for s in statuses)
         deleted = 0
         while True:
             # Batches keep the write lock short, so workers' commits are not held up.
             with self._conn.write() as db:
                 rows = db.execute(
-                    f"SELECT thread_id FROM threads WHERE status IN ({marks(statuses)}) "
+                    f"SELECT thread_id FROM threads WHERE status IN ({marks(names)}) "
                     "AND updated_at < ? LIMIT ?",
-                    (*statuses, time.time() - finished_ttl, _GC_BATCH),
+                    (*names, time.time() - finished_ttl, _GC_BATCH),
                 ).fetchall()
                 deleted += delete_threads(db, [row[0] for row in rows])
             if len(rows) < _GC_BATCH:

@@ -18,7 +18,7 @@
 -- it deletes the staged snapshot its own transaction wrote.
 local meta, staged = KEYS[1], KEYS[5]
 local current = redis.call('HMGET', meta, 'fence', 'first', 'cancel', 'status', 'attempts',
-  'crashes', 'resume', 'node', 'interrupt', 'log_fields')
+  'crashes', 'resume', 'node', 'interrupt', 'log_fields', 'error')
 local fence = tonumber(current[1])
 if not fence then
   redis.call('DEL', staged)
@@ -87,6 +87,10 @@ for j = 5, 6 do
 end
 if current[7] then
   del[#del + 1] = 'resume'
+end
+-- A committed step got past whatever error a retry or a failure left.
+if current[11] then
+  del[#del + 1] = 'error'
 end
 local first = tonumber(current[2] or '0')
 local keep_from = step - tonumber(ARGV[7]) + 1

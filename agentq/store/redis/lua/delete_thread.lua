@@ -2,16 +2,16 @@
 -- Deletes a thread and every key it owns.
 -- KEYS[1]: meta, [2]: latest, [3]: lock, [4]: set of owned keys, [due index].
 -- ARGV[1]: status prefix or '', [2] thread id, [3] checkpoint key prefix, [4] '' or a
--- Unix time: then only delete if the thread is finished and was last updated before it;
--- [5] the thread's key prefix.
--- Returns {1, ops} if deleted, {0, 0} if absent or (with ARGV[4]) not finished.
+-- Unix time: then only delete if the thread is in one of ARGV[6..] and was last updated
+-- before it; [5] the thread's key prefix; [6..] the statuses gc may delete.
+-- Returns {1, ops} if deleted, {0, 0} if absent or (with ARGV[4]) not deletable.
 local meta = KEYS[1]
 local status = redis.call('HGET', meta, 'status')
 if not status then
   return {0, 0}
 end
 if ARGV[4] ~= '' then
-  if not FINISHED[status] or tonumber(redis.call('HGET', meta, 'updated_at')) >= tonumber(ARGV[4]) then
+  if not listed_from(6, status) or tonumber(redis.call('HGET', meta, 'updated_at')) >= tonumber(ARGV[4]) then
     return {0, 0}
   end
 end

@@ -6,7 +6,7 @@ import inspect
 import logging
 import time
 from collections.abc import Callable
-from typing import Any, ClassVar, Final, TypeVar
+from typing import Any, ClassVar, Final, Never, TypeVar
 
 from celery import Task
 from celery.backends.base import DisabledBackend
@@ -131,14 +131,15 @@ class AgentTask(Task):  # type: ignore[misc]
             raise Ignore()
         return task_outcome.finish(self, meta, driver.retrying)
 
-    def delay(self, thread_id: str, /, **input: Any) -> AsyncResult:
+    def delay(self, thread_id: str, /, *misplaced: Never, **input: Any) -> AsyncResult:
         """Start (or re-send) thread ``thread_id``, ``input`` being the entry node's
-        keyword arguments: ``apply_async((thread_id,), input)``."""
-        return self.apply_async((thread_id,), input)
+        keyword arguments: ``apply_async((thread_id,), input)``. Input given by position
+        is refused, by the type checker and with :class:`~agentq.errors.InvalidArgument`."""
+        return self.apply_async((thread_id, *misplaced), input)
 
     def apply_async(
         self,
-        args: tuple[str] | list[str] | None = None,
+        args: tuple[str, ...] | list[str] | None = None,
         kwargs: dict[str, Any] | None = None,
         **options: Any,
     ) -> AsyncResult:

@@ -57,4 +57,4 @@ assert_type(order_agent.resume("order-1", {"approved": True}), AsyncResult)
 assert_type(order_agent.thread("order-1").status, Status)
 order_agent.delay(123)  # expect: arg-type
 order_agent.wait(42)  # expect: arg-type
-order_agent.delay("order-2", 3)  # expect: call-arg
+order_agent.delay("order-2", 3)  # expect: arg-type

@@ -74,7 +74,7 @@ def test_bad_names_and_duplicates_are_refused() -> None:
         agentq.limit("has space", concurrency=1)
     with pytest.raises(LimitError, match="declared twice"):
         Settings(limits=(RATE, agentq.limit("rate", concurrency=1)))
-    with pytest.raises(LimitError, match="agentq.limit"):
+    with pytest.raises(LimitError, match=r"agentq\.limit"):
         Limits(["rate"])  # type: ignore[list-item]
 
 

@@ -23,6 +23,8 @@ The benchmarks (each also runs alone as ``python -m bench.<name> [--quick]``):
 - ``concurrency``: 1000 threads of 0.5 s waits on ``-P threads``/``gevent`` (sync and
   ``async def`` nodes) and 100 on SQLite, wall time ÷ plain Celery tasks doing the same
   waits, with failed threads, lease takeovers, pool errors, peak connections and RSS;
+- ``limits``: a fake provider's 429s, calls a minute and two tenants' shares under an
+  agentq limit, against Celery's per-worker ``rate_limit`` for the same budget;
 - ``recovery``, ``langgraph``: run when their modules are present (:data:`EXTERNAL`).
 
 Needs ``redis-server`` on PATH (private servers are started and stopped) and, for
@@ -173,6 +175,7 @@ BENCHMARKS: dict[str, Runner] = {
     "agent": _module_runner("agent"),
     "rss": _module_runner("rss"),
     "concurrency": _module_runner("concurrency"),
+    "limits": _module_runner("limits"),
 }
 
 

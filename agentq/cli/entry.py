@@ -10,6 +10,7 @@ from agentq.cli.control_commands import CONTROL_COMMANDS
 from agentq.cli.demo_command import demo
 from agentq.cli.effect_commands import EFFECT_COMMANDS
 from agentq.cli.group import AgentqGroup
+from agentq.cli.limit_commands import LIMIT_COMMANDS
 from agentq.cli.ops_commands import OPS_COMMANDS
 from agentq.cli.read_commands import READ_COMMANDS
 from agentq.cli.session import CliError, Session
@@ -96,7 +97,13 @@ def celery_command(
     ctx.call_on_close(session.close)
 
 
-for _command in (*READ_COMMANDS, *CONTROL_COMMANDS, *EFFECT_COMMANDS, *OPS_COMMANDS):
+for _command in (
+    *READ_COMMANDS,
+    *CONTROL_COMMANDS,
+    *EFFECT_COMMANDS,
+    *OPS_COMMANDS,
+    *LIMIT_COMMANDS,
+):
     cli.add_command(_command)
     celery_command.add_command(_command)
 cli.add_command(demo)

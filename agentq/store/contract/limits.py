@@ -16,6 +16,29 @@ class Take(NamedTuple):
     cost: float
 
 
+class LimitState(NamedTuple):
+    """What the store holds of one limit key, read at ``now`` on its clock."""
+
+    now: float
+    req_tat: float
+    tok_tat: float
+    paused: float
+    in_flight: int
+
+    def requests_left(self, limit: Limit) -> float | None:
+        rpm = limit.requests_per_minute
+        if rpm is None:
+            return None
+        burst = limit.burst if limit.burst is not None else rpm
+        return max(0.0, burst - max(self.req_tat - self.now, 0) * rpm / 60)
+
+    def tokens_left(self, limit: Limit) -> float | None:
+        tpm = limit.tokens_per_minute
+        if tpm is None:
+            return None
+        return max(0.0, tpm - max(self.tok_tat - self.now, 0) * tpm / 60)
+
+
 class LimitsContract(ABC):
     """The limit operations of :class:`~agentq.store.contract.Store`. Rates are kept as a
     GCRA (the time the budget is next fully spent up to) on the store's clock."""
@@ -34,3 +57,7 @@ class LimitsContract(ABC):
     def pause_limit(self, key: str, seconds: float) -> None:
         """Refuse every take of ``key`` for ``seconds`` from now (never shortens a pause
         already set): the provider said so. Atomic."""
+
+    @abstractmethod
+    def limit_states(self) -> dict[str, LimitState]:
+        """Every limit key the store has seen taken or paused, with its state. Read-only."""

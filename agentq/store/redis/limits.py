@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agentq.store.contract.limits import Take
+from agentq.store.contract.limits import LimitState, Take
 from agentq.store.redis.base import RedisBase
 
 
@@ -38,3 +38,24 @@ class RedisLimits(RedisBase):
 
     def pause_limit(self, key: str, seconds: float) -> None:
         self._scripts["pause_limit"](keys=[self.keys.limit(key)], args=[int(seconds * 1000)])
+
+    def limit_states(self) -> dict[str, LimitState]:
+        start = self.keys.limit("")
+        # A concurrency-only key has holders and no hash.
+        keys = sorted(
+            {
+                key.decode()[len(start) :].removesuffix(":holders")
+                for key in self.client.scan_iter(match=f"{start}*", count=1000)
+            }
+        )
+        now = self._now()
+        pipe = self.client.pipeline(transaction=False)
+        for key in keys:
+            pipe.hmget(self.keys.limit(key), ["req_tat", "tok_tat", "paused"])
+            pipe.zcount(self.keys.limit_holders(key), now, "+inf")
+        replies = pipe.execute()
+        states = {}
+        for i, key in enumerate(keys):
+            req, tok, paused = (float(v or 0) for v in replies[2 * i])
+            states[key] = LimitState(now, req, tok, paused, int(replies[2 * i + 1]))
+        return states

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from agentq.store.contract.limits import Take
+from agentq.store.contract.limits import LimitState, Take
 from agentq.store.sqlite.connection import SharedConnection
 
 
@@ -76,3 +76,13 @@ class LimitsMixin:
                 'ON CONFLICT("key") DO UPDATE SET paused = MAX(paused, excluded.paused)',
                 (key, until),
             )
+
+    def limit_states(self) -> dict[str, LimitState]:
+        now = time.time()
+        with self._conn.locked() as db:
+            rows = db.execute(
+                'SELECT "key", req_tat, tok_tat, paused, (SELECT COUNT(*) FROM limit_holders h '
+                'WHERE h."key" = limits."key" AND h.expires > ?) FROM limits',
+                (now,),
+            ).fetchall()
+        return {row[0]: LimitState(now, *row[1:]) for row in rows}

@@ -10,6 +10,7 @@ from agentq.celery.runtime import init_app
 from agentq.celery.task import AgentTask
 from agentq.engine.run import NO_VALUE, Run
 from agentq.engine.tool_policy import DID_NOT_RUN, tool
+from agentq.limits import Limit, limit
 from agentq.outcomes import Done, Interrupt
 from agentq.records import Checkpoint, Claim, Effect, Status, ThreadMeta
 from agentq.store import open_store
@@ -26,11 +27,13 @@ __all__ = [
     "Effect",
     "FunctionAgent",
     "Interrupt",
+    "Limit",
     "Run",
     "Status",
     "ThreadMeta",
     "agent",
     "init_app",
+    "limit",
     "open_store",
     "tool",
 ]

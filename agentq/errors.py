@@ -267,3 +267,8 @@ class ThreadStopped(AgentqError):
 
 class WaitTimeout(AgentqError, TimeoutError):
     """Raised by ``wait()`` when the thread has not finished within the timeout."""
+
+
+class LimitError(ConfigError, ValueError):
+    """Raised when a rate limit is declared badly, or a call names one never declared or
+    asks for more than it could ever grant."""

@@ -29,3 +29,13 @@ class Interrupted(Exception):
     def __init__(self, payload: Any) -> None:
         self.payload = payload
         super().__init__("interrupted for a human")
+
+
+class LimitWait(Exception):
+    """Raised by a tool call whose limit has no room for longer than ``limit_wait``: the
+    task ends the step as ``retrying``, due when the budget allows the call."""
+
+    def __init__(self, keys: tuple[str, ...], seconds: float) -> None:
+        self.keys = keys
+        self.seconds = seconds
+        super().__init__(f"limit {', '.join(keys)} has room in {seconds:.2f} s")

@@ -6,6 +6,7 @@ from dataclasses import dataclass, fields
 from typing import Any, Final
 
 from agentq.errors import SettingsError
+from agentq.limits import Limit, Limits
 
 CONF_PREFIX = "agentq_"
 DEFAULT_KEEP_LAST: Final = 20
@@ -38,6 +39,10 @@ class Settings:
     node on Cluster); a task that finds them all busy waits for one instead of failing.
     ``None`` sizes it from the tasks the process runs at once (see :func:`connections_for`).
 
+    ``limits`` are the fleet-wide budgets tool calls take from (see :func:`agentq.limit`);
+    a call that would wait up to ``limit_wait`` for one waits in place, a longer wait ends
+    the step as ``retrying`` until the budget allows it.
+
     ``allow_unsafe_store`` lets workers and the command line use a store whose ``check()``
     finds it would lose checkpoints (an evicting policy, no persistence): for development
     only; they log what they found instead of refusing it.
@@ -58,6 +63,8 @@ class Settings:
     finished_ttl: float = 7 * 24 * 3600.0
     max_connections: int | None = None
     allow_unsafe_store: bool = False
+    limits: tuple[Limit, ...] = ()
+    limit_wait: float = 1.0
 
     def __post_init__(self) -> None:
         for name in ("lease_ttl", "start_grace", "sweep_interval", "backoff_max"):
@@ -68,6 +75,10 @@ class Settings:
                 f"agentq setting max_connections ({self.max_connections}) must be at least 2: "
                 "one for the lease keeper, one for the steps"
             )
+        if self.limit_wait < 0:
+            raise SettingsError("agentq setting limit_wait must not be negative")
+        object.__setattr__(self, "limits", tuple(self.limits))
+        Limits(self.limits)  # refuses bad declarations when the app is set up
         if self.max_attempts < 1 or self.max_crashes < 1:
             raise SettingsError("agentq settings max_attempts and max_crashes must be >= 1")
         if self.backoff_base > self.backoff_max:

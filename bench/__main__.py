@@ -25,6 +25,8 @@ The benchmarks (each also runs alone as ``python -m bench.<name> [--quick]``):
   waits, with failed threads, lease takeovers, pool errors, peak connections and RSS;
 - ``ui``: the inspector's threads page over 100 000 threads, server time and ÷ one
   ``ZREVRANGE`` page of the status index (:mod:`bench.ui`);
+- ``limits``: a fake provider's 429s, calls a minute and two tenants' shares under an
+  agentq limit, against Celery's per-worker ``rate_limit`` for the same budget;
 - ``recovery``, ``langgraph``: run when their modules are present (:data:`EXTERNAL`).
 
 Needs ``redis-server`` on PATH (private servers are started and stopped) and, for
@@ -176,6 +178,7 @@ BENCHMARKS: dict[str, Runner] = {
     "rss": _module_runner("rss"),
     "concurrency": _module_runner("concurrency"),
     "ui": _module_runner("ui"),
+    "limits": _module_runner("limits"),
 }
 
 

@@ -66,12 +66,14 @@ class Worker:
         log: Path,
         concurrency: int,
         pool: str = "prefork",
+        app_module: str = "bench._worker_app",
     ) -> None:
         self.app = app
         self.env = env
         self.log = log
         self.concurrency = concurrency
         self.pool = pool
+        self.app_module = app_module
         self.name = f"bench{uuid.uuid4().hex[:6]}@agentq"
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -83,7 +85,7 @@ class Worker:
                     "-m",
                     "celery",
                     "-A",
-                    "bench._worker_app",
+                    self.app_module,
                     "worker",
                     "-P",
                     self.pool,

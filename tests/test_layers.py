@@ -16,7 +16,14 @@ import pytest
 PACKAGE: Final = Path(__file__).resolve().parent.parent / "agentq"
 
 LAYERS: Final = (
-    ("agentq.errors", "agentq.records", "agentq.ids", "agentq.outcomes", "agentq.settings"),
+    (
+        "agentq.errors",
+        "agentq.records",
+        "agentq.ids",
+        "agentq.outcomes",
+        "agentq.limits",
+        "agentq.settings",
+    ),
     ("agentq.codec",),
     ("agentq.store",),
     ("agentq.engine",),

@@ -10,6 +10,7 @@ from agentq.cli.control_commands import CONTROL_COMMANDS
 from agentq.cli.demo_command import demo
 from agentq.cli.effect_commands import EFFECT_COMMANDS
 from agentq.cli.group import AgentqGroup
+from agentq.cli.limit_commands import LIMIT_COMMANDS
 from agentq.cli.ops_commands import OPS_COMMANDS
 from agentq.cli.read_commands import READ_COMMANDS
 from agentq.cli.session import CliError, Session
@@ -111,7 +112,14 @@ _LATE_APP = click.Option(
     help="Your Celery app, as before the command.",
 )
 
-for _command in (*READ_COMMANDS, *CONTROL_COMMANDS, *EFFECT_COMMANDS, *OPS_COMMANDS, ui):
+for _command in (
+    *READ_COMMANDS,
+    *CONTROL_COMMANDS,
+    *EFFECT_COMMANDS,
+    *OPS_COMMANDS,
+    *LIMIT_COMMANDS,
+    ui,
+):
     # '-A proj' after the command too, where people type it from habit.
     _command.params.append(_LATE_APP)
     cli.add_command(_command)

@@ -14,6 +14,7 @@ from agentq.engine.aio import run_coroutine
 from agentq.engine.append_only import AppendOnlyFields
 from agentq.engine.backoff import retry_delay
 from agentq.engine.lease import Lease, confirm, keeper_for
+from agentq.engine.limits import limiter
 from agentq.engine.run import NO_VALUE, Run
 from agentq.engine.store_retry import RetriedCalls, give_back
 from agentq.engine.transition import checkpoint_after, checkpoint_lost, error_text
@@ -30,7 +31,7 @@ from agentq.errors import (
     UnknownNode,
 )
 from agentq.ids import owner_id
-from agentq.outcomes import Interrupted
+from agentq.outcomes import Interrupted, LimitWait
 from agentq.records import Checkpoint, Status, ThreadMeta
 from agentq.settings import Settings
 from agentq.store.contract import UNSET, Store
@@ -258,6 +259,7 @@ class Driver:
                 self._calls, "confirming the lease", confirm, store, lease
             ),
             retryable=self.task.should_retry,
+            take_limits=limiter(store, settings, thread_id, pos.step),
         )
 
     def _step(self, token: int, meta: ThreadMeta, pos: _Position, logs: AppendOnlyFields) -> Any:
@@ -270,6 +272,11 @@ class Driver:
         except Interrupted as pause:
             self._settle("pausing", token, Status.WAITING, interrupt=pause.payload)
             logger.info("thread %s: waiting for a human at step %d", thread_id, step)
+            return None
+        except LimitWait as wait:  # not a failure: no attempt is counted
+            self._settle("waiting for a limit", token, Status.RETRYING, due_in=wait.seconds)
+            self.retrying = (wait, wait.seconds)
+            logger.info("thread %s: step %d waits %.1f s (limit)", thread_id, step, wait.seconds)
             return None
         except NeedsAttention as exc:
             self._settle("asking for attention", token, Status.NEEDS_ATTENTION, error=str(exc))

@@ -5,16 +5,16 @@ from __future__ import annotations
 import inspect
 import logging
 import uuid
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, TypeVar, overload
 
-from agentq.engine import aio
+from agentq.engine import aio, limits
 from agentq.engine.backoff import retry_after
 from agentq.engine.store_retry import RetriedCalls
 from agentq.engine.tool_policy import DID_NOT_RUN, ToolPolicy, policy_of
 from agentq.errors import ArtifactTooLarge, InvalidArgument, NeedsAttention
-from agentq.outcomes import Interrupted
+from agentq.outcomes import Interrupted, LimitWait
 from agentq.records import ClaimOutcome
 from agentq.store.contract import Store
 
@@ -81,6 +81,7 @@ class Run:
         calls: RetriedCalls,
         confirm_lease: Callable[[], None],
         retryable: Callable[[BaseException], bool],
+        take_limits: Callable[..., limits.Held] | None = None,
     ) -> None:
         self.thread_id = thread_id
         self.step = step
@@ -95,6 +96,7 @@ class Run:
         self._token = token
         self._confirm_lease = confirm_lease
         self._retryable = retryable
+        self._take_limits = take_limits
         self._calls = 0
         self._answered = False
 
@@ -133,6 +135,8 @@ class Run:
         idempotent: bool | None = None,
         reconcile: Callable[..., Any] | None = None,
         shared: bool | None = None,
+        limit: str | Sequence[str] | None = None,
+        cost: float = 0,
         **kwargs: Any,
     ) -> R:
         """Call ``fn(*args, **kwargs)`` at most once per ``key``; a replay returns the
@@ -151,6 +155,11 @@ class Run:
         ``idempotent``/``reconcile``/``shared`` override the policy
         declared with :func:`agentq.tool` (see :class:`~agentq.engine.tool_policy.ToolPolicy`).
 
+        ``limit`` names one or more declared limits (:func:`agentq.limit`) the call takes
+        one request, ``cost`` tokens and a concurrency slot from, fleet-wide, before it
+        runs; a replay takes nothing. A refusal with ``Retry-After`` pauses those keys for
+        every worker until then.
+
         If ``fn`` raises an error the task retries (``retry_on``, ``should_retry``) that
         carries a ``Retry-After`` (a 429 or 503 from the tool's API), the call was refused
         before it took effect: its claim is dropped and the retried node calls it again
@@ -165,7 +174,7 @@ class Run:
                 thread_id=self.thread_id,
                 step=self.step,
             )
-        options = _Options(key, idempotent, reconcile, shared)
+        options = _Options(key, idempotent, reconcile, shared, limit, cost)
         result: R = _drive(self._effect(fn, args, kwargs, options, _inline, _called_plain))
         return result
 
@@ -178,6 +187,8 @@ class Run:
         idempotent: bool | None = None,
         reconcile: Callable[..., Any] | None = None,
         shared: bool | None = None,
+        limit: str | Sequence[str] | None = None,
+        cost: float = 0,
         **kwargs: Any,
     ) -> R: ...
 
@@ -190,6 +201,8 @@ class Run:
         idempotent: bool | None = None,
         reconcile: Callable[..., Any] | None = None,
         shared: bool | None = None,
+        limit: str | Sequence[str] | None = None,
+        cost: float = 0,
         **kwargs: Any,
     ) -> R: ...
 
@@ -201,6 +214,8 @@ class Run:
         idempotent: bool | None = None,
         reconcile: Callable[..., Any] | None = None,
         shared: bool | None = None,
+        limit: str | Sequence[str] | None = None,
+        cost: float = 0,
         **kwargs: Any,
     ) -> Any:
         """:meth:`tool` for an ``async def`` tool, awaited in the node's event loop; the
@@ -209,7 +224,7 @@ class Run:
 
         The store's round trips (claim, record) run off the loop, in the pool slot waiting
         for the node, so a slow store never stalls the other nodes sharing the loop."""
-        options = _Options(key, idempotent, reconcile, shared)
+        options = _Options(key, idempotent, reconcile, shared, limit, cost)
         return await self._effect(fn, args, kwargs, options, aio.blocking, _called_awaited)
 
     async def _effect(
@@ -226,12 +241,34 @@ class Run:
         call = await offload(self._claim, fn, args, kwargs, options)
         if call.recorded is not NO_VALUE:
             return call.recorded
+        held = None if options.limit is None else await offload(self._limit, call, options)
         try:
             result = await invoke(fn, args, call.kwargs)
         except Exception as exc:
+            if held is not None and self._retryable(exc):
+                await offload(held.refused, exc)
             await offload(self._failed, call, exc)
             raise
+        finally:
+            if held is not None:
+                await offload(held.release)
         return await offload(self._record, call, result)
+
+    def _limit(self, call: _Call, options: _Options) -> limits.Held:
+        """Take the call's limits; a wait too long for the step drops its claim, so the
+        retried step claims the call afresh."""
+        if self._take_limits is None:
+            raise InvalidArgument(
+                f"limit={options.limit!r} needs the limits declared with init_app(app, "
+                "limits=[agentq.limit(...)])",
+                thread_id=self.thread_id,
+                step=self.step,
+            )
+        try:
+            return self._take_limits(options.limit, options.cost)
+        except LimitWait:
+            self._drop_claim(call, "its limit has no room")
+            raise
 
     def _claim(
         self,
@@ -323,8 +360,10 @@ class Run:
     def _failed(self, call: _Call, exc: Exception) -> None:
         # Only a refusal that names when to come back proves nothing happened: retry_on
         # often lists timeouts too, and a timeout can come after the effect.
-        if not self._retryable(exc) or retry_after(exc) is None:
-            return
+        if self._retryable(exc) and retry_after(exc) is not None:
+            self._drop_claim(call, repr(exc))
+
+    def _drop_claim(self, call: _Call, why: str) -> None:
         try:
             self._store_calls(
                 "dropping a tool call's claim",
@@ -339,10 +378,10 @@ class Run:
             # The tool's own error is the one to report; a claim left pending only makes
             # the retried call ask its policy.
             logger.warning(
-                "thread %s: could not drop the claim of %r after %r",
+                "thread %s: could not drop the claim of %r (%s)",
                 self.thread_id,
                 call.key,
-                exc,
+                why,
                 exc_info=True,
             )
 
@@ -355,6 +394,8 @@ class _Options:
     idempotent: bool | None
     reconcile: Callable[..., Any] | None
     shared: bool | None
+    limit: str | Sequence[str] | None = None
+    cost: float = 0
 
 
 @dataclass

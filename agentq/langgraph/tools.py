@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import inspect
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from langchain_core.runnables import RunnableConfig
@@ -36,6 +36,8 @@ def tool_call(
     idempotent: bool | None = None,
     reconcile: Callable[..., Any] | None = None,
     shared: bool | None = None,
+    limit: str | Sequence[str] | None = None,
+    cost: float = 0,
     config: RunnableConfig | None = None,
     **kwargs: Any,
 ) -> Any:
@@ -43,7 +45,8 @@ def tool_call(
     ``tool_call_id``: once per thread, a replay (after a crash, a retry, a resume) gets the
     recorded result back. When an earlier worker died between the effect and its record,
     ``idempotent``/``reconcile`` settle it or the thread stops as ``needs_attention``,
-    exactly as :meth:`agentq.Run.tool` (whose policies ``@agentq.tool`` declares).
+    exactly as :meth:`agentq.Run.tool` (whose policies ``@agentq.tool`` declares), which
+    also takes ``limit``/``cost`` from the app's fleet-wide limits.
 
     Use it inside a tool or node of a graph run by a graph task; ``fn`` receives the key as
     ``idempotency_key`` if it takes that parameter. Outside a graph task there is no lease
@@ -62,5 +65,7 @@ def tool_call(
         idempotent=idempotent,
         reconcile=reconcile,
         shared=shared,
+        limit=limit,
+        cost=cost,
         **kwargs,
     )

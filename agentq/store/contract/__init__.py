@@ -32,6 +32,7 @@ from agentq.store.contract.common import (
 )
 from agentq.store.contract.effects import EffectsContract
 from agentq.store.contract.leases import LeaseContract
+from agentq.store.contract.limits import LimitsContract
 from agentq.store.contract.threads import ThreadsContract
 from agentq.store.graph import GraphStore
 
@@ -46,7 +47,7 @@ __all__ = [
 ]
 
 
-class Store(ThreadsContract, LeaseContract, CheckpointsContract, EffectsContract):
+class Store(ThreadsContract, LeaseContract, CheckpointsContract, EffectsContract, LimitsContract):
     """A durable home for threads. Subclasses: ``RedisStore``, ``SQLiteStore``.
 
     Each public method checks its arguments (thread ids, effect keys, lease TTLs) here,

@@ -2,7 +2,8 @@
 
 Braces are literal: ``{<thread_id>}`` is a Redis Cluster hash tag, so every key of one
 thread lives in one slot and one Lua script can touch them all. The global indexes share
-the ``{index}`` tag for the same reason.
+the ``{index}`` tag for the same reason, and the limits the ``{limits}`` tag, so that one
+call takes from all of its limits at once.
 
 =========================================  ======  ===========================================
 key                                        type    contents
@@ -34,6 +35,9 @@ key                                        type    contents
 ``P index:{index}:due``                    zset    thread id -> Unix time it is due to run
 ``P index:{index}:status:<status>``        zset    thread id -> Unix time of its last update
 ``P index:{index}:sweeper``                string  the owner of the sweeper lease (PX TTL)
+``P limit:{limits}:<key>``                 hash    req_tat, tok_tat (GCRA times), paused
+                                                   (Unix time a 429 asked to wait until)
+``P limit:{limits}:<key>:holders``         zset    concurrency slot holder -> expiry
 =========================================  ======  ===========================================
 
 ``P`` is the configured prefix (``agentq:`` by default). Leases expire through ``PX`` on
@@ -101,3 +105,9 @@ class Keys:
 
     def sweeper(self) -> str:
         return f"{self.prefix}index:{{index}}:sweeper"
+
+    def limit(self, key: str) -> str:
+        return f"{self.prefix}limit:{{limits}}:{key}"
+
+    def limit_holders(self, key: str) -> str:
+        return f"{self.limit(key)}:holders"

@@ -39,6 +39,8 @@ STORE_SCRIPTS = (
     "lease_sweeper",
     "release_effect",
     "resolve_effect",
+    "take_limits",
+    "pause_limit",
 )
 """The store's scripts, ``lua/<name>.lua``."""
 

@@ -57,6 +57,11 @@ SCHEMA: Final = (
     # The items of append-only state fields; a snapshot records how many belong to it.
     "CREATE TABLE IF NOT EXISTS logs (thread_id TEXT NOT NULL, field TEXT NOT NULL, "
     "idx INTEGER NOT NULL, item BLOB NOT NULL, PRIMARY KEY (thread_id, field, idx))",
+    # Fleet-wide rate limits: GCRA times and concurrency slots, as in Redis.
+    'CREATE TABLE IF NOT EXISTS limits ("key" TEXT PRIMARY KEY, req_tat REAL NOT NULL, '
+    "tok_tat REAL NOT NULL, paused REAL NOT NULL)",
+    'CREATE TABLE IF NOT EXISTS limit_holders ("key" TEXT NOT NULL, holder TEXT NOT NULL, '
+    'expires REAL NOT NULL, PRIMARY KEY ("key", holder))',
 )
 
 

@@ -1,0 +1,95 @@
+"""``agentq limits``: each declared budget and what the fleet uses of it now."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+from rich.table import Table
+
+from agentq.cli.output import emit_json
+from agentq.cli.read_commands import json_option, pass_session
+from agentq.cli.session import Session
+from agentq.errors import LimitError
+from agentq.limits import Limits
+from agentq.ops.console import console
+from agentq.store.contract.limits import LimitState
+
+
+def _row(key: str, declared: str, limits: Limits, state: LimitState | None) -> dict[str, Any]:
+    limit = limits.of(key)
+    row: dict[str, Any] = {
+        "key": key,
+        "declared": declared,
+        "requests_per_minute": limit.requests_per_minute,
+        "tokens_per_minute": limit.tokens_per_minute,
+        "concurrency": limit.concurrency,
+        "requests_left": None,
+        "tokens_left": None,
+        "in_flight": 0,
+        "paused_for": 0.0,
+    }
+    if state is not None:
+        row.update(
+            requests_left=state.requests_left(limit),
+            tokens_left=state.tokens_left(limit),
+            in_flight=state.in_flight,
+            paused_for=max(0.0, state.paused - state.now),
+        )
+    elif limit.requests_per_minute is not None:
+        row["requests_left"] = limit.burst or limit.requests_per_minute
+        row["tokens_left"] = limit.tokens_per_minute
+    return row
+
+
+@click.command(short_help="Show each rate limit's budget and what is used of it.")
+@json_option
+@pass_session
+def limits(session: Session, as_json: bool) -> None:
+    """Each limit the app declares (and each key of a family that was taken from): its
+    budget, what is left of it now, the calls holding its slots, and how long a
+    provider's 429 still pauses it."""
+    declared = Limits(session.settings.limits)
+    states = session.store.limit_states()
+    rows = []
+    for name in declared.declared():
+        if declared.declared()[name].is_family:
+            continue
+        rows.append(_row(name, name, declared, states.get(name)))
+    for key, state in states.items():
+        if key in declared.declared():
+            continue
+        try:
+            family = declared.of(key)
+        except LimitError:
+            continue  # used once, no longer declared
+        rows.append(_row(key, family.name, declared, state))
+    if as_json:
+        emit_json(rows)
+        return
+    if not rows:
+        console().print("no limits declared: add agentq.limit(...) to init_app(app, limits=[...])")
+        return
+    table = Table("key", "budget", "requests left", "tokens left", "in flight", "paused")
+    for row in rows:
+        budget = ", ".join(
+            f"{row[name]:g} {unit}"
+            for name, unit in (
+                ("requests_per_minute", "req/min"),
+                ("tokens_per_minute", "tok/min"),
+                ("concurrency", "at once"),
+            )
+            if row[name] is not None
+        )
+        table.add_row(
+            row["key"] if row["key"] == row["declared"] else f"{row['key']} ({row['declared']})",
+            budget,
+            "-" if row["requests_left"] is None else f"{row['requests_left']:.0f}",
+            "-" if row["tokens_left"] is None else f"{row['tokens_left']:.0f}",
+            str(row["in_flight"]),
+            f"{row['paused_for']:.1f} s" if row["paused_for"] else "",
+        )
+    console().print(table)
+
+
+LIMIT_COMMANDS = (limits,)

@@ -1,0 +1,101 @@
+"""Taking a tool call's share of fleet-wide limits before it runs, and a 429's pause after.
+
+A wait up to ``limit_wait`` happens in place; a longer one raises
+:class:`~agentq.outcomes.LimitWait`, so the step ends as ``retrying`` and frees its pool
+slot instead of sleeping on the budget. Concurrency slots are owned by one call (a
+holder id) and expire with the lease TTL, so a worker killed mid-call gives them back.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+import uuid
+from collections.abc import Callable, Sequence
+
+from agentq.engine.backoff import retry_after
+from agentq.errors import LimitError
+from agentq.limits import Limits
+from agentq.outcomes import LimitWait
+from agentq.settings import Settings
+from agentq.store.contract import Store
+from agentq.store.contract.limits import Take
+
+
+class Held:
+    """The limits one call took; give them back with :meth:`release`."""
+
+    def __init__(self, store: Store, keys: tuple[str, ...], holder: str) -> None:
+        self.store = store
+        self.keys = keys
+        self.holder = holder
+
+    def release(self) -> None:
+        self.store.release_limits(list(self.keys), self.holder)
+
+    def refused(self, exc: BaseException) -> None:
+        """A provider's refusal with Retry-After pauses every key for the whole fleet."""
+        seconds = retry_after(exc)
+        if seconds is not None and seconds > 0:
+            for key in self.keys:
+                self.store.pause_limit(key, seconds)
+
+
+def take(
+    store: Store,
+    limits: Limits,
+    names: str | Sequence[str],
+    cost: float,
+    *,
+    ttl: float,
+    wait: float,
+    thread_id: str,
+    step: int,
+) -> Held:
+    """Take one request and ``cost`` tokens of each key in ``names``, waiting up to
+    ``wait`` seconds in place; :class:`~agentq.outcomes.LimitWait` past that."""
+    keys = (names,) if isinstance(names, str) else tuple(names)
+    if cost < 0:
+        raise LimitError(
+            f"thread {thread_id} step {step}: cost={cost!r} is negative; pass the call's "
+            "estimated tokens"
+        )
+    takes = []
+    for key in keys:
+        try:
+            limit = limits.of(key)
+        except LimitError as exc:
+            raise LimitError(f"thread {thread_id} step {step}: {exc}") from None
+        if limit.tokens_per_minute is not None and cost > limit.tokens_per_minute:
+            raise LimitError(
+                f"thread {thread_id} step {step}: cost {cost:g} is over limit {key!r}'s "
+                f"tokens_per_minute ({limit.tokens_per_minute:g}), so it could never run; "
+                "split the call or raise the limit"
+            )
+        takes.append(Take(key, limit, cost))
+    holder = f"{thread_id}:{uuid.uuid4().hex}"
+    deadline = time.monotonic() + wait
+    while True:
+        seconds = store.take_limits(takes, holder, ttl)
+        if seconds <= 0:
+            return Held(store, keys, holder)
+        if time.monotonic() + seconds > deadline:
+            raise LimitWait(keys, seconds)
+        time.sleep(seconds)
+
+
+def limiter(
+    store: Store, settings: Settings, thread_id: str, step: int
+) -> Callable[..., Held] | None:
+    """``take`` bound to one step's store and settings; ``None`` if no limit is declared."""
+    if not settings.limits:
+        return None
+    return functools.partial(
+        take,
+        store,
+        Limits(settings.limits),
+        ttl=settings.lease_ttl,
+        wait=settings.limit_wait,
+        thread_id=thread_id,
+        step=step,
+    )

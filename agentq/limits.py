@@ -1,0 +1,115 @@
+"""Fleet-wide rate limits: what ``agentq.limit`` declares and tool calls take from.
+
+A declaration is pure data, given to ``init_app(app, limits=[...])`` (or
+``app.conf.agentq_limits``), so every worker and the command line loading the app see the
+same budgets. The store keeps what is used of them, on its own clock.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Final
+
+from agentq.errors import LimitError
+
+_NAME: Final = re.compile(r"[A-Za-z0-9_.:\-]{1,200}")
+_FAMILY: Final = re.compile(r"\{[A-Za-z_][A-Za-z0-9_]*\}")
+
+
+@dataclass(frozen=True)
+class Limit:
+    """One key's budget: ``requests_per_minute`` (each call costs one), ``tokens_per_minute``
+    (each call costs its ``cost=``), ``concurrency`` (calls in flight at once). A name with
+    a ``{placeholder}`` (``"tenant:{tenant_id}"``) is a family: every key it matches gets
+    its own budget of this size, unless a key is declared by its own name.
+
+    A minute's budget may be spent at once, then refills evenly, as providers' limits do;
+    ``burst`` (in requests) caps how much of the request budget goes at once."""
+
+    name: str
+    requests_per_minute: float | None = None
+    tokens_per_minute: float | None = None
+    concurrency: int | None = None
+    burst: float | None = None
+
+    def __post_init__(self) -> None:
+        bare = _FAMILY.sub("x", self.name)
+        if not _NAME.fullmatch(bare):
+            raise LimitError(
+                f"limit name {self.name!r} must be 1-200 letters, digits or _.:- (with "
+                "{placeholders} for a family); rename it"
+            )
+        if (self.requests_per_minute, self.tokens_per_minute, self.concurrency) == (None,) * 3:
+            raise LimitError(
+                f"limit {self.name!r} sets no budget; give requests_per_minute, "
+                "tokens_per_minute or concurrency"
+            )
+        for field in ("requests_per_minute", "tokens_per_minute", "concurrency", "burst"):
+            value = getattr(self, field)
+            if value is not None and not value > 0:
+                raise LimitError(f"limit {self.name!r}: {field} must be positive, got {value!r}")
+        if self.burst is not None and self.requests_per_minute is None:
+            raise LimitError(f"limit {self.name!r}: burst needs requests_per_minute")
+
+    @property
+    def is_family(self) -> bool:
+        return bool(_FAMILY.search(self.name))
+
+    def matches(self, key: str) -> bool:
+        return re.fullmatch(_pattern(self.name), key) is not None
+
+
+def _pattern(name: str) -> str:
+    out, last = [], 0
+    for found in _FAMILY.finditer(name):
+        out += [re.escape(name[last : found.start()]), "[^:]+"]
+        last = found.end()
+    out.append(re.escape(name[last:]))
+    return "".join(out)
+
+
+def limit(
+    name: str,
+    *,
+    requests_per_minute: float | None = None,
+    tokens_per_minute: float | None = None,
+    concurrency: int | None = None,
+    burst: float | None = None,
+) -> Limit:
+    """Declare a budget; pass it to ``init_app(app, limits=[...])``. See :class:`Limit`."""
+    return Limit(name, requests_per_minute, tokens_per_minute, concurrency, burst)
+
+
+class Limits:
+    """The declared budgets of an app, looked up by the key a call names."""
+
+    def __init__(self, declared: Iterable[Limit] = ()) -> None:
+        self._exact: dict[str, Limit] = {}
+        self._families: list[Limit] = []
+        for each in declared:
+            if not isinstance(each, Limit):
+                raise LimitError(f"limits holds {each!r}; declare each one with agentq.limit(...)")
+            if each.name in self._exact or any(f.name == each.name for f in self._families):
+                raise LimitError(f"limit {each.name!r} is declared twice; keep one")
+            if each.is_family:
+                self._families.append(each)
+            else:
+                self._exact[each.name] = each
+
+    def __bool__(self) -> bool:
+        return bool(self._exact or self._families)
+
+    def declared(self) -> Mapping[str, Limit]:
+        return {**{f.name: f for f in self._families}, **self._exact}
+
+    def of(self, key: str) -> Limit:
+        """The budget of ``key``: its own declaration, else the first family matching it."""
+        found = self._exact.get(key) or next((f for f in self._families if f.matches(key)), None)
+        if found is None:
+            raise LimitError(
+                f"no limit is declared for {key!r}; add agentq.limit({key!r}, ...) to "
+                "init_app(app, limits=[...]) or fix the name"
+            )
+        return found

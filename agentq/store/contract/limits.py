@@ -1,0 +1,63 @@
+"""The rate-limit side of the store contract: budgets every worker takes from at once."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import NamedTuple
+
+from agentq.limits import Limit
+
+
+class Take(NamedTuple):
+    """What one call asks of one limit key."""
+
+    key: str
+    limit: Limit
+    cost: float
+
+
+class LimitState(NamedTuple):
+    """What the store holds of one limit key, read at ``now`` on its clock."""
+
+    now: float
+    req_tat: float
+    tok_tat: float
+    paused: float
+    in_flight: int
+
+    def requests_left(self, limit: Limit) -> float | None:
+        rpm = limit.requests_per_minute
+        if rpm is None:
+            return None
+        burst = limit.burst if limit.burst is not None else rpm
+        return max(0.0, burst - max(self.req_tat - self.now, 0) * rpm / 60)
+
+    def tokens_left(self, limit: Limit) -> float | None:
+        tpm = limit.tokens_per_minute
+        if tpm is None:
+            return None
+        return max(0.0, tpm - max(self.tok_tat - self.now, 0) * tpm / 60)
+
+
+class LimitsContract(ABC):
+    """The limit operations of :class:`~agentq.store.contract.Store`. Rates are kept as a
+    GCRA (the time the budget is next fully spent up to) on the store's clock."""
+
+    @abstractmethod
+    def take_limits(self, takes: list[Take], holder: str, ttl: float) -> float:
+        """Take one request, ``cost`` tokens and, where the limit caps concurrency, a slot
+        owned by ``holder`` for ``ttl`` seconds, from every key of ``takes`` — all or none.
+        Returns 0 when taken, else the seconds until it could be (nothing taken). Atomic."""
+
+    @abstractmethod
+    def release_limits(self, keys: list[str], holder: str) -> None:
+        """Give back ``holder``'s concurrency slots on ``keys``. Atomic."""
+
+    @abstractmethod
+    def pause_limit(self, key: str, seconds: float) -> None:
+        """Refuse every take of ``key`` for ``seconds`` from now (never shortens a pause
+        already set): the provider said so. Atomic."""
+
+    @abstractmethod
+    def limit_states(self) -> dict[str, LimitState]:
+        """Every limit key the store has seen taken or paused, with its state. Read-only."""

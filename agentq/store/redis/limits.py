@@ -1,0 +1,61 @@
+"""Fleet-wide rate limits in Redis: one script per take, on the server's clock."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agentq.store.contract.limits import LimitState, Take
+from agentq.store.redis.base import RedisBase
+
+
+class RedisLimits(RedisBase):
+    """The limit operations of :class:`~agentq.store.redis.store.RedisStore`."""
+
+    def take_limits(self, takes: list[Take], holder: str, ttl: float) -> float:
+        keys: list[str] = []
+        args: list[Any] = [holder, max(1, int(ttl * 1000))]
+        for take in takes:
+            limit = take.limit
+            keys += [self.keys.limit(take.key), self.keys.limit_holders(take.key)]
+            rpm, tpm = limit.requests_per_minute, limit.tokens_per_minute
+            req_interval = 60 / rpm if rpm else 0
+            burst = limit.burst if limit.burst is not None else (rpm or 0)
+            args += [
+                repr(req_interval),
+                repr(burst * req_interval),
+                repr(60 / tpm if tpm else 0),
+                repr(float(take.cost)),
+                limit.concurrency or 0,
+            ]
+        waited = self._scripts["take_limits"](keys=keys, args=args)
+        return int(waited) / 1000
+
+    def release_limits(self, keys: list[str], holder: str) -> None:
+        pipe = self.client.pipeline(transaction=False)
+        for key in keys:
+            pipe.zrem(self.keys.limit_holders(key), holder)
+        pipe.execute()
+
+    def pause_limit(self, key: str, seconds: float) -> None:
+        self._scripts["pause_limit"](keys=[self.keys.limit(key)], args=[int(seconds * 1000)])
+
+    def limit_states(self) -> dict[str, LimitState]:
+        start = self.keys.limit("")
+        # A concurrency-only key has holders and no hash.
+        keys = sorted(
+            {
+                key.decode()[len(start) :].removesuffix(":holders")
+                for key in self.client.scan_iter(match=f"{start}*", count=1000)
+            }
+        )
+        now = self._now()
+        pipe = self.client.pipeline(transaction=False)
+        for key in keys:
+            pipe.hmget(self.keys.limit(key), ["req_tat", "tok_tat", "paused"])
+            pipe.zcount(self.keys.limit_holders(key), now, "+inf")
+        replies = pipe.execute()
+        states = {}
+        for i, key in enumerate(keys):
+            req, tok, paused = (float(v or 0) for v in replies[2 * i])
+            states[key] = LimitState(now, req, tok, paused, int(replies[2 * i + 1]))
+        return states

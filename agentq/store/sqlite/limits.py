@@ -1,0 +1,88 @@
+"""The embedded store's rate limits: the same GCRA as Redis, in one write transaction."""
+
+from __future__ import annotations
+
+import time
+
+from agentq.store.contract.limits import LimitState, Take
+from agentq.store.sqlite.connection import SharedConnection
+
+
+class LimitsMixin:
+    """The limit operations of :class:`~agentq.store.sqlite.store.SQLiteStore`."""
+
+    _conn: SharedConnection
+
+    def take_limits(self, takes: list[Take], holder: str, ttl: float) -> float:
+        with self._conn.write() as db:
+            now = time.time()
+            wait, plans = 0.0, []
+            for take in takes:
+                limit = take.limit
+                row = db.execute(
+                    'SELECT req_tat, tok_tat, paused FROM limits WHERE "key" = ?', (take.key,)
+                ).fetchone()
+                req_tat, tok_tat, paused = row if row is not None else (0.0, 0.0, 0.0)
+                wait = max(wait, paused - now)
+                rpm, tpm = limit.requests_per_minute, limit.tokens_per_minute
+                if rpm:
+                    interval = 60 / rpm
+                    burst = limit.burst if limit.burst is not None else rpm
+                    req_tat = max(req_tat, now) + interval
+                    wait = max(wait, req_tat - now - burst * interval)
+                if tpm:
+                    tok_tat = max(tok_tat, now) + 60 / tpm * take.cost
+                    wait = max(wait, tok_tat - now - 60)
+                if limit.concurrency:
+                    db.execute(
+                        'DELETE FROM limit_holders WHERE "key" = ? AND expires <= ?',
+                        (take.key, now),
+                    )
+                    (held,) = db.execute(
+                        'SELECT COUNT(*) FROM limit_holders WHERE "key" = ? AND holder != ?',
+                        (take.key, holder),
+                    ).fetchone()
+                    if held >= limit.concurrency:
+                        wait = max(wait, 0.05)
+                plans.append((take, req_tat, tok_tat, paused))
+            if wait > 1e-9:
+                return wait
+            for take, req_tat, tok_tat, paused in plans:
+                db.execute(
+                    'INSERT OR REPLACE INTO limits ("key", req_tat, tok_tat, paused) '
+                    "VALUES (?, ?, ?, ?)",
+                    (take.key, req_tat, tok_tat, paused),
+                )
+                if take.limit.concurrency:
+                    db.execute(
+                        'INSERT OR REPLACE INTO limit_holders ("key", holder, expires) '
+                        "VALUES (?, ?, ?)",
+                        (take.key, holder, now + ttl),
+                    )
+            return 0.0
+
+    def release_limits(self, keys: list[str], holder: str) -> None:
+        with self._conn.write() as db:
+            db.executemany(
+                'DELETE FROM limit_holders WHERE "key" = ? AND holder = ?',
+                [(key, holder) for key in keys],
+            )
+
+    def pause_limit(self, key: str, seconds: float) -> None:
+        with self._conn.write() as db:
+            until = time.time() + seconds
+            db.execute(
+                'INSERT INTO limits ("key", req_tat, tok_tat, paused) VALUES (?, 0, 0, ?) '
+                'ON CONFLICT("key") DO UPDATE SET paused = MAX(paused, excluded.paused)',
+                (key, until),
+            )
+
+    def limit_states(self) -> dict[str, LimitState]:
+        now = time.time()
+        with self._conn.locked() as db:
+            rows = db.execute(
+                'SELECT "key", req_tat, tok_tat, paused, (SELECT COUNT(*) FROM limit_holders h '
+                'WHERE h."key" = limits."key" AND h.expires > ?) FROM limits',
+                (now,),
+            ).fetchall()
+        return {row[0]: LimitState(now, *row[1:]) for row in rows}

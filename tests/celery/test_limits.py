@@ -1,0 +1,166 @@
+"""Fleet-wide limits with real worker processes: the budget holds across processes, a
+killed worker's concurrency slot comes back, a 429 pauses the key for every worker."""
+
+from __future__ import annotations
+
+import itertools
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+
+from agentq import Status
+from agentq.store.contract.limits import Take
+from agentq.store.redis import RedisStore
+from tests.support.limits_app import LIMITS, make_limits_app
+from tests.support.redis_server import RedisServer, wait_until
+from tests.support.workers import WorkerProcess
+
+LEASE_TTL = 2.0
+LIMITS_BY_NAME = {each.name: each for each in LIMITS}
+
+
+class Setup:
+    def __init__(self, broker: str, server: RedisServer) -> None:
+        self.prefix = f"lim{uuid.uuid4().hex[:8]}:"
+        self.ns = self.prefix.rstrip(":")
+        self.env = {
+            "AGENTQ_TEST_BROKER": broker,
+            "AGENTQ_TEST_STORE": server.url,
+            "AGENTQ_TEST_PREFIX": self.prefix,
+            "AGENTQ_TEST_QUEUE": f"agentq-limits-{self.prefix}",
+            "AGENTQ_TEST_LEASE_TTL": str(LEASE_TTL),
+        }
+        self.app: Celery = make_limits_app(
+            broker=broker,
+            store=server.url,
+            prefix=self.prefix,
+            queue=self.env["AGENTQ_TEST_QUEUE"],
+            lease_ttl=LEASE_TTL,
+        )
+        self.agent: Any = self.app.tasks["tests.limited_agent"]
+        self.ledger = redis.Redis.from_url(server.url)
+        self.store = RedisStore.from_url(server.url, prefix=self.prefix)
+
+    def call_times(self) -> list[float]:
+        return sorted(float(t) for t in self.ledger.lrange(f"{self.ns}:calls", 0, -1))
+
+    def take_now(self, key: str) -> float:
+        """The wait a take of ``key`` by another holder meets now (0: it got it, and gave
+        it straight back)."""
+        holder = f"probe-{uuid.uuid4().hex}"
+        waited = self.store.take_limits([Take(key, LIMITS_BY_NAME[key], 0)], holder, 60)
+        self.store.release_limits([key], holder)
+        return waited
+
+
+@pytest.fixture
+def setup(redis_broker: str, redis_server: RedisServer) -> Iterator[Setup]:
+    made = Setup(redis_broker, redis_server)
+    yield made
+    made.store.close()
+    made.app._agentq_runtime.store.close()
+    made.app.close()
+
+
+@pytest.fixture
+def worker(setup: Setup, tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
+    started: list[WorkerProcess] = []
+
+    def start(concurrency: int = 2) -> WorkerProcess:
+        process = WorkerProcess(
+            setup.app,
+            setup.env,
+            tmp_path,
+            concurrency=concurrency,
+            pool="threads",
+            app_module="tests.support.limits_app",
+        )
+        started.append(process)
+        return process.start()
+
+    yield start
+    for process in started:
+        process.stop()
+
+
+def test_the_budget_holds_across_two_worker_processes(setup: Setup, worker: Any) -> None:
+    worker()
+    worker()
+    ids = [f"fleet-{i}" for i in range(4)]
+    for thread_id in ids:
+        setup.agent.delay(thread_id, calls=6, limit="api")
+    for thread_id in ids:
+        assert len(setup.agent.wait(thread_id, timeout=60)) == 6
+    times = setup.call_times()
+    assert len(times) == 24
+    # 600/min is 10 a second, 2 at once: no second of the fleet's holds more than 2 + 10
+    # (one more for a call logged a moment after its take).
+    for start in times:
+        in_window = sum(1 for t in times if start <= t < start + 1.0)
+        assert in_window <= 13, (start, in_window, times)
+
+
+def test_a_wait_longer_than_limit_wait_ends_the_step_as_retrying(setup: Setup, worker: Any) -> None:
+    worker(concurrency=1)
+    setup.agent.delay("patient", calls=3, limit="slow")
+    wait_until(
+        lambda: (
+            (meta := setup.store.meta("patient")) is not None and meta.status == Status.RETRYING
+        ),
+        timeout=30,
+        what="the thread retrying on its limit",
+    )
+    assert len(setup.agent.wait("patient", timeout=60)) == 3
+    times = setup.call_times()
+    assert len(times) == 3
+    # 60/min, one at once: a second between calls, on the store's clock.
+    assert all(later - earlier >= 0.95 for earlier, later in itertools.pairwise(times))
+    assert setup.store.meta("patient").attempts == 0  # waiting is not failing
+
+
+def test_a_killed_workers_concurrency_slot_comes_back_within_the_lease_ttl(
+    setup: Setup, worker: Any
+) -> None:
+    holder = worker(concurrency=1)
+    setup.agent.delay("holds", calls=1, limit="one-at-a-time", block=True)
+    wait_until(
+        lambda: setup.ledger.llen(f"{setup.ns}:holding"),
+        timeout=30,
+        what="the call holding the slot",
+    )
+    assert setup.take_now("one-at-a-time") > 0  # held: nobody else gets it
+    holder.kill()
+    wait_until(
+        lambda: setup.take_now("one-at-a-time") == 0,
+        timeout=LEASE_TTL + 5,
+        what="the slot reclaimed",
+    )
+
+
+def test_a_429_pauses_the_key_for_every_worker(setup: Setup, worker: Any) -> None:
+    worker()
+    setup.agent.delay("refused", calls=1, limit="provider", refuse=6)
+    wait_until(
+        lambda: setup.ledger.get(f"{setup.ns}:refused"),
+        timeout=30,
+        what="the provider's refusal",
+    )
+    wait_until(
+        lambda: setup.take_now("provider") > 3,
+        timeout=10,
+        what="the key paused for another holder",
+    )
+    setup.agent.delay("other", calls=1, limit="provider")
+    wait_until(
+        lambda: (meta := setup.store.meta("other")) is not None and meta.status == Status.RETRYING,
+        timeout=30,
+        what="another thread waiting out the pause",
+    )
+    assert setup.call_times() == []  # nobody called through the pause
+    assert setup.agent.wait("other", timeout=60) and setup.agent.wait("refused", timeout=60)
+    assert len(setup.call_times()) == 2

@@ -1,0 +1,65 @@
+"""``agentq limits``: the app's declared budgets and what the store says is used of them."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from agentq import limit
+from agentq.cli.entry import cli
+from agentq.limits import Limits
+from agentq.store.contract.limits import Take
+from agentq.store.sqlite.store import SQLiteStore
+
+APP = """
+from celery import Celery
+import agentq
+
+app = Celery("limits-cli", broker="memory://", set_as_current=False)
+agentq.init_app(app, store="sqlite:///{db}", limits=[
+    agentq.limit("openai", requests_per_minute=60, tokens_per_minute=1000, concurrency=2),
+    agentq.limit("tenant:{{tenant}}", requests_per_minute=6),
+])
+"""
+
+
+def test_limits_shows_budgets_use_slots_and_pauses(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    db = tmp_path / "agentq.db"
+    module = f"limits_app_{uuid.uuid4().hex[:6]}"
+    (tmp_path / f"{module}.py").write_text(APP.format(db=db))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    store = SQLiteStore(db)
+
+    declared = Limits(
+        [
+            limit("openai", requests_per_minute=60, tokens_per_minute=1000, concurrency=2),
+            limit("tenant:{tenant}", requests_per_minute=6),
+        ]
+    )
+    takes = [
+        Take("openai", declared.of("openai"), 400),
+        Take("tenant:7", declared.of("tenant:7"), 0),
+    ]
+    assert store.take_limits(takes, "call-1", 60) == 0
+    store.pause_limit("tenant:7", 30)
+    store.close()
+
+    result = CliRunner().invoke(cli, ["-A", f"{module}:app", "limits", "--json"])
+    assert result.exit_code == 0, result.output
+    rows = {row["key"]: row for row in json.loads(result.stdout)}
+    assert set(rows) == {"openai", "tenant:7"}
+    assert rows["openai"]["in_flight"] == 1
+    assert 599 < rows["openai"]["tokens_left"] < 610
+    assert 58 < rows["openai"]["requests_left"] <= 59.1
+    assert rows["tenant:7"]["declared"] == "tenant:{tenant}"
+    assert rows["tenant:7"]["paused_for"] > 25
+
+    table = CliRunner().invoke(cli, ["-A", f"{module}:app", "limits"])
+    assert table.exit_code == 0, table.output
+    assert "tenant:7 (tenant:{tenant})" in table.output

@@ -11,7 +11,8 @@ and nested models), in the graph and in every subgraph.
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+from typing import Any, get_type_hints
 
 from langgraph._internal._serde import build_serde_allowlist
 from langgraph.graph import StateGraph
@@ -29,12 +30,18 @@ def graph_types(graph: StateGraph[Any] | Pregel[Any, Any, Any, Any]) -> frozense
 
 
 def _schemas(pregel: Any) -> list[Any]:
-    # The same schemas StateGraph.compile hands LangGraph's strict serde; a functional
-    # graph (@entrypoint) declares its types in its channels only.
+    # The same schemas StateGraph.compile hands LangGraph's strict serde, and the nodes'
+    # own annotations: an @entrypoint's channels hold them as the strings
+    # ``from __future__ import annotations`` leaves, which only the function resolves.
+    schemas: list[Any] = []
+    for node in getattr(pregel, "nodes", {}).values():
+        function = getattr(node.bound, "func", None) or getattr(node.bound, "afunc", None)
+        with contextlib.suppress(Exception):  # a hint its module cannot resolve is no type
+            schemas.extend(get_type_hints(function).values())
     builder = getattr(pregel, "builder", None)
     if not isinstance(builder, StateGraph):
-        return []
-    schemas: list[Any] = [builder.state_schema, builder.input_schema, builder.output_schema]
+        return schemas
+    schemas += [builder.state_schema, builder.input_schema, builder.output_schema]
     if builder.context_schema is not None:
         schemas.append(builder.context_schema)
     schemas.extend(node.input_schema for node in builder.nodes.values())

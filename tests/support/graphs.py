@@ -200,7 +200,7 @@ class Typed(TypedDict, total=False):
     revived: list[str]
 
 
-def build_typed_graph() -> StateGraph[Typed]:
+def build_typed_graph(ledger: Ledger | None = None) -> StateGraph[Typed]:
     """A state of a pydantic model and dataclasses, stopped by an interrupt between the
     node that makes them and the one that needs them as objects again."""
 
@@ -208,8 +208,10 @@ def build_typed_graph() -> StateGraph[Typed]:
         order = state["order"]
         return {"refunds": [Refund(order.number, order.total // 2)]}
 
-    def confirm(state: Typed) -> dict[str, Any]:
+    def confirm(state: Typed, config: RunnableConfig) -> dict[str, Any]:
         interrupt({"question": "refund?"})
+        if ledger is not None:
+            ledger.crash_point(config["configurable"]["thread_id"], "confirm")
         # What the resumed node got from the checkpoint, for the test to compare.
         return {"revived": [type(state["order"]).__name__, type(state["refunds"][0]).__name__]}
 
@@ -235,5 +237,5 @@ def make_graph_app(
     ledger = Ledger(ledger_url, prefix.rstrip(":"))
     graph_task(app, lambda: build_graph(ledger), name=GRAPH_TASK, retry_on=(RateLimitError,))
     graph_task(app, lambda: build_async_graph(ledger), name=ASYNC_GRAPH_TASK)
-    graph_task(app, build_typed_graph, name=TYPED_GRAPH_TASK)
+    graph_task(app, lambda: build_typed_graph(ledger), name=TYPED_GRAPH_TASK)
     return app

@@ -31,6 +31,7 @@ from agentq.errors import (
     UnserializableState,
 )
 from agentq.ids import validate_thread_id
+from agentq.langgraph.schema import graph_types
 from agentq.langgraph.serde import safe_serde
 from agentq.store import graph_records as records
 from agentq.store import open_store
@@ -79,6 +80,12 @@ class AgentqSaver(BaseCheckpointSaver[str]):
         ``store_options`` (``prefix``, …) go to :func:`agentq.open_store`. The saver owns
         that store and closes it with :meth:`close` (or ``with``)."""
         return cls(open_store(url, **store_options), serde=serde, owns_store=True)
+
+    def for_graph(self, graph: Any) -> AgentqSaver:
+        """A copy that revives the pydantic models, dataclasses and enums ``graph`` (a
+        ``StateGraph`` or a compiled graph) declares in its state and channels; compile the
+        graph with it: ``builder.compile(checkpointer=saver.for_graph(builder))``."""
+        return cast(AgentqSaver, self.with_allowlist(graph_types(graph)))
 
     def bound(self, thread_id: str, token: int) -> AgentqSaver:
         """A copy whose writes to ``thread_id`` carry fencing ``token``; it refuses to

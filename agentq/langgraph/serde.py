@@ -4,18 +4,25 @@ LangGraph's :class:`JsonPlusSerializer` pickles what msgpack cannot hold when
 ``pickle_fallback`` is on, and by default revives *any* class named in stored bytes
 (importing its module and calling it). A checkpoint store is shared by every worker, so
 bytes read from it must not be able to run code: :class:`AgentqSerializer` never pickles
-and, like LangGraph's strict mode, only revives the types in LangGraph's safe list plus the
-ones you allow. A type that is not allowed comes back as its plain data (a dict), as in
-LangGraph's strict mode.
+and, like LangGraph's strict mode, only revives the types in LangGraph's safe list, the
+ones the graph declares (:meth:`AgentqSaver.for_graph`), the ones you allow, and the ones
+it has itself written. A type that is not allowed comes back as its plain data (a dict),
+as in LangGraph's strict mode, without its module being imported.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import re
+import threading
+from collections import deque
 from collections.abc import Iterable
+from enum import Enum
 from typing import Any, Final
 
 from langgraph.checkpoint.serde.base import SerializerProtocol
-from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer, _create_msgpack_ext_hook
+from langgraph.checkpoint.serde.types import SendProtocol
 
 from agentq.errors import CodecError
 
@@ -33,23 +40,48 @@ def _refuse_pickle(type_: str, what: str) -> None:
         )
 
 
+_EXT_MARKERS: Final = re.compile(rb"[\xc7-\xc9\xd4-\xd8]")
+"""The bytes msgpack starts an extension value with: written data without any holds no
+class, and needs no walk to learn one."""
+
+
 class AgentqSerializer(JsonPlusSerializer):
     """LangGraph's msgpack serializer with pickle off and strict reviving.
 
     ``allowed_types`` are extra ``(module, name)`` pairs or classes to revive (your
     pydantic models or dataclasses in the graph state); LangGraph's own safe list
-    (messages, ``Send``, ``Interrupt``, datetimes, ...) is always allowed.
+    (messages, ``Send``, ``Interrupt``, datetimes, ...) is always allowed. So is every
+    pydantic model, dataclass, enum and named tuple this serializer has written: the
+    process made those objects itself, so reading them back as objects runs nothing a
+    stored name chose. A fresh process has written nothing yet: there the graph's own
+    declaration (:meth:`AgentqSaver.for_graph`) says what to revive.
     """
 
     def __init__(self, *, allowed_types: Iterable[tuple[str, ...] | type] = ()) -> None:
         allowed = tuple(allowed_types)
         # None is LangGraph's strict mode: only its safe list is revived.
         super().__init__(pickle_fallback=False, allowed_msgpack_modules=allowed or None)
+        self._learning = threading.Lock()
 
     def dumps_typed(self, obj: Any) -> tuple[str, bytes]:
         type_, data = super().dumps_typed(obj)
         _refuse_pickle(type_, "store")
+        if _EXT_MARKERS.search(data):
+            self._allow_written(obj)
         return type_, data
+
+    def _allow_written(self, obj: Any) -> None:
+        found: set[tuple[str, ...]] = set()
+        _classes_in(obj, found)
+        with self._learning:
+            allowed = self._allowed_msgpack_modules
+            known = allowed if isinstance(allowed, set) else set()
+            if found <= known:
+                return
+            # A new set and hook, not an update in place: a reader holds the old pair.
+            merged = known | found
+            self._allowed_msgpack_modules = merged
+            self._unpack_ext_hook = _create_msgpack_ext_hook(merged)
 
     def loads_typed(self, data: tuple[str, bytes]) -> Any:
         type_ = data[0]
@@ -60,6 +92,29 @@ class AgentqSerializer(JsonPlusSerializer):
                 "was written by something else or damaged"
             )
         return super().loads_typed(data)
+
+
+def _classes_in(obj: Any, found: set[tuple[str, ...]]) -> None:
+    """Add to ``found`` the classes LangGraph's msgpack encoding names for ``obj``."""
+    if isinstance(obj, type):
+        return
+    if isinstance(obj, dict):
+        for key, value in obj.items():
+            _classes_in(key, found)
+            _classes_in(value, found)
+        return
+    named = dataclasses.is_dataclass(obj) or isinstance(obj, Enum) or hasattr(obj, "_asdict")
+    # Pydantic models: their dump holds nested models as dicts, which they validate back.
+    if named or hasattr(obj, "model_dump") or hasattr(obj, "__fields__"):
+        found.add((type(obj).__module__, type(obj).__name__))
+    if isinstance(obj, (list, tuple, set, frozenset, deque)):
+        for item in obj:
+            _classes_in(item, found)
+    elif isinstance(obj, SendProtocol):
+        _classes_in(obj.arg, found)
+    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        for field in dataclasses.fields(obj):
+            _classes_in(getattr(obj, field.name), found)
 
 
 class NoPickle(SerializerProtocol):

@@ -57,9 +57,9 @@ class GraphTask(AgentTask):
 
     Set ``graph`` to a compiled graph, a ``StateGraph`` builder, or a function returning
     either (called once per worker process, so models and clients are created there). Its
-    own checkpointer is replaced by the task's saver. ``allowed_types`` are the state's
-    own classes (pydantic models, dataclasses) to revive from checkpoints; see
-    :class:`~agentq.langgraph.AgentqSerializer`.
+    own checkpointer is replaced by the task's saver, which revives the classes the graph
+    declares (:meth:`AgentqSaver.for_graph`); ``allowed_types`` adds classes it does not
+    declare, such as those only a ``Send`` or an interrupt carries.
 
     ``task.delay(thread_id, input)`` starts a thread; the input and resume values go
     through LangGraph's serde, so messages and models are fine there.
@@ -82,33 +82,38 @@ class GraphTask(AgentTask):
 
     @property
     def saver(self) -> AgentqSaver:
-        """The task's (unbound) saver on the app's agentq store."""
-        store = self.agentq.store
-        if self._saver is None or self._saver.store is not store:
-            serde = AgentqSerializer(allowed_types=self.allowed_types)
-            self._saver = AgentqSaver(store, serde=serde)
-            self._compiled = None
-        return self._saver
+        """The task's (unbound) saver on the app's agentq store, reviving the graph's
+        types (see :meth:`AgentqSaver.for_graph`)."""
+        return self._setup()[0]
 
     def compiled(self) -> AnyGraph:
         """The graph, compiled, with the task's saver as its checkpointer."""
-        saver = self.saver
-        if self._compiled is None:
-            # Read statically: a factory set as a class attribute is not a method.
-            source = inspect.getattr_static(type(self), "graph")
-            if isinstance(source, staticmethod):
-                source = source.__func__
-            if callable(source) and not isinstance(source, (Pregel, StateGraph)):
-                source = source()
-            if isinstance(source, StateGraph):
-                source = source.compile()
-            if not isinstance(source, Pregel):
-                raise ConfigError(
-                    f"{self.name}: graph must be a compiled LangGraph graph, a StateGraph or "
-                    f"a function returning one, not {type(source).__name__}"
-                )
-            self._compiled = source.copy(update={"checkpointer": saver})
-        return self._compiled
+        return self._setup()[1]
+
+    def _setup(self) -> tuple[AgentqSaver, AnyGraph]:
+        store = self.agentq.store
+        if self._saver is None or self._compiled is None or self._saver.store is not store:
+            graph = self._load_graph()
+            serde = AgentqSerializer(allowed_types=self.allowed_types)
+            self._saver = AgentqSaver(store, serde=serde).for_graph(graph)
+            self._compiled = graph.copy(update={"checkpointer": self._saver})
+        return self._saver, self._compiled
+
+    def _load_graph(self) -> AnyGraph:
+        # Read statically: a factory set as a class attribute is not a method.
+        source = inspect.getattr_static(type(self), "graph")
+        if isinstance(source, staticmethod):
+            source = source.__func__
+        if callable(source) and not isinstance(source, (Pregel, StateGraph)):
+            source = source()
+        if isinstance(source, StateGraph):
+            source = source.compile()
+        if not isinstance(source, Pregel):
+            raise ConfigError(
+                f"{self.name}: graph must be a compiled LangGraph graph, a StateGraph or "
+                f"a function returning one, not {type(source).__name__}"
+            )
+        return source
 
     # -- sending ---------------------------------------------------------------------------
 
@@ -140,7 +145,8 @@ class GraphTask(AgentTask):
         return self.compiled().get_state(config)
 
     def _pack(self, value: Any) -> tuple[str, bytes]:
-        return self.saver.serde.dumps_typed(value)
+        # Writing needs no allow-list: the sender need not load the graph.
+        return AgentqSerializer().dumps_typed(value)
 
     def _unpack(self, packed: Any) -> Any:
         type_, data = packed

@@ -19,7 +19,7 @@ from agentq.errors import ThreadStopped
 from agentq.langgraph import GraphTask
 from agentq.store.contract import Store
 from tests.support.agents import Ledger
-from tests.support.graphs import GRAPH_TASK, make_graph_app, question
+from tests.support.graphs import GRAPH_TASK, TYPED_GRAPH_TASK, Order, make_graph_app, question
 from tests.support.redis_server import RedisServer, wait_until
 from tests.support.workers import WorkerProcess
 
@@ -157,6 +157,21 @@ def test_sigkill_while_resuming_an_interrupt(cluster: Cluster) -> None:
     assert result["approved"] is True
     assert cluster.ledger.tool_calls("t1") == cluster.ledger.as_sent("t1", {"call-refund-1": 1})
     assert_one_checkpoint_chain(cluster, "t1")
+
+
+def test_a_worker_started_after_a_crash_reads_the_states_objects_back(cluster: Cluster) -> None:
+    task: GraphTask = cluster.app.tasks[TYPED_GRAPH_TASK]
+    first = cluster.worker()
+    task.delay("o1", {"order": Order(number="A-1", total=30)})
+    wait_until(lambda: task.thread("o1").status == Status.WAITING, timeout=30, what="waiting")
+    cluster.ledger.arm_crash("o1", "confirm")
+    task.resume("o1", True)
+    wait_until(lambda: cluster.ledger.reached("o1", "confirm"), timeout=30, what="the resume")
+    first.kill()
+    cluster.worker()  # a new process: it has written none of these objects
+    # The resumed node records the types it read from the checkpoint.
+    assert task.wait("o1", timeout=60)["revived"] == ["Order", "Refund"]
+    assert task.thread("o1").fence >= 2
 
 
 @pytest.mark.timeout(120)  # slow steps around a warm shutdown: 16 s unloaded

@@ -24,7 +24,11 @@ from tests.support.agents import Ledger
 from tests.support.graphs import (
     ASYNC_GRAPH_TASK,
     GRAPH_TASK,
+    TYPED_GRAPH_TASK,
+    Order,
+    Refund,
     build_graph,
+    build_typed_graph,
     make_graph_app,
     question,
 )
@@ -223,3 +227,19 @@ def test_a_graph_of_async_nodes_runs_with_astream(env: Env) -> None:
     assert task.wait("a1", timeout=30) == {"n": 9}
     assert env.ledger.tool_calls("a1") == {"lookup": 1}
     assert task.state("a1").values == {"n": 9}
+
+
+def test_the_states_models_and_dataclasses_come_back_as_themselves(env: Env) -> None:
+    task: GraphTask = env.app.tasks[TYPED_GRAPH_TASK]
+    task.delay("o1", {"order": Order(number="A-1", total=30)})
+    wait_until(lambda: task.thread("o1").status == Status.WAITING, timeout=20, what="waiting")
+    values = task.state("o1").values
+    assert isinstance(values["order"], Order) and values["order"] == Order(number="A-1", total=30)
+    assert isinstance(values["refunds"][0], Refund) and values["refunds"] == [Refund("A-1", 15)]
+    # A fresh saver, as a worker started after a crash has, reading the stored checkpoint.
+    fresh = AgentqSaver(env.store).for_graph(build_typed_graph())
+    stored = fresh.get_tuple({"configurable": {"thread_id": "o1"}})
+    assert stored is not None
+    assert stored.checkpoint["channel_values"]["refunds"] == [Refund("A-1", 15)]
+    task.resume("o1", True)
+    assert task.wait("o1", timeout=30)["revived"] == ["Order", "Refund"]

@@ -5,13 +5,17 @@ key layout, serialisation without pickle, and the sync methods on their own."""
 from __future__ import annotations
 
 import dataclasses
+import sys
 import uuid
-from typing import Any
+from enum import Enum
+from pathlib import Path
+from typing import Any, TypedDict
 
 import pytest
 from langchain_core.messages import AIMessage, HumanMessage
 from langgraph.checkpoint.base import Checkpoint, CheckpointMetadata, empty_checkpoint
 from langgraph.checkpoint.serde.types import ERROR, INTERRUPT
+from langgraph.graph import START, StateGraph
 
 from agentq.errors import (
     CodecError,
@@ -217,20 +221,74 @@ class Invoice:
 
 
 def test_types_are_revived_only_when_allowed(store: Store) -> None:
-    plain = AgentqSaver(store)
-    stored = plain.put(
+    writer = AgentqSaver(store)
+    stored = writer.put(
         config("t1"),
         checkpoint({"inv": Invoice("A-1", 3)}, {"inv": "1"}),
         metadata(0),
         {"inv": "1"},
     )
-    got = plain.get_tuple(stored)
+    got = writer.get_tuple(stored)  # it wrote an Invoice itself
+    assert got is not None and got.checkpoint["channel_values"]["inv"] == Invoice("A-1", 3)
+    fresh = AgentqSaver(store)  # a new process, which has written nothing
+    got = fresh.get_tuple(stored)
     assert got is not None and got.checkpoint["channel_values"]["inv"] == {
         "number": "A-1",
         "amount": 3,
     }
     allowing = AgentqSaver(store, serde=AgentqSerializer(allowed_types=[Invoice]))
     got = allowing.get_tuple(stored)
+    assert got is not None and got.checkpoint["channel_values"]["inv"] == Invoice("A-1", 3)
+
+
+def test_a_stored_class_nobody_declared_is_neither_imported_nor_called(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ran = tmp_path / "ran"
+    module = f"planted_{uuid.uuid4().hex}"
+    (tmp_path / f"{module}.py").write_text(
+        f"import pathlib\npathlib.Path({str(ran)!r}).write_text('imported')\nPlanted = dict\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    # Bytes as a hostile writer of the store would leave them: LangGraph revives an enum
+    # by calling module.name(value), here os.system("touch ..."), and a dataclass by
+    # importing its module. Written through another saver, so the reader never saw them.
+    command = Enum("system", {"RUN": f"touch {ran}"}, module="os")  # type: ignore[misc]
+    planted = dataclasses.make_dataclass(
+        "Planted", [("value", int)], namespace={"__module__": module}
+    )
+    stored = AgentqSaver(store).put(
+        config("t1"),
+        checkpoint({"cmd": command.RUN, "planted": planted(1)}, {"cmd": "1", "planted": "1"}),
+        metadata(0),
+        {"cmd": "1", "planted": "1"},
+    )
+    reader = AgentqSaver(store).for_graph(_invoice_graph())
+    got = reader.get_tuple(stored)
+    assert got is not None
+    assert got.checkpoint["channel_values"] == {"cmd": f"touch {ran}", "planted": {"value": 1}}
+    assert not ran.exists()
+    assert module not in sys.modules
+
+
+def _invoice_graph() -> Any:
+    class State(TypedDict):
+        inv: Invoice
+
+    builder = StateGraph(State)
+    builder.add_node("n", lambda state: {})
+    builder.add_edge(START, "n")
+    return builder
+
+
+def test_a_saver_for_a_graph_revives_what_the_graph_declares(store: Store) -> None:
+    stored = AgentqSaver(store).put(
+        config("t1"),
+        checkpoint({"inv": Invoice("A-1", 3)}, {"inv": "1"}),
+        metadata(0),
+        {"inv": "1"},
+    )
+    got = AgentqSaver(store).for_graph(_invoice_graph()).get_tuple(stored)
     assert got is not None and got.checkpoint["channel_values"]["inv"] == Invoice("A-1", 3)
 
 

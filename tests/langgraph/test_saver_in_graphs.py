@@ -1,5 +1,6 @@
 """The saver under real LangGraph graphs, without Celery: subgraph namespaces, time travel,
-``update_state``, and a stale writer refused from inside LangGraph's own loop."""
+``update_state``, a stale writer refused from inside LangGraph's own loop, and pydantic
+objects in the state read back as themselves."""
 
 from __future__ import annotations
 
@@ -7,9 +8,12 @@ import operator
 from typing import Annotated, Any, TypedDict
 
 import pytest
+from langchain_core.agents import AgentAction, AgentFinish
 from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.func import entrypoint, task
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import Command, interrupt
+from pydantic import BaseModel
 
 from agentq.errors import LeaseHeld, StaleToken
 from agentq.langgraph import AgentqSaver
@@ -106,3 +110,101 @@ def test_a_stale_token_stops_the_graph_and_writes_nothing(store: Store) -> None:
     # and without a token, a held lease refuses a write from outside the task
     with pytest.raises(LeaseHeld):
         build().compile(checkpointer=saver).update_state(config, {"log": ["x"]})
+
+
+class AgentState(TypedDict, total=False):
+    input: str
+    agent_outcome: AgentAction | AgentFinish | None
+    intermediate_steps: Annotated[list[tuple[AgentAction, str]], operator.add]
+
+
+def agent_graph() -> StateGraph[AgentState]:
+    """LangGraph's own conditional agent graph: pydantic ``AgentAction``s in the state."""
+    replies = iter(["tool:search:query", "tool:search:another", "finish:answer"])
+
+    def agent(state: AgentState) -> dict[str, Any]:
+        reply = next(replies)
+        if reply.startswith("finish"):
+            return {"agent_outcome": AgentFinish({"answer": reply.split(":")[1]}, reply)}
+        _, tool, tool_input = reply.split(":")
+        return {"agent_outcome": AgentAction(tool=tool, tool_input=tool_input, log=reply)}
+
+    def tools(state: AgentState) -> dict[str, Any]:
+        action = state["agent_outcome"]
+        assert isinstance(action, AgentAction)
+        return {"intermediate_steps": [(action, f"result for {action.tool_input}")]}
+
+    def should_continue(state: AgentState) -> str:
+        return "exit" if isinstance(state["agent_outcome"], AgentFinish) else "continue"
+
+    builder = StateGraph(AgentState)
+    builder.add_node("agent", agent)
+    builder.add_node("tools", tools)
+    builder.add_edge(START, "agent")
+    builder.add_conditional_edges("agent", should_continue, {"continue": "tools", "exit": END})
+    builder.add_edge("tools", "agent")
+    return builder
+
+
+def run_with_edits(saver: Any) -> list[Any]:
+    """Stop after each agent step, read the state, edit it, go on: what LangGraph's
+    ``test_conditional_graph_state`` does with every checkpointer."""
+    graph = agent_graph().compile(checkpointer=saver, interrupt_after=["agent"])
+    config = {"configurable": {"thread_id": "t1"}}
+    seen: list[Any] = [list(graph.stream({"input": "weather in sf"}, config))]
+    seen.append(graph.get_state(config).values)
+    edit = AgentAction(tool="search", tool_input="query", log="a different query")
+    graph.update_state(config, {"agent_outcome": edit})
+    seen.append(graph.get_state(config).values)
+    seen.append(list(graph.stream(None, config)))
+    seen.append(graph.get_state(config).values)
+    return seen
+
+
+def test_pydantic_state_comes_back_as_with_memory_saver(store: Store) -> None:
+    expected = run_with_edits(InMemorySaver())
+    got = run_with_edits(AgentqSaver(store))
+    assert got == expected
+    assert isinstance(got[1]["agent_outcome"], AgentAction)
+    [[action, _]] = got[-1]["intermediate_steps"]
+    assert isinstance(action, AgentAction) and action.log == "a different query"
+
+
+class Inputs(BaseModel):
+    a: str
+    b: str | None = None
+
+
+def functional_graph(saver: Any) -> Any:
+    """LangGraph's ``test_interrupt_functional_pydantic``: a task's pydantic result,
+    stored before an interrupt, is read back on resume."""
+
+    @task
+    def foo(state: Inputs) -> Inputs:
+        return Inputs(a=state.a + "foo")
+
+    @entrypoint(checkpointer=saver)
+    def graph(inputs: Inputs) -> dict[str, Any]:
+        pending = foo(inputs)
+        value = interrupt("value for b?")
+        done = pending.result()
+        return {"type": type(done).__name__, "a": done.a, "b": value}
+
+    return graph
+
+
+def test_a_tasks_pydantic_result_comes_back_on_resume(store: Store) -> None:
+    config = {"configurable": {"thread_id": "t1"}}
+    graph = functional_graph(AgentqSaver(store))
+    graph.invoke(Inputs(a=""), config)
+    assert graph.invoke(Command(resume="bar"), config) == {"type": "Inputs", "a": "foo", "b": "bar"}
+    # After a crash: a fresh saver told the graph's types, reading what the first wrote.
+    restarted = functional_graph(None)
+    restarted = restarted.copy(update={"checkpointer": AgentqSaver(store).for_graph(restarted)})
+    config = {"configurable": {"thread_id": "t2"}}
+    graph.invoke(Inputs(a="x"), config)
+    assert restarted.invoke(Command(resume="y"), config) == {
+        "type": "Inputs",
+        "a": "xfoo",
+        "b": "y",
+    }

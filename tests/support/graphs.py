@@ -7,6 +7,7 @@ tool runs and the refunds the "payment service" applied, and holds the crash poi
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from typing import Annotated, Any, TypedDict
 
@@ -25,6 +26,7 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
 from langgraph.types import interrupt
+from pydantic import BaseModel
 
 import agentq
 from agentq import DID_NOT_RUN
@@ -33,6 +35,7 @@ from tests.support.agents import Ledger, RateLimitError, refund_tool
 
 GRAPH_TASK = "tests.refund_graph"
 ASYNC_GRAPH_TASK = "tests.async_graph"
+TYPED_GRAPH_TASK = "tests.typed_graph"
 
 
 class ScriptedChatModel(BaseChatModel):
@@ -180,6 +183,47 @@ def build_async_graph(ledger: Ledger) -> StateGraph[Count]:
     return builder
 
 
+class Order(BaseModel):
+    number: str
+    total: int
+
+
+@dataclasses.dataclass
+class Refund:
+    order: str
+    amount: int
+
+
+class Typed(TypedDict, total=False):
+    order: Order
+    refunds: list[Refund]
+    revived: list[str]
+
+
+def build_typed_graph(ledger: Ledger | None = None) -> StateGraph[Typed]:
+    """A state of a pydantic model and dataclasses, stopped by an interrupt between the
+    node that makes them and the one that needs them as objects again."""
+
+    def plan(state: Typed) -> dict[str, Any]:
+        order = state["order"]
+        return {"refunds": [Refund(order.number, order.total // 2)]}
+
+    def confirm(state: Typed, config: RunnableConfig) -> dict[str, Any]:
+        interrupt({"question": "refund?"})
+        if ledger is not None:
+            ledger.crash_point(config["configurable"]["thread_id"], "confirm")
+        # What the resumed node got from the checkpoint, for the test to compare.
+        return {"revived": [type(state["order"]).__name__, type(state["refunds"][0]).__name__]}
+
+    builder = StateGraph(Typed)
+    builder.add_node("plan", plan)
+    builder.add_node("confirm", confirm)
+    builder.add_edge(START, "plan")
+    builder.add_edge("plan", "confirm")
+    builder.add_edge("confirm", END)
+    return builder
+
+
 def make_graph_app(
     *, broker: str, store: str, prefix: str, queue: str, ledger_url: str, **settings: Any
 ) -> Celery:
@@ -193,4 +237,5 @@ def make_graph_app(
     ledger = Ledger(ledger_url, prefix.rstrip(":"))
     graph_task(app, lambda: build_graph(ledger), name=GRAPH_TASK, retry_on=(RateLimitError,))
     graph_task(app, lambda: build_async_graph(ledger), name=ASYNC_GRAPH_TASK)
+    graph_task(app, lambda: build_typed_graph(ledger), name=TYPED_GRAPH_TASK)
     return app

@@ -25,7 +25,7 @@ import dataclasses
 import datetime as dt
 import inspect
 from collections.abc import Callable, Mapping
-from typing import Any, ClassVar, cast
+from typing import Any, ClassVar, Never, cast
 
 from celery.result import AsyncResult
 from langchain_core.runnables import RunnableConfig
@@ -118,10 +118,10 @@ class GraphTask(AgentTask):
     # -- sending ---------------------------------------------------------------------------
 
     def delay(  # type: ignore[override]  # a graph's input is one value, not keywords
-        self, thread_id: str, input: Any = None, /
+        self, thread_id: str, input: Any = None, /, *misplaced: Never
     ) -> AsyncResult:
         """Start (or re-send) thread ``thread_id`` with ``input`` for the graph."""
-        return self.apply_async((thread_id, input))
+        return self.apply_async((thread_id, input, *misplaced))
 
     def apply_async(self, args: Any = None, kwargs: Any = None, **options: Any) -> AsyncResult:
         """Start thread ``args[0]`` with ``args[1]`` (optional) as the graph's input."""

@@ -23,8 +23,13 @@ WAIT = 15.0
 
 
 def ids_listed(browser: webdriver.Chrome) -> list[str]:
-    rows = browser.find_elements(By.CSS_SELECTOR, "#threads tbody tr")
-    return [row.get_attribute("data-thread") or "" for row in rows]
+    # Read in one script: the page swaps its rows when it refreshes, which would leave
+    # elements found one call earlier stale.
+    ids: list[str] = browser.execute_script(
+        "return Array.from(document.querySelectorAll('#threads tbody tr'),"
+        " row => row.dataset.thread || '')"
+    )
+    return ids
 
 
 def wait_for(browser: webdriver.Chrome, css: str) -> WebElement:

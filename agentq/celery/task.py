@@ -13,6 +13,7 @@ from celery.backends.base import DisabledBackend
 
 from agentq.celery.drain import draining
 from agentq.celery.runtime import Runtime, runtime_of
+from agentq.engine import tracing
 from agentq.engine.driver import Driver
 from agentq.errors import (
     InvalidArgument,
@@ -112,6 +113,9 @@ class AgentTask(Task):  # type: ignore[misc]
         thread_id = validate_thread_id(args[0])
         self._check_input(thread_id, kwargs or {})
         delay = float(options.get("countdown") or 0)
+        # The caller's trace context, kept with the thread: every later send carries it.
+        traced = tracing.sending_headers()
+        kept = {**_routing(options), "headers": traced} if traced else _routing(options)
         self._store_call(
             "starting the thread",
             thread_id,
@@ -120,9 +124,9 @@ class AgentTask(Task):  # type: ignore[misc]
             task=self.name,
             input=dict(kwargs) if kwargs else None,
             start_grace=delay + self.agentq.settings.start_grace,
-            options=_routing(options),
+            options=kept,
         )
-        return super().apply_async((thread_id,), None, **options)
+        return super().apply_async((thread_id,), None, **{**kept, **options})
 
     def _check_input(self, thread_id: str, input: dict[str, Any]) -> None:
         """Bind ``input`` to the entry node's signature here, in the caller, as Celery's

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final, NoReturn
 
+from agentq.engine import instrument
 from agentq.engine.agent import Agent
 from agentq.engine.aio import run_coroutine
 from agentq.engine.append_only import AppendOnlyFields
@@ -166,6 +167,7 @@ class Driver:
         logger.error("%s", lost)
         raise lost
 
+    @instrument.takeover
     def _count_crash(self, token: int, meta: ThreadMeta) -> bool:
         """Count a worker lost at this thread's step; ``False`` once it failed for it."""
         crashes = meta.crashes + 1
@@ -191,6 +193,7 @@ class Driver:
         )
         return True
 
+    @instrument.settle
     def _settle(self, what: str, token: int, status: Status, **fields: Any) -> None:
         """Set the thread's status (and ``fields``) and give its lease up."""
         self._calls(
@@ -249,6 +252,7 @@ class Driver:
             retryable=self.task.should_retry,
         )
 
+    @instrument.step
     def _step(self, token: int, meta: ThreadMeta, pos: _Position, logs: AppendOnlyFields) -> Any:
         """Run one node and commit what it did; ``_CONTINUE`` if the thread goes on, else
         what the task returns."""
@@ -291,7 +295,7 @@ class Driver:
             )
             cancel = self._calls(
                 "committing",
-                store.commit,
+                instrument.commit(thread_id, store.commit),
                 thread_id,
                 token,
                 checkpoint,
@@ -331,11 +335,7 @@ class Driver:
     def _stop_early(self, token: int, meta: ThreadMeta) -> Any:
         """The thread changed between our first look and the lease: honour what it is."""
         if meta.cancel_requested and meta.status == Status.RUNNING:
-            self._settle(
-                "cancelling",
-                token,
-                Status.CANCELLED,
-            )
+            self._settle("cancelling", token, Status.CANCELLED)
         else:
             self._calls(
                 "releasing the lease", self.store.release, self.thread_id, self.owner, token
@@ -357,6 +357,7 @@ class Driver:
             return run_coroutine(_awaited(result))
         return result
 
+    @instrument.retry
     def _fail_or_retry(self, token: int, step: int, attempts: int, exc: Exception) -> None:
         thread_id, settings = self.thread_id, self.settings
         attempt = attempts + 1

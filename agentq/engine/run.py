@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, Final, TypeVar, overload
 
-from agentq.engine import aio
+from agentq.engine import aio, tracing
 from agentq.engine.backoff import retry_after
 from agentq.engine.store_retry import RetriedCalls
 from agentq.engine.tool_policy import DID_NOT_RUN, ToolPolicy, policy_of
@@ -208,15 +208,18 @@ class Run:
     ) -> Any:
         """One tool call from its claim to its record; ``offload`` runs the store's calls,
         ``invoke`` the tool itself."""
-        call = await offload(self._claim, fn, args, kwargs, options)
-        if call.recorded is not NO_VALUE:
-            return call.recorded
-        try:
-            result = await invoke(fn, args, call.kwargs)
-        except Exception as exc:
-            await offload(self._failed, call, exc)
-            raise
-        return await offload(self._record, call, result)
+        with tracing.tool_span(self.thread_id, self.step, _name(fn), self._token) as note:
+            call = await offload(self._claim, fn, args, kwargs, options)
+            if call.recorded is not NO_VALUE:
+                note(call.key, "replayed")
+                return call.recorded
+            try:
+                result = await invoke(fn, args, call.kwargs)
+            except Exception as exc:
+                await offload(self._failed, call, exc)
+                raise
+            note(call.key, "called")
+            return await offload(self._record, call, result)
 
     def _claim(
         self,

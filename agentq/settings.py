@@ -41,6 +41,9 @@ class Settings:
     ``allow_unsafe_store`` lets workers and the command line use a store whose ``check()``
     finds it would lose checkpoints (an evicting policy, no persistence): for development
     only; they log what they found instead of refusing it.
+
+    ``metrics_port``: each worker serves Prometheus metrics on this port (needs the
+    ``prometheus`` extra); ``None`` serves none.
     """
 
     store: str | object = "sqlite:///agentq.db"
@@ -58,6 +61,7 @@ class Settings:
     finished_ttl: float = 7 * 24 * 3600.0
     max_connections: int | None = None
     allow_unsafe_store: bool = False
+    metrics_port: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("lease_ttl", "start_grace", "sweep_interval", "backoff_max"):

@@ -6,16 +6,20 @@ Without prometheus_client every hook returns at once.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 from typing import Any
 
+from agentq.errors import ConfigError
 from agentq.records import Status
 from agentq.store.contract import Store
 
 try:
-    from prometheus_client import Counter, Histogram
+    from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, multiprocess
+    from prometheus_client import start_http_server as _serve
     from prometheus_client.core import GaugeMetricFamily
+    from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
     from prometheus_client.registry import Collector
 except ImportError:  # the extra is not installed: metrics are off
     Counter = None  # type: ignore[assignment,misc]
@@ -84,3 +88,32 @@ class StoreCollector(Collector):
             "How long the most overdue thread has waited past its due time",
             value=lag,
         )
+
+
+def registry(store: Store, *, counters: bool) -> CollectorRegistry:
+    """What a scrape reads: the store's collector, and with ``counters`` this process's
+    counters, or every process's under ``PROMETHEUS_MULTIPROC_DIR`` (a prefork worker's
+    tasks run in its children)."""
+    if Counter is None:
+        raise ConfigError(
+            "agentq metrics need prometheus_client: pip install 'agentq[prometheus]', or "
+            "leave the metrics port unset"
+        )
+    if counters and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        collected = REGISTRY
+    else:
+        collected = CollectorRegistry(auto_describe=True)
+        if counters:
+            multiprocess.MultiProcessCollector(collected)  # type: ignore[no-untyped-call]
+    collected.register(StoreCollector(store))
+    return collected
+
+
+def serve(store: Store, port: int) -> None:
+    """Serve the worker's metrics on ``port`` (all interfaces), from a thread."""
+    _serve(port, registry=registry(store, counters=True))
+
+
+def exposition(collected: CollectorRegistry) -> tuple[bytes, str]:
+    """A scrape's body and content type."""
+    return generate_latest(collected), CONTENT_TYPE_LATEST

@@ -214,3 +214,16 @@ def test_a_crash_is_one_trace_and_counted(fleet: Fleet) -> None:
     assert shown[("agentq_needs_attention", ())] == 0
     assert shown[("agentq_due_lag_seconds", ())] == 0
     assert ("agentq_takeovers_total", ()) not in shown  # no worker counts in the inspector
+
+
+def test_retries_are_counted_by_cause(fleet: Fleet) -> None:
+    agent = fleet.app.tasks["tests.support_agent"]
+    _, port = fleet.worker("only")
+    agent.delay("t1", question="refund please", refunds=0, rate_limits=2, retry_after=1)
+    assert agent.wait("t1", timeout=60) == "Refunded 0 EUR."
+    spans = fleet.all_node_spans()
+    metrics = scrape(port)
+    assert metrics[("agentq_retries_total", (("cause", "RateLimitError"),))] == 2
+    assert metrics[("agentq_takeovers_total", ())] == 0
+    retried = [s for s in spans if s["attributes"]["agentq.outcome"] == "retrying"]
+    assert [s["attributes"]["agentq.attempt"] for s in retried] == [1, 2]

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final, NoReturn
 
-from agentq.engine import instrument
+from agentq.engine import instrument, metrics
 from agentq.engine.agent import Agent
 from agentq.engine.aio import run_coroutine
 from agentq.engine.append_only import AppendOnlyFields
@@ -111,6 +111,7 @@ class Driver:
                 self._calls.lease = lease
                 return self._resume(token, crashed, lease)
         except FencingError as exc:
+            metrics.lease_lost()
             logger.warning("thread %s: stopped, another worker drives it now (%s)", thread_id, exc)
             return None
         except Exception as exc:
@@ -140,6 +141,7 @@ class Driver:
         )
         while True:
             if lease.lost.is_set():
+                metrics.lease_lost()
                 logger.warning(
                     "thread %s: lease lost before step %d; stopping", self.thread_id, pos.step
                 )

@@ -29,7 +29,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from agentq.engine import metrics
 from agentq.errors import LeaseLost
 from agentq.store.contract import Renewal, Store
 
@@ -141,7 +140,6 @@ class LeaseKeeper:
                 self._lose(lease)
 
     def _lose(self, lease: Lease) -> None:
-        metrics.lease_lost()
         lease.lost.set()
         with self._lock:
             self._leases.discard(lease)

@@ -4,6 +4,7 @@ die under it: one trace per thread, and counters and gauges that match what happ
 from __future__ import annotations
 
 import json
+import signal
 import socket
 import urllib.request
 import uuid
@@ -227,3 +228,20 @@ def test_retries_are_counted_by_cause(fleet: Fleet) -> None:
     assert metrics[("agentq_takeovers_total", ())] == 0
     retried = [s for s in spans if s["attributes"]["agentq.outcome"] == "retrying"]
     assert [s["attributes"]["agentq.attempt"] for s in retried] == [1, 2]
+
+
+def test_a_lease_lost_to_a_takeover_is_counted_by_its_loser(fleet: Fleet) -> None:
+    agent = fleet.app.tasks["tests.counting_agent"]
+    zombie, zombie_port = fleet.worker("zombie")
+    agent.delay("t1", n=12, slow=0.3)
+    wait_until(lambda: agent.thread("t1").step >= 1, timeout=30, what="a step")
+    zombie.signal_group(signal.SIGSTOP)
+    fence = agent.thread("t1").fence
+    _, port = fleet.worker("heir")
+    wait_until(lambda: agent.thread("t1").fence > fence, timeout=30, what="takeover")
+    zombie.signal_group(signal.SIGCONT)
+    assert agent.wait("t1", timeout=60) == 12
+    lost = ("agentq_leases_lost_total", ())
+    wait_until(lambda: scrape(zombie_port)[lost] == 1, timeout=30, what="the loss counted")
+    assert scrape(port)[lost] == 0
+    assert scrape(port)[("agentq_takeovers_total", ())] == 1

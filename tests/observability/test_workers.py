@@ -95,11 +95,14 @@ class Fleet:
         self.workers.append(worker)
         return worker, port
 
-    def node_spans(self) -> list[dict[str, Any]]:
+    def spans_named(self, prefix: str) -> list[dict[str, Any]]:
         if not self.spans.exists():
             return []
         spans = [json.loads(line) for line in self.spans.read_text().splitlines()]
-        return [s for s in spans if s["name"].startswith("agentq.node")]
+        return [s for s in spans if s["name"].startswith(prefix)]
+
+    def node_spans(self) -> list[dict[str, Any]]:
+        return self.spans_named("agentq.node")
 
     def all_node_spans(self) -> list[dict[str, Any]]:
         """The node spans once the last one is exported: a span ends after its commit,
@@ -186,12 +189,7 @@ def test_a_crash_is_one_trace_and_counted(fleet: Fleet) -> None:
     }
     retaken = [s for s in spans if s["attributes"]["agentq.fencing_token"] > fence]
     assert retaken and {s["resource"]["attributes"]["test.worker"] for s in retaken} == {"second"}
-    tools = [
-        json.loads(line)
-        for line in fleet.spans.read_text().splitlines()
-        if '"agentq.tool' in line.split('"attributes"')[0]
-    ]
-    (tool,) = tools
+    (tool,) = fleet.spans_named("agentq.tool")
     (node,) = [s for s in spans if s["attributes"]["agentq.node"] == "tools"]
     assert tool["parent_id"] == node["context"]["span_id"]
     assert tool["attributes"]["agentq.effect_key"] == "call-refund-1"
@@ -245,3 +243,18 @@ def test_a_lease_lost_to_a_takeover_is_counted_by_its_loser(fleet: Fleet) -> Non
     wait_until(lambda: scrape(zombie_port)[lost] == 1, timeout=30, what="the loss counted")
     assert scrape(port)[lost] == 0
     assert scrape(port)[("agentq_takeovers_total", ())] == 1
+
+
+def test_async_tools_are_children_of_their_nodes(fleet: Fleet) -> None:
+    agent = fleet.app.tasks["tests.napping_agent"]
+    fleet.worker("only")
+    agent.delay("t1", seconds=0.05)
+    agent.wait("t1", timeout=60)
+    nodes = {s["attributes"]["agentq.step"]: s for s in fleet.all_node_spans()}
+    tools = sorted(fleet.spans_named("agentq.tool"), key=lambda s: s["attributes"]["agentq.step"])
+    assert [t["attributes"]["agentq.effect_key"] for t in tools] == ["first", "second"]
+    for tool in tools:
+        node = nodes[tool["attributes"]["agentq.step"]]
+        assert tool["parent_id"] == node["context"]["span_id"]
+        assert tool["context"]["trace_id"] == node["context"]["trace_id"]
+        assert tool["attributes"]["agentq.outcome"] == "called"

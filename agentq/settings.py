@@ -46,6 +46,9 @@ class Settings:
     ``allow_unsafe_store`` lets workers and the command line use a store whose ``check()``
     finds it would lose checkpoints (an evicting policy, no persistence): for development
     only; they log what they found instead of refusing it.
+
+    ``metrics_port``: each worker serves Prometheus metrics on this port (needs the
+    ``prometheus`` extra); ``None`` serves none.
     """
 
     store: str | object = "sqlite:///agentq.db"
@@ -65,6 +68,7 @@ class Settings:
     allow_unsafe_store: bool = False
     limits: tuple[Limit, ...] = ()
     limit_wait: float = 1.0
+    metrics_port: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("lease_ttl", "start_grace", "sweep_interval", "backoff_max"):

@@ -13,6 +13,7 @@ from agentq.celery.drain import draining, relay_drain
 from agentq.celery.recovery import Sweeper
 from agentq.celery.runtime import runtime_of
 from agentq.celery.store_guard import refuse_unsafe_store
+from agentq.engine import metrics
 
 logger = logging.getLogger("agentq.worker")
 
@@ -58,6 +59,9 @@ class AgentqWorkerStep(bootsteps.StartStopStep):  # type: ignore[misc]
         check_store_at_start(worker.app)
         self.sweeper = Sweeper(worker.app)
         self.sweeper.start()
+        runtime = runtime_of(worker.app)
+        if runtime.settings.metrics_port is not None:
+            metrics.serve(runtime.store, int(runtime.settings.metrics_port))
 
         # Sent from inside the SIGTERM handler: relaying here rather than in close(),
         # which waits for the event loop to wake, lets no agent start another step.

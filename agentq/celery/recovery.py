@@ -10,6 +10,7 @@ from typing import Any
 from agentq.celery.runtime import runtime_of
 from agentq.celery.store_guard import recheck_store
 from agentq.celery.task import resend_thread
+from agentq.engine import metrics
 from agentq.ids import owner_id
 
 logger = logging.getLogger("agentq.celery.recovery")
@@ -49,6 +50,7 @@ class Sweeper:
             resend_thread(self.app, meta)
             logger.info("thread %s (%s, step %d) re-sent", thread_id, meta.status.value, meta.step)
             sent.append(thread_id)
+        metrics.recovered(len(sent))
         if time.monotonic() >= self._gc_at:
             self._gc_at = time.monotonic() + GC_INTERVAL
             removed = store.gc(settings.finished_ttl)

@@ -17,6 +17,7 @@ from celery.utils import uuid
 from agentq.celery import task_outcome
 from agentq.celery.drain import draining
 from agentq.celery.runtime import Runtime, runtime_of
+from agentq.engine import tracing
 from agentq.engine.driver import Driver
 from agentq.engine.store_retry import RetriedCalls
 from agentq.errors import (
@@ -159,6 +160,9 @@ class AgentTask(Task):  # type: ignore[misc]
         # thread's, whichever task finishes the thread.
         task_id = options.setdefault("task_id", uuid())
         delay = float(options.get("countdown") or 0)
+        # The caller's trace context, kept with the thread: every later send carries it.
+        traced = tracing.sending_headers()
+        kept = {**_routing(options), "headers": traced} if traced else _routing(options)
         self._store_call(
             "starting the thread",
             thread_id,
@@ -167,10 +171,10 @@ class AgentTask(Task):  # type: ignore[misc]
             task=self.name,
             input=dict(kwargs) if kwargs else None,
             start_grace=delay + self.agentq.settings.start_grace,
-            options=_routing(options),
+            options=kept,
             origin=task_id,
         )
-        return super().apply_async((thread_id,), None, **_stored(options))
+        return super().apply_async((thread_id,), None, **_stored({**kept, **options}))
 
     def _check_input(self, thread_id: str, input: dict[str, Any]) -> None:
         """Bind ``input`` to the entry node's signature here, in the caller, as Celery's

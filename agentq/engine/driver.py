@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final, NoReturn
 
+from agentq.engine import instrument, metrics
 from agentq.engine.agent import Agent
 from agentq.engine.aio import run_coroutine
 from agentq.engine.append_only import AppendOnlyFields
@@ -79,9 +80,7 @@ class Driver:
         self.store = store
         self.settings = settings
         self.should_stop = should_stop
-        self.may_open = may_open
-        """Whether a thread the store does not hold is new (sent by name), rather than
-        deleted since its message was sent."""
+        self.may_open = may_open  # else a thread the store lacks was deleted since its message
         self.owner = owner_id()
         self._calls = RetriedCalls(store, thread_id, settings.lease_ttl)
         self.retrying: tuple[Exception, float] | None = None
@@ -121,6 +120,7 @@ class Driver:
                 self._calls.lease = lease
                 return self._resume(token, crashed, lease)
         except FencingError as exc:
+            metrics.lease_lost()
             logger.warning("thread %s: stopped, another worker drives it now (%s)", thread_id, exc)
             return None
         except Exception as exc:
@@ -150,6 +150,7 @@ class Driver:
         )
         while True:
             if lease.lost.is_set():
+                metrics.lease_lost()
                 logger.warning(
                     "thread %s: lease lost before step %d; stopping", self.thread_id, pos.step
                 )
@@ -177,6 +178,7 @@ class Driver:
         logger.error("%s", lost)
         raise lost
 
+    @instrument.takeover
     def _count_crash(self, token: int, meta: ThreadMeta) -> bool:
         """Count a worker lost at this thread's step; ``False`` once it failed for it."""
         crashes = meta.crashes + 1
@@ -203,6 +205,7 @@ class Driver:
         )
         return True
 
+    @instrument.settle
     def _settle(self, what: str, token: int, status: Status, **fields: Any) -> None:
         """Set the thread's status (and ``fields``) and give its lease up."""
         self._calls(
@@ -262,6 +265,7 @@ class Driver:
             take_limits=limiter(store, settings, thread_id, pos.step),
         )
 
+    @instrument.step
     def _step(self, token: int, meta: ThreadMeta, pos: _Position, logs: AppendOnlyFields) -> Any:
         """Run one node and commit what it did; ``_CONTINUE`` if the thread goes on, else
         what the task returns."""
@@ -287,9 +291,7 @@ class Driver:
         except Exception as exc:
             if store.is_transient(exc):  # longer than the node's store calls could wait
                 logger.warning(
-                    "thread %s: store unreachable during step %d; giving the thread back",
-                    thread_id,
-                    step,
+                    "thread %s: store unreachable at step %d; given back", thread_id, step
                 )
                 raise
             return self._fail_or_retry(token, step, pos.attempts, exc)
@@ -299,7 +301,7 @@ class Driver:
             )
             cancel = self._calls(
                 "committing",
-                store.commit,
+                instrument.commit(thread_id, store.commit),
                 thread_id,
                 token,
                 checkpoint,
@@ -357,6 +359,7 @@ class Driver:
             return run_coroutine(_awaited(result))
         return result
 
+    @instrument.retry
     def _fail_or_retry(self, token: int, step: int, attempts: int, exc: Exception) -> None:
         thread_id, settings = self.thread_id, self.settings
         attempt = attempts + 1
@@ -372,23 +375,14 @@ class Driver:
                 error=error_text(exc),
             )
             self.retrying = (exc, delay)
+            failed = f"{type(exc).__name__}; retrying in {delay:.1f} s"
             logger.warning(
-                "thread %s: step %d attempt %d failed (%s); retrying in %.1f s",
-                thread_id,
-                step,
-                attempt,
-                type(exc).__name__,
-                delay,
+                "thread %s: step %d attempt %d failed (%s)", thread_id, step, attempt, failed
             )
             return None
         gave_up = f"gave up after {attempt} attempts: " if retryable else ""
-        self._settle(
-            "failing the thread",
-            token,
-            Status.FAILED,
-            attempts=attempt,
-            error=gave_up + error_text(exc),
-        )
+        error = gave_up + error_text(exc)
+        self._settle("failing the thread", token, Status.FAILED, attempts=attempt, error=error)
         logger.error("thread %s: step %d failed: %s", thread_id, step, exc)
         raise exc
 

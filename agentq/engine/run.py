@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, TypeVar, overload
 
-from agentq.engine import aio, limits
+from agentq.engine import aio, limits, tracing
 from agentq.engine.backoff import retry_after
 from agentq.engine.store_retry import RetriedCalls
 from agentq.engine.tool_policy import DID_NOT_RUN, ToolPolicy, policy_of
@@ -238,21 +238,24 @@ class Run:
     ) -> Any:
         """One tool call from its claim to its record; ``offload`` runs the store's calls,
         ``invoke`` the tool itself."""
-        call = await offload(self._claim, fn, args, kwargs, options)
-        if call.recorded is not NO_VALUE:
-            return call.recorded
-        held = None if options.limit is None else await offload(self._limit, call, options)
-        try:
-            result = await invoke(fn, args, call.kwargs)
-        except Exception as exc:
-            if held is not None and self._retryable(exc):
-                await offload(held.refused, exc)
-            await offload(self._failed, call, exc)
-            raise
-        finally:
-            if held is not None:
-                await offload(held.release)
-        return await offload(self._record, call, result)
+        with tracing.tool_span(self.thread_id, self.step, _name(fn), self._token) as note:
+            call = await offload(self._claim, fn, args, kwargs, options)
+            if call.recorded is not NO_VALUE:
+                note(call.key, "replayed")
+                return call.recorded
+            held = None if options.limit is None else await offload(self._limit, call, options)
+            try:
+                result = await invoke(fn, args, call.kwargs)
+            except Exception as exc:
+                if held is not None and self._retryable(exc):
+                    await offload(held.refused, exc)
+                await offload(self._failed, call, exc)
+                raise
+            finally:
+                if held is not None:
+                    await offload(held.release)
+            note(call.key, "called")
+            return await offload(self._record, call, result)
 
     def _limit(self, call: _Call, options: _Options) -> limits.Held:
         """Take the call's limits; a wait too long for the step drops its claim, so the

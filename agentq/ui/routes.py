@@ -11,10 +11,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.routing import Route
 
+from agentq.engine import metrics
 from agentq.errors import (
     AgentqError,
     ArtifactNotFound,
     CheckpointNotFound,
+    ConfigError,
     InvalidArgument,
     ThreadNotFound,
 )
@@ -151,6 +153,16 @@ def artifact(request: Request) -> Response:
     )
 
 
+def scrape(request: Request) -> Response:
+    """Prometheus metrics of the store: threads by status, needs_attention, due lag."""
+    try:
+        collected = metrics.registry(inspector(request).store, counters=False)
+    except ConfigError as exc:
+        return Response(str(exc), status_code=404, media_type="text/plain")
+    body, content_type = metrics.exposition(collected)
+    return Response(body, media_type=content_type)
+
+
 async def action(request: Request) -> Response:
     ins = inspector(request)
     if ins.read_only:
@@ -219,6 +231,7 @@ ROUTES: Final = [
     Route("/thread/json", checkpoint_json),
     Route("/thread/artifact", artifact),
     Route("/thread/action", action, methods=["POST"]),
+    Route("/metrics", scrape),
 ]
 EXCEPTION_HANDLERS: Final = {
     ThreadNotFound: not_found,

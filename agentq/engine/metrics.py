@@ -1,0 +1,119 @@
+"""Prometheus metrics, when ``prometheus_client`` is installed: what workers did (counters
+kept by each process) and what the store holds (read from its indexes at scrape time).
+
+Without prometheus_client every hook returns at once.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from agentq.errors import ConfigError
+from agentq.records import Status
+from agentq.store.contract import Store
+
+try:
+    from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, multiprocess
+    from prometheus_client import start_http_server as _serve
+    from prometheus_client.core import GaugeMetricFamily
+    from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+    from prometheus_client.registry import Collector
+except ImportError:  # the extra is not installed: metrics are off
+    Counter = None  # type: ignore[assignment,misc]
+    Collector = object  # type: ignore[assignment,misc]
+
+if Counter is not None:
+    STEPS = Counter("agentq_steps_committed", "Steps committed")
+    COMMIT_SECONDS = Histogram("agentq_commit_seconds", "Time to commit a step")
+    LEASES_LOST = Counter("agentq_leases_lost", "Leases a worker lost while driving a thread")
+    TAKEOVERS = Counter("agentq_takeovers", "Threads taken over from a worker that was lost")
+    RECOVERIES = Counter("agentq_recoveries", "Due threads re-sent by the sweeper")
+    RETRIES = Counter("agentq_retries", "Steps scheduled to retry", ["cause"])
+
+
+def committed(seconds: float) -> None:
+    if Counter is not None:
+        STEPS.inc()
+        COMMIT_SECONDS.observe(seconds)
+
+
+def lease_lost() -> None:
+    if Counter is not None:
+        LEASES_LOST.inc()
+
+
+def taken_over() -> None:
+    if Counter is not None:
+        TAKEOVERS.inc()
+
+
+def recovered(count: int) -> None:
+    if Counter is not None and count:
+        RECOVERIES.inc(count)
+
+
+def retried(exc: BaseException) -> None:
+    if Counter is not None:
+        RETRIES.labels(cause=type(exc).__name__).inc()
+
+
+class StoreCollector(Collector):
+    """Threads by status, ``needs_attention`` and the due index's lag, read from the
+    store's indexes when scraped (never a scan of the threads)."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def describe(self) -> list[Any]:
+        return []  # read at scrape time only: registering must not reach the store
+
+    def collect(self) -> Iterator[Any]:
+        counts = self.store.status_counts()
+        by_status = GaugeMetricFamily("agentq_threads", "Threads by status", labels=["status"])
+        for status in Status:
+            by_status.add_metric([status.value], counts.get(status, 0))
+        yield by_status
+        yield GaugeMetricFamily(
+            "agentq_needs_attention",
+            "Threads waiting for an operator",
+            value=counts.get(Status.NEEDS_ATTENTION, 0),
+        )
+        oldest = self.store.due(limit=1)
+        lag = max(0.0, time.time() - oldest[0][1]) if oldest else 0.0
+        yield GaugeMetricFamily(
+            "agentq_due_lag_seconds",
+            "How long the most overdue thread has waited past its due time",
+            value=lag,
+        )
+
+
+def registry(store: Store, *, counters: bool) -> CollectorRegistry:
+    """What a scrape reads: the store's collector, and with ``counters`` this process's
+    counters, or every process's under ``PROMETHEUS_MULTIPROC_DIR`` (a prefork worker's
+    tasks run in its children)."""
+    if Counter is None:
+        raise ConfigError(
+            "agentq metrics need prometheus_client: pip install 'agentq[prometheus]', or "
+            "leave the metrics port unset"
+        )
+    if counters and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        collected = REGISTRY
+    else:
+        collected = CollectorRegistry(auto_describe=True)
+        if counters:
+            multiprocess.MultiProcessCollector(collected)  # type: ignore[no-untyped-call]
+    collected.register(StoreCollector(store))
+    return collected
+
+
+def serve(store: Store, port: int) -> None:
+    """Serve the worker's metrics on ``port`` (all interfaces), from a thread."""
+    _serve(port, registry=registry(store, counters=True))
+
+
+def exposition(collected: CollectorRegistry) -> tuple[bytes, str]:
+    """A scrape's body and content type."""
+    return generate_latest(collected), CONTENT_TYPE_LATEST

@@ -1,0 +1,152 @@
+"""OpenTelemetry spans for node runs and tool calls, when ``opentelemetry-api`` is installed.
+
+A thread is one trace, whichever workers ran it. Its trace context is fixed once, when it
+is opened: the caller's span if there is one (kept in the thread's send options as the
+``traceparent`` header, so every later message carries it: hand-overs, resumes, and the
+sweeper's re-sends after a crash, which have no caller), else one derived from the thread
+id, which every worker computes alike without asking anyone. Node spans are children of
+that context; tool-call spans are children of their node's span.
+
+Without opentelemetry every hook returns at once and nothing is imported.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from typing import Any, Final
+
+try:
+    from opentelemetry import context as otel_context
+    from opentelemetry import trace
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+except ImportError:  # the extra is not installed: tracing is off
+    trace = None  # type: ignore[assignment]
+
+TRACEPARENT: Final = "traceparent"
+
+_nodes: dict[str, Any] = {}
+"""The open node span of each thread this process runs (one node per thread at a time)."""
+_nodes_lock = threading.Lock()
+
+
+def sending_headers() -> dict[str, str]:
+    """The caller's trace context as message headers, to keep with a new thread; empty
+    when nothing is traced here."""
+    if trace is None or not trace.get_current_span().get_span_context().is_valid:
+        return {}
+    carrier: dict[str, str] = {}
+    TraceContextTextMapPropagator().inject(carrier)
+    return carrier
+
+
+def _thread_context(thread_id: str, options: Mapping[str, Any]) -> Any:
+    headers = options.get("headers")
+    if isinstance(headers, Mapping) and headers.get(TRACEPARENT):
+        return TraceContextTextMapPropagator().extract(dict(headers))
+    digest = hashlib.sha256(thread_id.encode()).digest()
+    parent = trace.SpanContext(
+        trace_id=int.from_bytes(digest[:16], "big"),
+        span_id=int.from_bytes(digest[16:24], "big") or 1,
+        is_remote=True,
+        trace_flags=trace.TraceFlags(trace.TraceFlags.SAMPLED),
+    )
+    return trace.set_span_in_context(trace.NonRecordingSpan(parent))
+
+
+def node_span(
+    thread_id: str, options: Mapping[str, Any], step: int, node: str, attempt: int, token: int
+) -> AbstractContextManager[None]:
+    """The span of one node run, current for its duration; its outcome is set by
+    :func:`outcome` (or ``error`` if the run raised before one was)."""
+    if trace is None:
+        return nullcontext()
+    return _node_span(thread_id, options, step, node, attempt, token)
+
+
+@contextmanager
+def _node_span(
+    thread_id: str, options: Mapping[str, Any], step: int, node: str, attempt: int, token: int
+) -> Iterator[None]:
+    span = trace.get_tracer("agentq").start_span(
+        f"agentq.node {node}",
+        context=_thread_context(thread_id, options),
+        attributes={
+            "agentq.thread_id": thread_id,
+            "agentq.step": step,
+            "agentq.node": node,
+            "agentq.attempt": attempt,
+            "agentq.fencing_token": token,
+        },
+    )
+    with _nodes_lock:
+        _nodes[thread_id] = span
+    attached = otel_context.attach(trace.set_span_in_context(span))
+    try:
+        yield
+    except BaseException as exc:
+        span.record_exception(exc)
+        if "agentq.outcome" not in (getattr(span, "attributes", None) or {}):
+            span.set_attribute("agentq.outcome", "error")
+        raise
+    finally:
+        otel_context.detach(attached)
+        with _nodes_lock:
+            _nodes.pop(thread_id, None)
+        span.end()
+
+
+def outcome(thread_id: str, what: str) -> None:
+    """Name what became of the thread's node run in flight: committed, waiting, retrying..."""
+    if trace is None:
+        return
+    with _nodes_lock:
+        span = _nodes.get(thread_id)
+    if span is not None:
+        span.set_attribute("agentq.outcome", what)
+
+
+def tool_span(thread_id: str, step: int, tool: str, token: int) -> AbstractContextManager[Any]:
+    """The span of one tool call, a child of its node's span; yields a setter of its
+    effect key and outcome."""
+    if trace is None:
+        return nullcontext(_ignore)
+    return _tool_span(thread_id, step, tool, token)
+
+
+def _ignore(key: str, what: str) -> None:
+    pass
+
+
+@contextmanager
+def _tool_span(thread_id: str, step: int, tool: str, token: int) -> Iterator[Callable[..., None]]:
+    with _nodes_lock:
+        node = _nodes.get(thread_id)
+    # Set explicitly: an async node's tools run in the event loop's thread, where the
+    # node span is not the current one.
+    parent = trace.set_span_in_context(node) if node is not None else None
+    span = trace.get_tracer("agentq").start_span(
+        f"agentq.tool {tool}",
+        context=parent,
+        attributes={
+            "agentq.thread_id": thread_id,
+            "agentq.step": step,
+            "agentq.tool": tool,
+            "agentq.fencing_token": token,
+        },
+    )
+
+    def note(key: str, what: str) -> None:
+        span.set_attribute("agentq.effect_key", key)
+        span.set_attribute("agentq.outcome", what)
+
+    try:
+        yield note
+    except BaseException as exc:
+        span.record_exception(exc)
+        span.set_attribute("agentq.outcome", "error")
+        raise
+    finally:
+        span.end()

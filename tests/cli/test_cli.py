@@ -572,7 +572,9 @@ def test_resume_and_retry_with_an_app_send_a_message(threads: Backend) -> None:
 
 def test_sweep_once_resends_what_is_due(threads: Backend) -> None:
     threads.store.open_thread("t-lost", task=TASK, start_grace=0)  # its message never came
-    env = demo_app_env(threads)
+    # A grace longer than the two commands take, however slow the machine: the re-sent
+    # thread is not due again before the second sweep.
+    env = {**demo_app_env(threads), "AGENTQ_DEMO_START_GRACE": "60"}
     swept = command(
         [str(BIN / "agentq"), "-A", "agentq.demo.app", "sweep", "--once", "--json"], env
     )

@@ -280,8 +280,10 @@ def test_acknowledged_checkpoints_and_effects_survive_sigkill_of_redis(
         assert meta is not None
         assert (meta.step, meta.status, meta.fence, meta.node) == (49, Status.DONE, token, "node49")
         assert (meta.input, meta.result) == ({"q": "hi"}, {"answer": 42})
-        assert store.effect("durable", "charge") == Effect(
-            "charge", "done", token, {"id": "ch_1", "cents": 1250}
+        effect = store.effect("durable", "charge")
+        assert effect is not None and effect.claimed_at is not None
+        assert effect == Effect(
+            "charge", "done", token, {"id": "ch_1", "cents": 1250}, claimed_at=effect.claimed_at
         )
         # The fence survived too: the next token is still greater than every earlier one.
         assert store.acquire("durable", "w2", TTL) == token + 1

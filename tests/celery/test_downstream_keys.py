@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import re
 import threading
-import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -19,7 +18,7 @@ from celery.contrib.testing.worker import start_worker
 import agentq
 from agentq import Done, FunctionAgent, Run, Status
 from agentq.store.redis.store import RedisStore
-from tests.support.redis_server import RedisServer
+from tests.support.redis_server import RedisServer, wait_until
 
 
 @dataclass
@@ -84,10 +83,11 @@ def env(redis_broker: str, redis_server: RedisServer) -> Iterator[Env]:
 
 
 def waiting_for_confirmation(env: Env, thread_id: str) -> None:
-    deadline = time.monotonic() + 30
-    while env.agent.thread(thread_id).status != Status.WAITING:
-        assert time.monotonic() < deadline, env.agent.thread(thread_id)
-        time.sleep(0.05)
+    wait_until(
+        lambda: env.agent.thread(thread_id).status == Status.WAITING,
+        timeout=30,
+        what=f"{thread_id} waiting for its confirmation",
+    )
 
 
 def refund(env: Env, thread_id: str, order: str, cents: int, key: str | None = None) -> Any:

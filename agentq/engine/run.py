@@ -2,20 +2,15 @@
 
 from __future__ import annotations
 
-import inspect
-import logging
-import uuid
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
-from dataclasses import dataclass
-from typing import Any, Final, TypeVar, overload
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Final, ParamSpec, TypeVar, TypeVarTuple, Unpack, overload
 
-from agentq.engine import aio, limits, tracing
-from agentq.engine.backoff import retry_after
+from agentq.engine import limits
 from agentq.engine.store_retry import RetriedCalls
-from agentq.engine.tool_policy import DID_NOT_RUN, ToolPolicy, policy_of
-from agentq.errors import ArtifactTooLarge, InvalidArgument, NeedsAttention
-from agentq.outcomes import Interrupted, LimitWait
-from agentq.records import ClaimOutcome
+from agentq.engine.tool_calls import Options, ToolCalls
+from agentq.engine.tool_types import TakesKey, TakesKeyAndToken, TakesToken, ToolOptions
+from agentq.errors import ArtifactTooLarge, InvalidArgument
+from agentq.outcomes import Interrupted
 from agentq.store.contract import Store
 
 
@@ -27,9 +22,9 @@ class _NoValue:
 NO_VALUE: Final = _NoValue()
 """``run.resume_value`` when the thread was not resumed with a value."""
 
-logger = logging.getLogger("agentq")
-
 R = TypeVar("R")
+P = ParamSpec("P")
+Ts = TypeVarTuple("Ts")
 
 
 class Artifacts:
@@ -91,13 +86,17 @@ class Run:
         self.cursors = cursors
         self.resume_value = resume_value
         self.artifacts = Artifacts(store, calls, thread_id, max_artifact_bytes)
-        self._store = store
-        self._store_calls = calls
         self._token = token
-        self._confirm_lease = confirm_lease
-        self._retryable = retryable
-        self._take_limits = take_limits
-        self._calls = 0
+        self._tools = ToolCalls(
+            store=store,
+            calls=calls,
+            thread_id=thread_id,
+            step=step,
+            token=token,
+            confirm_lease=confirm_lease,
+            retryable=retryable,
+            take_limits=take_limits,
+        )
         self._answered = False
 
     @property
@@ -127,10 +126,62 @@ class Run:
         self._answered = True
         return value
 
+    # A type checker takes the first of these a call fits: the tool's arguments positionally
+    # beside options (a tool taking idempotency_key or fencing_token has them left out),
+    # then its own signature without options, then keyword arguments beside key=, which
+    # come from a model's tool call and are checked only when the call is made.
+    @overload
     def tool(
         self,
+        fn: Callable[[*Ts], R] | TakesKey[*Ts, R],
+        /,
+        *args: *Ts,
+        **options: Unpack[ToolOptions],
+    ) -> R: ...
+
+    @overload
+    def tool(
+        self,
+        fn: Callable[[*Ts], R] | TakesToken[*Ts, R],
+        /,
+        *args: *Ts,
+        **options: Unpack[ToolOptions],
+    ) -> R: ...
+
+    @overload
+    def tool(
+        self,
+        fn: Callable[[*Ts], R] | TakesKeyAndToken[*Ts, R],
+        /,
+        *args: *Ts,
+        **options: Unpack[ToolOptions],
+    ) -> R: ...
+
+    @overload
+    def tool(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R: ...
+
+    @overload
+    def tool(  # type: ignore[overload-cannot-match]  # P above does not take key=
+        self,
         fn: Callable[..., R],
-        *args: Any,
+        /,
+        *,
+        key: str,
+        idempotent: bool | None = None,
+        reconcile: Callable[..., Any] | None = None,
+        shared: bool | None = None,
+        limit: str | Sequence[str] | None = None,
+        cost: float = 0,
+        **kwargs: Any,
+    ) -> R: ...
+
+    # A tool's own parameters named as the options (key, cost, ...) are not passed, so the
+    # signature without options holds only for tools without them.
+    def tool(  # type: ignore[misc]
+        self,
+        fn: Callable[..., Any],
+        /,
+        *args: object,
         key: str | None = None,
         idempotent: bool | None = None,
         reconcile: Callable[..., Any] | None = None,
@@ -138,11 +189,15 @@ class Run:
         limit: str | Sequence[str] | None = None,
         cost: float = 0,
         **kwargs: Any,
-    ) -> R:
+    ) -> Any:
         """Call ``fn(*args, **kwargs)`` at most once per ``key``; a replay returns the
-        recorded result. Typed as ``fn``'s result; the arguments are not checked against
-        ``fn`` by a type checker (``ParamSpec`` cannot carry ``key=`` and the other
-        options beside them), only when the call is made.
+        recorded result, typed as ``fn``'s.
+
+        A type checker checks the arguments against ``fn``: those passed positionally,
+        beside any of the options below, and all of them in a call without options. The
+        arguments of a call passing them by keyword beside ``key=`` (from a model's tool
+        call: ``run.tool(fn, key=call["id"], **call["args"])``) are checked when it is
+        made. ``fn``'s ``idempotency_key`` and ``fencing_token`` are never the caller's.
 
         ``key`` defaults to the step and the call's position in the node (deterministic:
         a re-run node makes the same calls in the same order); pass the model's tool-call
@@ -167,23 +222,80 @@ class Run:
         since the effect may have happened; the tool's policy decides when the node runs
         again. ``async def`` tools go through :meth:`atool`.
         """
-        if inspect.iscoroutinefunction(fn):
-            raise InvalidArgument(
-                f"tool {_name(fn)} is a coroutine function; in an async node call it with "
-                "await run.atool(...)",
-                thread_id=self.thread_id,
-                step=self.step,
-            )
-        options = _Options(key, idempotent, reconcile, shared, limit, cost)
-        result: R = _drive(self._effect(fn, args, kwargs, options, _inline, _called_plain))
+        options = Options(key, idempotent, reconcile, shared, limit, cost)
+        result: Any = self._tools.plain(fn, args, kwargs, options)
         return result
 
+    # As tool's, an async tool's first, whose awaited result is the call's.
     @overload
     async def atool(
+        self,
+        fn: Callable[[*Ts], Awaitable[R]] | TakesKey[*Ts, Awaitable[R]],
+        /,
+        *args: *Ts,
+        **options: Unpack[ToolOptions],
+    ) -> R: ...
+
+    @overload
+    async def atool(
+        self,
+        fn: Callable[[*Ts], Awaitable[R]] | TakesToken[*Ts, Awaitable[R]],
+        /,
+        *args: *Ts,
+        **options: Unpack[ToolOptions],
+    ) -> R: ...
+
+    @overload
+    async def atool(
+        self,
+        fn: Callable[[*Ts], Awaitable[R]] | TakesKeyAndToken[*Ts, Awaitable[R]],
+        /,
+        *args: *Ts,
+        **options: Unpack[ToolOptions],
+    ) -> R: ...
+
+    @overload
+    async def atool(
+        self,
+        fn: Callable[[*Ts], R] | TakesKey[*Ts, R],
+        /,
+        *args: *Ts,
+        **options: Unpack[ToolOptions],
+    ) -> R: ...
+
+    @overload
+    async def atool(
+        self,
+        fn: Callable[[*Ts], R] | TakesToken[*Ts, R],
+        /,
+        *args: *Ts,
+        **options: Unpack[ToolOptions],
+    ) -> R: ...
+
+    @overload
+    async def atool(
+        self,
+        fn: Callable[[*Ts], R] | TakesKeyAndToken[*Ts, R],
+        /,
+        *args: *Ts,
+        **options: Unpack[ToolOptions],
+    ) -> R: ...
+
+    @overload
+    async def atool(
+        self, fn: Callable[P, Awaitable[R]], /, *args: P.args, **kwargs: P.kwargs
+    ) -> R: ...
+
+    @overload
+    async def atool(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R: ...
+
+    @overload
+    async def atool(  # type: ignore[overload-cannot-match]  # P above does not take key=
         self,
         fn: Callable[..., Awaitable[R]],
-        *args: Any,
-        key: str | None = None,
+        /,
+        *,
+        key: str,
         idempotent: bool | None = None,
         reconcile: Callable[..., Any] | None = None,
         shared: bool | None = None,
@@ -193,11 +305,12 @@ class Run:
     ) -> R: ...
 
     @overload
-    async def atool(
+    async def atool(  # type: ignore[overload-cannot-match]  # P above does not take key=
         self,
         fn: Callable[..., R],
-        *args: Any,
-        key: str | None = None,
+        /,
+        *,
+        key: str,
         idempotent: bool | None = None,
         reconcile: Callable[..., Any] | None = None,
         shared: bool | None = None,
@@ -206,10 +319,11 @@ class Run:
         **kwargs: Any,
     ) -> R: ...
 
-    async def atool(
+    async def atool(  # type: ignore[misc]  # as tool's
         self,
         fn: Callable[..., Any],
-        *args: Any,
+        /,
+        *args: object,
         key: str | None = None,
         idempotent: bool | None = None,
         reconcile: Callable[..., Any] | None = None,
@@ -218,226 +332,12 @@ class Run:
         cost: float = 0,
         **kwargs: Any,
     ) -> Any:
-        """:meth:`tool` for an ``async def`` tool, awaited in the node's event loop; the
-        claim, the policies and ``reconcile`` (a plain function) are the same. A plain
-        function works too: its result is recorded as it is.
+        """:meth:`tool` for an ``async def`` tool, awaited in the node's event loop, its
+        arguments checked as :meth:`tool`'s; the claim, the policies and ``reconcile`` (a
+        plain function) are the same. A plain function works too: its result is recorded
+        as it is.
 
         The store's round trips (claim, record) run off the loop, in the pool slot waiting
         for the node, so a slow store never stalls the other nodes sharing the loop."""
-        options = _Options(key, idempotent, reconcile, shared, limit, cost)
-        return await self._effect(fn, args, kwargs, options, aio.blocking, _called_awaited)
-
-    async def _effect(
-        self,
-        fn: Callable[..., Any],
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        options: _Options,
-        offload: Callable[..., Awaitable[Any]],
-        invoke: Callable[..., Awaitable[Any]],
-    ) -> Any:
-        """One tool call from its claim to its record; ``offload`` runs the store's calls,
-        ``invoke`` the tool itself."""
-        with tracing.tool_span(self.thread_id, self.step, _name(fn), self._token) as note:
-            call = await offload(self._claim, fn, args, kwargs, options)
-            if call.recorded is not NO_VALUE:
-                note(call.key, "replayed")
-                return call.recorded
-            held = None if options.limit is None else await offload(self._limit, call, options)
-            try:
-                result = await invoke(fn, args, call.kwargs)
-            except Exception as exc:
-                if held is not None and self._retryable(exc):
-                    await offload(held.refused, exc)
-                await offload(self._failed, call, exc)
-                raise
-            finally:
-                if held is not None:
-                    await offload(held.release)
-            note(call.key, "called")
-            return await offload(self._record, call, result)
-
-    def _limit(self, call: _Call, options: _Options) -> limits.Held:
-        """Take the call's limits; a wait too long for the step drops its claim, so the
-        retried step claims the call afresh."""
-        if self._take_limits is None:
-            raise InvalidArgument(
-                f"limit={options.limit!r} needs the limits declared with init_app(app, "
-                "limits=[agentq.limit(...)])",
-                thread_id=self.thread_id,
-                step=self.step,
-            )
-        try:
-            return self._take_limits(options.limit, options.cost)
-        except LimitWait:
-            self._drop_claim(call, "its limit has no room")
-            raise
-
-    def _claim(
-        self,
-        fn: Callable[..., Any],
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        options: _Options,
-    ) -> _Call:
-        """Claim the call's key; settle an outcome already recorded or left unknown."""
-        declared = policy_of(fn)
-        policy = ToolPolicy(
-            idempotent=declared.idempotent if options.idempotent is None else options.idempotent,
-            reconcile=declared.reconcile if options.reconcile is None else options.reconcile,
-            shared=declared.shared if options.shared is None else options.shared,
-        )
-        self._calls += 1
-        key = options.key if options.key is not None else f"step{self.step}.call{self._calls}"
-        # Names this call, so that a claim resent after a lost reply is known as ours.
-        claim_id = uuid.uuid4().hex
-        store, thread_id = self._store, self.thread_id
-        downstream = store.downstream_key(thread_id, key, shared=policy.shared)
-        call = _Call(key, downstream, claim_id, policy.shared, dict(kwargs))
-        claim = self._store_calls(
-            "claiming a tool call",
-            store.claim_effect,
-            thread_id,
-            key,
-            self._token,
-            shared=policy.shared,
-            claim_id=claim_id,
-            tool=_name(fn),
-        )
-        if claim.outcome == ClaimOutcome.DONE:
-            call.recorded = claim.effect.result
-            return call
-        if claim.outcome == ClaimOutcome.UNKNOWN:
-            if not (policy.idempotent or policy.reconcile):
-                name = _name(fn)
-                raise NeedsAttention(
-                    f"tool {name} with key {key!r} was started by an earlier worker that "
-                    "died before recording its outcome, and it declares neither "
-                    "idempotent=True nor reconcile=; check whether it happened, then "
-                    f"settle it: agentq resolve {thread_id} {key} --result JSON (what "
-                    "it returned) or --did-not-run (it runs once more); 'agentq effects "
-                    f"{thread_id}' lists the thread's calls (in code: task.resolve_effect)",
-                    thread_id=thread_id,
-                    step=self.step,
-                    key=key,
-                    tool=name,
-                )
-            self._store_calls(
-                "taking a tool call over",
-                store.claim_effect,
-                thread_id,
-                key,
-                self._token,
-                shared=policy.shared,
-                takeover=True,
-                claim_id=claim_id,
-                tool=_name(fn),
-            )
-            if policy.reconcile is not None:
-                found = policy.reconcile(call.downstream, *args, **kwargs)
-                if found is not DID_NOT_RUN:
-                    call.recorded = self._record(call, found)
-                    return call
-        parameters = inspect.signature(fn).parameters
-        if "idempotency_key" in parameters:
-            call.kwargs["idempotency_key"] = downstream
-        if "fencing_token" in parameters:
-            call.kwargs["fencing_token"] = self._token
-        # A worker paused since its claim may have been replaced meanwhile: renewing the
-        # lease here, as late as possible, stops it before the effect rather than after.
-        self._confirm_lease()
-        return call
-
-    def _record(self, call: _Call, result: Any) -> Any:
-        self._store_calls(
-            "recording a tool call",
-            self._store.complete_effect,
-            self.thread_id,
-            call.key,
-            self._token,
-            result,
-            shared=call.shared,
-        )
-        return result
-
-    def _failed(self, call: _Call, exc: Exception) -> None:
-        # Only a refusal that names when to come back proves nothing happened: retry_on
-        # often lists timeouts too, and a timeout can come after the effect.
-        if self._retryable(exc) and retry_after(exc) is not None:
-            self._drop_claim(call, repr(exc))
-
-    def _drop_claim(self, call: _Call, why: str) -> None:
-        try:
-            self._store_calls(
-                "dropping a tool call's claim",
-                self._store.release_effect,
-                self.thread_id,
-                call.key,
-                self._token,
-                claim_id=call.claim_id,
-                shared=call.shared,
-            )
-        except Exception:
-            # The tool's own error is the one to report; a claim left pending only makes
-            # the retried call ask its policy.
-            logger.warning(
-                "thread %s: could not drop the claim of %r (%s)",
-                self.thread_id,
-                call.key,
-                why,
-                exc_info=True,
-            )
-
-
-@dataclass(frozen=True)
-class _Options:
-    """What a ``tool``/``atool`` call says about itself, over the tool's declared policy."""
-
-    key: str | None
-    idempotent: bool | None
-    reconcile: Callable[..., Any] | None
-    shared: bool | None
-    limit: str | Sequence[str] | None = None
-    cost: float = 0
-
-
-@dataclass
-class _Call:
-    """One tool call between its claim and its record."""
-
-    key: str
-    downstream: str
-    """The key the tool forwards to the service it calls (``idempotency_key``)."""
-    claim_id: str
-    shared: bool
-    kwargs: dict[str, Any]
-    recorded: Any = NO_VALUE
-    """The outcome already recorded (a replay) or reconciled, else ``NO_VALUE``."""
-
-
-async def _inline(fn: Callable[..., Any], *args: Any) -> Any:
-    return fn(*args)
-
-
-async def _called_plain(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: Any) -> Any:
-    return fn(*args, **kwargs)
-
-
-async def _called_awaited(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: Any) -> Any:
-    result = fn(*args, **kwargs)
-    return await result if inspect.isawaitable(result) else result
-
-
-def _drive(coro: Coroutine[Any, Any, Any]) -> Any:
-    """The result of a coroutine that never suspends (``tool``'s, whose every step is
-    plain), without an event loop."""
-    try:
-        coro.send(None)
-    except StopIteration as stop:
-        return stop.value
-    coro.close()
-    raise RuntimeError("a plain tool call suspended")
-
-
-def _name(fn: Callable[..., Any]) -> str:
-    return getattr(fn, "__qualname__", repr(fn))
+        options = Options(key, idempotent, reconcile, shared, limit, cost)
+        return await self._tools.awaited(fn, args, kwargs, options)

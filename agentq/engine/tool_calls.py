@@ -1,0 +1,296 @@
+"""One tool call from its claim in the store to its record: the machinery behind
+``run.tool``/``run.atool``, which run it for a node and type its arguments."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import uuid
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from agentq.engine import aio, limits, tracing
+from agentq.engine.backoff import retry_after
+from agentq.engine.store_retry import RetriedCalls
+from agentq.engine.tool_policy import DID_NOT_RUN, ToolPolicy, policy_of
+from agentq.errors import InvalidArgument, NeedsAttention
+from agentq.outcomes import LimitWait
+from agentq.records import ClaimOutcome
+from agentq.store.contract import Store
+
+logger = logging.getLogger("agentq")
+
+_UNSETTLED: Final = object()
+"""``_Call.recorded`` while the call has no outcome to return yet."""
+
+
+class ToolCalls:
+    """The tool calls of one node run, under the run's lease; numbered in call order for
+    their default keys."""
+
+    def __init__(
+        self,
+        *,
+        store: Store,
+        calls: RetriedCalls,
+        thread_id: str,
+        step: int,
+        token: int,
+        confirm_lease: Callable[[], None],
+        retryable: Callable[[BaseException], bool],
+        take_limits: Callable[..., limits.Held] | None,
+    ) -> None:
+        self.thread_id = thread_id
+        self.step = step
+        self._store = store
+        self._store_calls = calls
+        self._token = token
+        self._confirm_lease = confirm_lease
+        self._retryable = retryable
+        self._take_limits = take_limits
+        self._calls = 0
+
+    def plain(
+        self,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        options: Options,
+    ) -> Any:
+        """A plain function's call, made in the node's thread."""
+        if inspect.iscoroutinefunction(fn):
+            raise InvalidArgument(
+                f"tool {tool_name(fn)} is a coroutine function; in an async node call it with "
+                "await run.atool(...)",
+                thread_id=self.thread_id,
+                step=self.step,
+            )
+        return _drive(self._effect(fn, args, kwargs, options, _inline, _called_plain))
+
+    async def awaited(
+        self,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        options: Options,
+    ) -> Any:
+        """A call awaited in the node's event loop, the store's round trips (claim, record)
+        off it, in the pool slot waiting for the node, so a slow store never stalls the
+        other nodes sharing the loop."""
+        return await self._effect(fn, args, kwargs, options, aio.blocking, _called_awaited)
+
+    async def _effect(
+        self,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        options: Options,
+        offload: Callable[..., Awaitable[Any]],
+        invoke: Callable[..., Awaitable[Any]],
+    ) -> Any:
+        """One tool call from its claim to its record; ``offload`` runs the store's calls,
+        ``invoke`` the tool itself."""
+        with tracing.tool_span(self.thread_id, self.step, tool_name(fn), self._token) as note:
+            call = await offload(self._claim, fn, args, kwargs, options)
+            if call.recorded is not _UNSETTLED:
+                note(call.key, "replayed")
+                return call.recorded
+            held = None if options.limit is None else await offload(self._limit, call, options)
+            try:
+                result = await invoke(fn, args, call.kwargs)
+            except Exception as exc:
+                if held is not None and self._retryable(exc):
+                    await offload(held.refused, exc)
+                await offload(self._failed, call, exc)
+                raise
+            finally:
+                if held is not None:
+                    await offload(held.release)
+            note(call.key, "called")
+            return await offload(self._record, call, result)
+
+    def _limit(self, call: _Call, options: Options) -> limits.Held:
+        """Take the call's limits; a wait too long for the step drops its claim, so the
+        retried step claims the call afresh."""
+        if self._take_limits is None:
+            raise InvalidArgument(
+                f"limit={options.limit!r} needs the limits declared with init_app(app, "
+                "limits=[agentq.limit(...)])",
+                thread_id=self.thread_id,
+                step=self.step,
+            )
+        try:
+            return self._take_limits(options.limit, options.cost)
+        except LimitWait:
+            self._drop_claim(call, "its limit has no room")
+            raise
+
+    def _claim(
+        self,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        options: Options,
+    ) -> _Call:
+        """Claim the call's key; settle an outcome already recorded or left unknown."""
+        declared = policy_of(fn)
+        policy = ToolPolicy(
+            idempotent=declared.idempotent if options.idempotent is None else options.idempotent,
+            reconcile=declared.reconcile if options.reconcile is None else options.reconcile,
+            shared=declared.shared if options.shared is None else options.shared,
+        )
+        self._calls += 1
+        key = options.key if options.key is not None else f"step{self.step}.call{self._calls}"
+        # Names this call, so that a claim resent after a lost reply is known as ours.
+        claim_id = uuid.uuid4().hex
+        store, thread_id = self._store, self.thread_id
+        downstream = store.downstream_key(thread_id, key, shared=policy.shared)
+        call = _Call(key, downstream, claim_id, policy.shared, dict(kwargs))
+        claim = self._store_calls(
+            "claiming a tool call",
+            store.claim_effect,
+            thread_id,
+            key,
+            self._token,
+            shared=policy.shared,
+            claim_id=claim_id,
+            tool=tool_name(fn),
+        )
+        if claim.outcome == ClaimOutcome.DONE:
+            call.recorded = claim.effect.result
+            return call
+        if claim.outcome == ClaimOutcome.UNKNOWN:
+            if not (policy.idempotent or policy.reconcile):
+                name = tool_name(fn)
+                raise NeedsAttention(
+                    f"tool {name} with key {key!r} was started by an earlier worker that "
+                    "died before recording its outcome, and it declares neither "
+                    "idempotent=True nor reconcile=; check whether it happened, then "
+                    f"settle it: agentq resolve {thread_id} {key} --result JSON (what "
+                    "it returned) or --did-not-run (it runs once more); 'agentq effects "
+                    f"{thread_id}' lists the thread's calls (in code: task.resolve_effect)",
+                    thread_id=thread_id,
+                    step=self.step,
+                    key=key,
+                    tool=name,
+                )
+            self._store_calls(
+                "taking a tool call over",
+                store.claim_effect,
+                thread_id,
+                key,
+                self._token,
+                shared=policy.shared,
+                takeover=True,
+                claim_id=claim_id,
+                tool=tool_name(fn),
+            )
+            if policy.reconcile is not None:
+                found = policy.reconcile(call.downstream, *args, **kwargs)
+                if found is not DID_NOT_RUN:
+                    call.recorded = self._record(call, found)
+                    return call
+        parameters = inspect.signature(fn).parameters
+        if "idempotency_key" in parameters:
+            call.kwargs["idempotency_key"] = downstream
+        if "fencing_token" in parameters:
+            call.kwargs["fencing_token"] = self._token
+        # A worker paused since its claim may have been replaced meanwhile: renewing the
+        # lease here, as late as possible, stops it before the effect rather than after.
+        self._confirm_lease()
+        return call
+
+    def _record(self, call: _Call, result: Any) -> Any:
+        self._store_calls(
+            "recording a tool call",
+            self._store.complete_effect,
+            self.thread_id,
+            call.key,
+            self._token,
+            result,
+            shared=call.shared,
+        )
+        return result
+
+    def _failed(self, call: _Call, exc: Exception) -> None:
+        # Only a refusal that names when to come back proves nothing happened: retry_on
+        # often lists timeouts too, and a timeout can come after the effect.
+        if self._retryable(exc) and retry_after(exc) is not None:
+            self._drop_claim(call, repr(exc))
+
+    def _drop_claim(self, call: _Call, why: str) -> None:
+        try:
+            self._store_calls(
+                "dropping a tool call's claim",
+                self._store.release_effect,
+                self.thread_id,
+                call.key,
+                self._token,
+                claim_id=call.claim_id,
+                shared=call.shared,
+            )
+        except Exception:
+            # The tool's own error is the one to report; a claim left pending only makes
+            # the retried call ask its policy.
+            logger.warning(
+                "thread %s: could not drop the claim of %r (%s)",
+                self.thread_id,
+                call.key,
+                why,
+                exc_info=True,
+            )
+
+
+@dataclass(frozen=True)
+class Options:
+    """What a ``tool``/``atool`` call says about itself, over the tool's declared policy."""
+
+    key: str | None
+    idempotent: bool | None
+    reconcile: Callable[..., Any] | None
+    shared: bool | None
+    limit: str | Sequence[str] | None = None
+    cost: float = 0
+
+
+@dataclass
+class _Call:
+    """One tool call between its claim and its record."""
+
+    key: str
+    downstream: str
+    """The key the tool forwards to the service it calls (``idempotency_key``)."""
+    claim_id: str
+    shared: bool
+    kwargs: dict[str, Any]
+    recorded: Any = _UNSETTLED
+    """The outcome already recorded (a replay) or reconciled, if any."""
+
+
+async def _inline(fn: Callable[..., Any], *args: Any) -> Any:
+    return fn(*args)
+
+
+async def _called_plain(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: Any) -> Any:
+    return fn(*args, **kwargs)
+
+
+async def _called_awaited(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: Any) -> Any:
+    result = fn(*args, **kwargs)
+    return await result if inspect.isawaitable(result) else result
+
+
+def _drive(coro: Coroutine[Any, Any, Any]) -> Any:
+    """The result of a coroutine that never suspends (``tool``'s, whose every step is
+    plain), without an event loop."""
+    try:
+        coro.send(None)
+    except StopIteration as stop:
+        return stop.value
+    coro.close()
+    raise RuntimeError("a plain tool call suspended")
+
+
+def tool_name(fn: Callable[..., Any]) -> str:
+    return getattr(fn, "__qualname__", repr(fn))

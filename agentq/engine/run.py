@@ -175,12 +175,11 @@ class Run:
         **kwargs: Any,
     ) -> R: ...
 
-    # A tool's own parameters named as the options (key, cost, ...) are not passed, so the
-    # signature without options holds only for tools without them.
+    # A tool's own parameters named fn or as the options (key, cost, ...) cannot be passed
+    # by keyword: the signature without options holds for the tools without them.
     def tool(  # type: ignore[misc]
         self,
         fn: Callable[..., Any],
-        /,
         *args: object,
         key: str | None = None,
         idempotent: bool | None = None,
@@ -289,40 +288,21 @@ class Run:
     @overload
     async def atool(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R: ...
 
+    # Options stay in **kwargs here: typed out, a dict[str, Any] unpacked into them makes
+    # both of these match an async tool, and its result Any.
     @overload
     async def atool(  # type: ignore[overload-cannot-match]  # P above does not take key=
-        self,
-        fn: Callable[..., Awaitable[R]],
-        /,
-        *,
-        key: str,
-        idempotent: bool | None = None,
-        reconcile: Callable[..., Any] | None = None,
-        shared: bool | None = None,
-        limit: str | Sequence[str] | None = None,
-        cost: float = 0,
-        **kwargs: Any,
+        self, fn: Callable[..., Awaitable[R]], /, *, key: str, **kwargs: Any
     ) -> R: ...
 
     @overload
     async def atool(  # type: ignore[overload-cannot-match]  # P above does not take key=
-        self,
-        fn: Callable[..., R],
-        /,
-        *,
-        key: str,
-        idempotent: bool | None = None,
-        reconcile: Callable[..., Any] | None = None,
-        shared: bool | None = None,
-        limit: str | Sequence[str] | None = None,
-        cost: float = 0,
-        **kwargs: Any,
+        self, fn: Callable[..., R], /, *, key: str, **kwargs: Any
     ) -> R: ...
 
     async def atool(  # type: ignore[misc]  # as tool's
         self,
         fn: Callable[..., Any],
-        /,
         *args: object,
         key: str | None = None,
         idempotent: bool | None = None,

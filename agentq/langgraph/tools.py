@@ -5,14 +5,25 @@ from __future__ import annotations
 import inspect
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, ParamSpec, TypeVar, TypeVarTuple, Unpack, overload
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.config import get_config
 
 from agentq.engine.run import Run
+from agentq.engine.tool_types import PolicyOptions, TakesKey, TakesKeyAndToken, TakesToken
 
 logger = logging.getLogger("agentq.langgraph")
+
+R = TypeVar("R")
+P = ParamSpec("P")
+Ts = TypeVarTuple("Ts")
+
+
+class ToolCallOptions(PolicyOptions, total=False):
+    """The keyword options of :func:`tool_call` beside the tool's arguments."""
+
+    config: RunnableConfig | None
 
 
 def current_run(config: RunnableConfig | None = None) -> Run | None:
@@ -29,10 +40,63 @@ def current_run(config: RunnableConfig | None = None) -> Run | None:
     return run if isinstance(run, Run) else None
 
 
+# Matched as Run.tool's, but the tool_call_id is always the call's key: a call passing
+# its arguments by keyword only is checked when it is made.
+@overload
 def tool_call(
     tool_call_id: str,
+    fn: Callable[[*Ts], R] | TakesKey[*Ts, R],
+    /,
+    *args: *Ts,
+    **options: Unpack[ToolCallOptions],
+) -> R: ...
+
+
+@overload
+def tool_call(
+    tool_call_id: str,
+    fn: Callable[[*Ts], R] | TakesToken[*Ts, R],
+    /,
+    *args: *Ts,
+    **options: Unpack[ToolCallOptions],
+) -> R: ...
+
+
+@overload
+def tool_call(
+    tool_call_id: str,
+    fn: Callable[[*Ts], R] | TakesKeyAndToken[*Ts, R],
+    /,
+    *args: *Ts,
+    **options: Unpack[ToolCallOptions],
+) -> R: ...
+
+
+@overload
+def tool_call(tool_call_id: str, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R: ...
+
+
+@overload
+def tool_call(  # type: ignore[overload-cannot-match]  # P above takes no options
+    tool_call_id: str,
+    fn: Callable[..., R],
+    /,
+    *,
+    idempotent: bool | None = None,
+    reconcile: Callable[..., Any] | None = None,
+    shared: bool | None = None,
+    limit: str | Sequence[str] | None = None,
+    cost: float = 0,
+    config: RunnableConfig | None = None,
+    **kwargs: Any,
+) -> R: ...
+
+
+# The tool's own parameters named as the options cannot be passed by keyword.
+def tool_call(  # type: ignore[misc]
+    tool_call_id: str,
     fn: Callable[..., Any],
-    *args: Any,
+    *args: object,
     idempotent: bool | None = None,
     reconcile: Callable[..., Any] | None = None,
     shared: bool | None = None,
@@ -43,10 +107,14 @@ def tool_call(
 ) -> Any:
     """Call ``fn(*args, **kwargs)`` under an agentq idempotency claim keyed by the model's
     ``tool_call_id``: once per thread, a replay (after a crash, a retry, a resume) gets the
-    recorded result back. When an earlier worker died between the effect and its record,
-    ``idempotent``/``reconcile`` settle it or the thread stops as ``needs_attention``,
-    exactly as :meth:`agentq.Run.tool` (whose policies ``@agentq.tool`` declares), which
-    also takes ``limit``/``cost`` from the app's fleet-wide limits.
+    recorded result back, typed as ``fn``'s. When an earlier worker died between the
+    effect and its record, ``idempotent``/``reconcile`` settle it or the thread stops as
+    ``needs_attention``, exactly as :meth:`agentq.Run.tool` (whose policies
+    ``@agentq.tool`` declares), which also takes ``limit``/``cost`` from the app's
+    fleet-wide limits.
+
+    A type checker checks the arguments passed positionally against ``fn``; those passed
+    by keyword only (the model's ``**call["args"]``) are checked when the call is made.
 
     Use it inside a tool or node of a graph run by a graph task; ``fn`` receives the key as
     ``idempotency_key`` if it takes that parameter. Outside a graph task there is no lease

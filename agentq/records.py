@@ -98,6 +98,24 @@ class ThreadMeta:
     origin: str | None = None
     """The id of the Celery task that first sent the thread, whose result the caller of
     ``delay()`` holds: the task that ends the thread stores the outcome under it too."""
+    timeout: float | None = None
+    """The seconds a wait for a human may last (``interrupt(..., timeout=)``), kept from
+    the pause until a step after it commits."""
+    timeout_at: float | None = None
+    """When a ``waiting`` thread with a timeout stops waiting (a Unix time on the store's
+    clock); it is also the thread's due time. ``None`` for any other thread."""
+    timed_out: bool = False
+    """Whether the thread's wait ended by its timeout, until a step after it commits: the
+    node that runs then sees :class:`~agentq.errors.InterruptTimedOut`, and ``interrupt``
+    holds the question nobody answered."""
+
+    @property
+    def runs_by_itself(self) -> bool:
+        """True while the thread will run again with nobody acting: it is live, or waits
+        for a human with a timeout (it runs on when the timeout passes)."""
+        return self.status.is_live or (
+            self.status == Status.WAITING and self.timeout_at is not None
+        )
 
     @property
     def resumable_from(self) -> frozenset[Status]:

@@ -22,7 +22,8 @@ from agentq.errors import ThreadStopped
 from agentq.records import Status, ThreadMeta
 
 WAITING: Final = "WAITING"
-"""The thread waits for a human (``run.interrupt``); meta holds the interrupt payload."""
+"""The thread waits for a human (``run.interrupt``); meta holds the interrupt payload and
+``timeout_at``, the Unix time the wait times out (``None`` without a timeout)."""
 HANDED_OVER: Final = "HANDED_OVER"
 """Another task carries the thread on: this worker stopped (a warm shutdown) or gave it
 back, or another worker already drives it."""
@@ -71,6 +72,7 @@ def finish(task: Task, meta: ThreadMeta, retrying: tuple[Exception, float] | Non
     event, state = _EVENTS.get(status, ("task-handed-over", HANDED_OVER))
     if status == Status.WAITING:
         fields["interrupt"] = meta.interrupt
+        fields["timeout_at"] = meta.timeout_at
     elif status == Status.NEEDS_ATTENTION:
         fields["error"] = meta.error
     _event(task, event, **fields)

@@ -16,7 +16,7 @@ from agentq.engine.append_only import AppendOnlyFields
 from agentq.engine.backoff import retry_delay
 from agentq.engine.lease import Lease, confirm, keeper_for
 from agentq.engine.limits import limiter
-from agentq.engine.run import NO_VALUE, Run
+from agentq.engine.run import NO_VALUE, Run, TimedOut
 from agentq.engine.store_retry import RetriedCalls, give_back
 from agentq.engine.transition import checkpoint_after, checkpoint_lost, error_text
 from agentq.errors import (
@@ -25,6 +25,7 @@ from agentq.errors import (
     CheckpointNotFound,
     CodecError,
     FencingError,
+    InvalidArgument,
     LeaseHeld,
     LogConflict,
     NeedsAttention,
@@ -35,7 +36,7 @@ from agentq.ids import owner_id
 from agentq.outcomes import Interrupted, LimitWait
 from agentq.records import Checkpoint, Status, ThreadMeta
 from agentq.settings import Settings
-from agentq.store.contract import UNSET, Store
+from agentq.store.contract import Store
 
 logger = logging.getLogger("agentq")
 
@@ -98,7 +99,7 @@ class Driver:
             )
         if meta.status == Status.DONE:
             return meta.result
-        if meta.status.is_idle:
+        if meta.status.is_idle and not meta.runs_by_itself:  # a wait's timeout runs it
             logger.info("thread %s is %s: nothing to run", thread_id, meta.status.value)
             return None
         crashed = meta.status == Status.RUNNING
@@ -110,9 +111,7 @@ class Driver:
             logger.info("thread %s is driven by another worker; leaving it", thread_id)
             return None
         except RetryNotDue as exc:
-            logger.info(
-                "thread %s retries in %.1f s; leaving it until then", thread_id, exc.seconds
-            )
+            logger.info("thread %s is due in %.1f s; leaving it until then", thread_id, exc.seconds)
             return None
         keeper = keeper_for(store)
         try:
@@ -220,6 +219,8 @@ class Driver:
 
     def _start_from(self, latest: Checkpoint | None, meta: ThreadMeta) -> _Position:
         resume_value = meta.resume_value if meta.resumed else NO_VALUE
+        if meta.timed_out:
+            resume_value = TimedOut(meta.interrupt, meta.timeout)
         if latest is None:
             return _Position(0, self.task.entry_node, {}, [], {}, resume_value, meta.attempts)
         assert latest.node is not None
@@ -274,7 +275,9 @@ class Driver:
         try:
             outcome = self._call(pos.node, run, meta.input if step == 0 else None)
         except Interrupted as pause:
-            self._settle("pausing", token, Status.WAITING, interrupt=pause.payload)
+            self._settle(
+                "pausing", token, Status.WAITING, interrupt=pause.payload, due_in=pause.timeout
+            )
             logger.info("thread %s: waiting for a human at step %d", thread_id, step)
             return None
         except LimitWait as wait:  # not a failure: no attempt is counted
@@ -306,7 +309,6 @@ class Driver:
                 token,
                 checkpoint,
                 status=status,
-                due_in=UNSET if status == Status.RUNNING else None,
                 release_owner=None if status == Status.RUNNING else self.owner,
                 logs=logs.lengths(step, run.state),
                 **extra,
@@ -314,7 +316,7 @@ class Driver:
         # Not a race (fence and step were checked first): a log that does not match
         # the thread's declaration, e.g. a field made append-only again after it was
         # dropped. Failing says so, where leaving it would loop through recovery.
-        except (CodecError, UnknownNode, AppendOnlyViolation, LogConflict) as exc:
+        except (CodecError, UnknownNode, InvalidArgument, AppendOnlyViolation, LogConflict) as exc:
             return self._fail_or_retry(token, step, pos.attempts, exc)  # output can't be kept
         logs.committed(run.state)
         self.task.on_step(thread_id, step, pos.node, checkpoint.node)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import inspect
 import logging
 import uuid
@@ -13,8 +14,8 @@ from agentq.engine import aio, limits, tracing
 from agentq.engine.backoff import retry_after
 from agentq.engine.store_retry import RetriedCalls
 from agentq.engine.tool_policy import DID_NOT_RUN, ToolPolicy, policy_of
-from agentq.errors import ArtifactTooLarge, InvalidArgument, NeedsAttention
-from agentq.outcomes import Interrupted, LimitWait
+from agentq.errors import ArtifactTooLarge, InterruptTimedOut, InvalidArgument, NeedsAttention
+from agentq.outcomes import Interrupted, LimitWait, wait_seconds
 from agentq.records import ClaimOutcome
 from agentq.store.contract import Store
 
@@ -30,6 +31,15 @@ NO_VALUE: Final = _NoValue()
 logger = logging.getLogger("agentq")
 
 R = TypeVar("R")
+
+
+@dataclass(frozen=True)
+class TimedOut:
+    """The resume value of a run whose thread's wait for a human ended by its timeout:
+    the question nobody answered, and the seconds it waited."""
+
+    payload: Any
+    timeout: float | None
 
 
 class Artifacts:
@@ -89,7 +99,7 @@ class Run:
         self.state = state
         self.pending = pending
         self.cursors = cursors
-        self.resume_value = resume_value
+        self._resume_value = resume_value
         self.artifacts = Artifacts(store, calls, thread_id, max_artifact_bytes)
         self._store = store
         self._store_calls = calls
@@ -106,26 +116,56 @@ class Run:
         other stores that should refuse a worker which lost the thread."""
         return self._token
 
-    def interrupt(self, payload: Any) -> Any:
+    @property
+    def resume_value(self) -> Any:
+        """The value the thread was resumed with (``resume(thread_id, value)``), in the
+        node it resumed at; ``NO_VALUE`` in any other run. Raises
+        :class:`~agentq.errors.InterruptTimedOut` in the node an
+        ``Interrupt(..., timeout=)`` continued at when nobody answered in time."""
+        if isinstance(self._resume_value, TimedOut):
+            raise self._timed_out(self._resume_value)
+        return self._resume_value
+
+    def interrupt(self, payload: Any, *, timeout: float | datetime.timedelta | None = None) -> Any:
         """Pause for a human: the thread becomes ``waiting`` with ``payload`` stored, and
         this node runs again from its start on ``resume(thread_id, value)``, when this
         call returns ``value``. Changes made by this node before the call are not kept.
-        One call per node run: a second one, after the first was answered, raises
-        :class:`~agentq.errors.InvalidArgument` (the thread fails, saying so)."""
+        One call per node run: a second one, after the first was answered (or timed
+        out), raises :class:`~agentq.errors.InvalidArgument` (the thread fails, saying so).
+
+        With ``timeout`` (seconds, or a ``timedelta``) the thread is due in the store's
+        due index then, as a retry is: if nobody resumed it by that time, the node runs
+        again and this call raises :class:`~agentq.errors.InterruptTimedOut`; catch it to
+        take another path. A resume and the timeout are decided by the store, one of them:
+        a resume in time wins and the timeout never fires; a later one is refused."""
+        seconds = wait_seconds(timeout, thread_id=self.thread_id, step=self.step)
         if self._answered:
             # Its answer would reach the first question when the node runs again.
             raise InvalidArgument(
                 "a node asks one question: this one called run.interrupt() again after "
-                "its first question was answered; ask both in one payload, or move the "
-                "second question to a node of its own",
+                "its first question was answered or timed out; ask both in one payload, "
+                "or move the second question to a node of its own",
                 thread_id=self.thread_id,
                 step=self.step,
             )
-        if self.resume_value is NO_VALUE:
-            raise Interrupted(payload)
-        value, self.resume_value = self.resume_value, NO_VALUE
+        if self._resume_value is NO_VALUE:
+            raise Interrupted(payload, seconds)
+        value, self._resume_value = self._resume_value, NO_VALUE
         self._answered = True
+        if isinstance(value, TimedOut):
+            raise self._timed_out(value)
         return value
+
+    def _timed_out(self, wait: TimedOut) -> InterruptTimedOut:
+        waited = "" if wait.timeout is None else f" within {wait.timeout:g} s"
+        return InterruptTimedOut(
+            f"nobody answered the interrupt{waited}; catch agentq.errors.InterruptTimedOut "
+            "in the node to take another path, or give people a longer timeout",
+            payload=wait.payload,
+            timeout=wait.timeout,
+            thread_id=self.thread_id,
+            step=self.step,
+        )
 
     def tool(
         self,

@@ -8,23 +8,27 @@ from typing import Any
 
 from agentq.engine.run import Run
 from agentq.errors import CheckpointLost, UnknownNode
-from agentq.outcomes import Done, Interrupt
+from agentq.outcomes import Done, Interrupt, wait_seconds
 from agentq.records import Checkpoint, Status
+from agentq.store.contract import UNSET
 
 
 def checkpoint_after(
     run: Run, outcome: Any, *, task: str, token: int
 ) -> tuple[Checkpoint, Status, dict[str, Any]]:
-    """The checkpoint of ``run``'s step, the thread's status after it, and the ``result``
-    or ``interrupt`` to store with it; :class:`~agentq.errors.UnknownNode` for a return
-    value that names no next step."""
-    extra: dict[str, Any] = {}
+    """The checkpoint of ``run``'s step, the thread's status after it, and what to commit
+    with it: ``due_in`` (a running thread's follows its lease, a wait's is its timeout)
+    and the ``result`` or ``interrupt``; :class:`~agentq.errors.UnknownNode` for a return
+    value that names no next step, :class:`~agentq.errors.InvalidArgument` for a bad
+    timeout."""
+    extra: dict[str, Any] = {"due_in": None}
     if isinstance(outcome, Done):
         next_node, status, extra["result"] = None, Status.DONE, outcome.result
     elif isinstance(outcome, Interrupt):
         next_node, status, extra["interrupt"] = outcome.resume_at, Status.WAITING, outcome.payload
+        extra["due_in"] = wait_seconds(outcome.timeout, thread_id=run.thread_id, step=run.step)
     elif isinstance(outcome, str):
-        next_node, status = outcome, Status.RUNNING
+        next_node, status, extra["due_in"] = outcome, Status.RUNNING, UNSET
     else:
         raise UnknownNode(
             f"node {run.node!r} returned {type(outcome).__name__}; return the next node's "

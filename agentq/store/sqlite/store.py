@@ -271,6 +271,8 @@ class SQLiteStore(CheckpointsMixin, EffectsMixin, LimitsMixin, Store):
                     thread_id=thread_id,
                     status=status.value,
                 )
+            if status == Status.WAITING:  # answered in time: the timeout never fires
+                values.update(timeout=None, timeout_at=None)
             now = time.time()
             update(db, thread_id, now, due_at=now + start_grace, **values)
             meta = read_meta(db, thread_id)
@@ -285,7 +287,14 @@ class SQLiteStore(CheckpointsMixin, EffectsMixin, LimitsMixin, Store):
             db.execute("UPDATE threads SET cancel = 1 WHERE thread_id = ?", (thread_id,))
             if status == Status.RUNNING:
                 return status  # its driver stops at the next commit, which reports the flag
-            update(db, thread_id, time.time(), status=Status.CANCELLED.value, due_at=None)
+            update(
+                db,
+                thread_id,
+                time.time(),
+                status=Status.CANCELLED.value,
+                due_at=None,
+                timeout_at=None,
+            )
             return Status.CANCELLED
 
     def _do_put_artifact(self, thread_id: str, data: bytes) -> str:
@@ -333,14 +342,17 @@ class SQLiteStore(CheckpointsMixin, EffectsMixin, LimitsMixin, Store):
         with self._conn.write() as db:
             now = time.time()
             row = db.execute(
-                "SELECT status, fence, lock_owner, lock_expires, retry_at FROM threads "
-                "WHERE thread_id = ?",
+                "SELECT status, fence, lock_owner, lock_expires, retry_at, timeout_at, "
+                "interrupt FROM threads WHERE thread_id = ?",
                 (thread_id,),
             ).fetchone()
             if row is None:
                 raise ThreadNotFound(NOT_FOUND, thread_id=thread_id)
             if row["status"] == Status.RETRYING.value and (row["retry_at"] or 0) > now:
                 raise retry_not_due(thread_id, row["retry_at"] - now)
+            timed_out = row["status"] == Status.WAITING.value and row["timeout_at"] is not None
+            if timed_out and row["timeout_at"] > now:
+                raise retry_not_due(thread_id, row["timeout_at"] - now)
             expires = row["lock_expires"]
             if row["lock_owner"] not in (None, owner) and expires is not None and expires > now:
                 ttl_ms = max(1, math.ceil((expires - now) * 1000))
@@ -356,7 +368,10 @@ class SQLiteStore(CheckpointsMixin, EffectsMixin, LimitsMixin, Store):
                 "WHERE thread_id = ?",
                 (token, owner, token, now + ttl, thread_id),
             )
-            if Status(row["status"]).is_live:
+            if timed_out:  # the node that runs next gets the unanswered question
+                asked = row["interrupt"] or encode(None, "interrupt", thread_id, None)
+                update(db, thread_id, now, timeout_at=None, timed_out=asked)
+            if Status(row["status"]).is_live or timed_out:
                 db.execute(
                     "UPDATE threads SET status = ?, due_at = ?, updated_at = ? WHERE thread_id = ?",
                     (Status.RUNNING.value, now + ttl, now, thread_id),

@@ -16,4 +16,5 @@ if status == STATUS.RUNNING then
 end
 local now = now_seconds()
 redis.call('HSET', meta, 'status', STATUS.CANCELLED, 'updated_at', tostring(now))
+redis.call('HDEL', meta, 'timeout_at')
 return {1, STATUS.CANCELLED, index(ARGV[2], status, STATUS.CANCELLED, 'clear', now)}

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -21,7 +22,7 @@ import agentq
 from agentq import Done, FunctionAgent, Run
 from agentq.celery.drain import draining
 from agentq.celery.task_outcome import HANDED_OVER, NEEDS_ATTENTION, WAITING
-from agentq.errors import NeedsAttention
+from agentq.errors import InterruptTimedOut, NeedsAttention
 from tests.support.agents import RateLimitError
 from tests.support.redis_server import RedisServer, wait_until
 
@@ -49,6 +50,11 @@ def define(app: Celery, retried: list[tuple[str, BaseException]]) -> FunctionAge
     def start(run: Run, mode: str) -> Any:
         if mode == "wait":
             return Done({"approved": run.interrupt({"question": "refund 10?"})})
+        if mode == "deadline":
+            try:
+                return Done({"approved": run.interrupt({"question": "refund 10?"}, timeout=1)})
+            except InterruptTimedOut as exc:
+                return Done({"timed_out": exc.timeout})
         if mode == "retry" and run.thread_id not in first_attempts:
             first_attempts.add(run.thread_id)
             raise RateLimitError(retry_after="0.2")
@@ -126,6 +132,17 @@ def test_a_thread_waiting_for_a_human_is_waiting_and_get_ends_with_its_result(en
     assert resumed.get(timeout=20) == {"approved": True}
     assert first.get(timeout=20) == {"approved": True}
     assert AsyncResult(first.id, app=env.app).state == "SUCCESS"
+
+
+def test_a_wait_with_a_timeout_says_when_it_ends_and_get_ends_with_its_timeout(
+    env: Env,
+) -> None:
+    before = time.time()
+    first = env.agent.delay("t-deadline", mode="deadline")
+    assert first.get(timeout=20) == {"timed_out": 1}
+    event = event_of(env, "task-waiting", "t-deadline")
+    assert before + 1 <= event["timeout_at"] <= time.time()
+    assert event["interrupt"] == {"question": "refund 10?"}
 
 
 def test_a_retry_after_is_celerys_retry_and_on_retry_fires(env: Env) -> None:

@@ -130,9 +130,7 @@ def finished(env: Env, thread_id: str, agent: Any = None) -> Any:
 
 
 @pytest.mark.parametrize("style", ["call", "async", "outcome"])
-def test_a_timeout_takes_the_nodes_other_path_and_the_thread_finishes(
-    env: Env, style: str
-) -> None:
+def test_a_timeout_takes_the_nodes_other_path_and_the_thread_finishes(env: Env, style: str) -> None:
     env.agent.delay("t1", timeout=0.3, style=style)
     meta = finished(env, "t1")
     step = 1 if style != "outcome" else 2  # the node that sees the timeout

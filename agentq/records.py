@@ -195,7 +195,8 @@ class Schedule:
 
     ``owner`` and ``token`` are the live lease's (``None`` when nobody holds it), with
     ``lease_left`` seconds to go; ``due_at`` is the Unix time at which recovery sends the
-    thread (``None`` when it is not in the due index: waiting, finished, cancelled).
+    thread (``None`` when it is not in the due index: finished, cancelled, waiting
+    without a timeout).
     """
 
     thread_id: str

@@ -131,8 +131,9 @@ class ThreadsContract(ABC):
         """Queue a thread again that nobody drives: if its status is in ``from_statuses``
         it becomes ``queued``, due in ``start_grace`` seconds, with its error, attempts and
         cancel flag cleared and ``resume_value`` stored when given (the next driver reads
-        it from the meta). Raises :class:`~agentq.errors.ThreadStateError` for any other
-        status and :class:`~agentq.errors.ThreadNotFound` for an unknown thread. Atomic.
+        it from the meta); a ``waiting`` thread's timeout is dropped, so it never fires.
+        Raises :class:`~agentq.errors.ThreadStateError` for any other status and
+        :class:`~agentq.errors.ThreadNotFound` for an unknown thread. Atomic.
         """
         validate_thread_id(thread_id)
         return self._do_reopen(

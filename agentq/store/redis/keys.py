@@ -16,7 +16,9 @@ key                                        type    contents
                                                    input/result/interrupt/resume (msgpack),
                                                    cancel ("1" once requested), log_fields
                                                    (msgpack list of the latest checkpoint's
-                                                   append-only fields; absent if none)
+                                                   append-only fields; absent if none),
+                                                   timeout/timeout_at/timed_out (a wait
+                                                   for a human's, see meta_fields.py)
 ``P thread:{T}:staged``                    string  the snapshot of a commit in flight: SET
                                                    in the commit's MULTI, then renamed to its
                                                    checkpoint key, or deleted if the commit

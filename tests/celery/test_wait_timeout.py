@@ -96,10 +96,26 @@ def _fn_agent(app: Celery) -> Any:
     return plain
 
 
+def worker(app: Celery) -> Any:
+    return start_worker(
+        app, pool="threads", concurrency=2, perform_ping_check=False, shutdown_timeout=30
+    )
+
+
 @pytest.fixture(params=["redis", "sqlite"])
 def env(
     request: pytest.FixtureRequest, redis_broker: str, redis_server: RedisServer, tmp_path: Path
 ) -> Iterator[Env]:
+    app, store = make(request.param, redis_broker, redis_server, tmp_path)
+    with worker(app):
+        yield Env(app, store, app.tasks[DeadlineAgent.name], app.tasks["tests.fn_deadline"])
+    store.close()
+    app.close()
+
+
+def make(
+    backend: str, redis_broker: str, redis_server: RedisServer, tmp_path: Path
+) -> tuple[Celery, Store]:
     prefix = f"wt{uuid.uuid4().hex[:8]}:"
     app = Celery("agentq-wait-timeout", broker=redis_broker, set_as_current=False)
     app.conf.update(
@@ -107,16 +123,11 @@ def env(
         worker_hijack_root_logger=False,
         broker_connection_retry_on_startup=True,
     )
-    url = redis_server.url if request.param == "redis" else f"sqlite:///{tmp_path / 'a.db'}"
+    url = redis_server.url if backend == "redis" else f"sqlite:///{tmp_path / 'a.db'}"
     agentq.init_app(app, store=url, prefix=prefix, lease_ttl=3, start_grace=5, sweep_interval=0.1)
-    agent = app.register_task(DeadlineAgent())
-    plain = _fn_agent(app)
-    with start_worker(
-        app, pool="threads", concurrency=2, perform_ping_check=False, shutdown_timeout=30
-    ):
-        yield Env(app, app._agentq_runtime.store, agent, plain)
-    app._agentq_runtime.store.close()
-    app.close()
+    app.register_task(DeadlineAgent())
+    _fn_agent(app)
+    return app, app._agentq_runtime.store
 
 
 def finished(env: Env, thread_id: str, agent: Any = None) -> Any:
@@ -206,3 +217,25 @@ def test_a_bad_timeout_fails_the_thread_saying_what_to_pass(
     error = meta.error or ""
     assert error.startswith("InvalidArgument: thread 't4', step 1: timeout=")
     assert problem in error and "None to wait until resumed" in error
+
+
+def test_a_timeout_that_passes_while_no_worker_runs_is_kept_by_the_store(
+    redis_broker: str, redis_server: RedisServer, tmp_path: Path
+) -> None:
+    app, store = make("redis", redis_broker, redis_server, tmp_path)
+    agent = app.tasks[DeadlineAgent.name]
+    with worker(app):
+        # Longer than the worker takes to stop: its own sweeper would send it.
+        agent.delay("t5", timeout=4)
+        wait_until(lambda: agent.thread("t5").status == Status.WAITING, timeout=10, what="wait")
+    assert agent.thread("t5").timeout_at is not None
+    # Every worker is gone when the timeout passes: the store still holds it as due.
+    wait_until(lambda: "t5" in [t for t, _ in store.due()], timeout=20, what="t5 due")
+    assert agent.thread("t5").status == Status.WAITING
+    with worker(app):
+        meta = wait_until(
+            lambda: (m := agent.thread("t5")).status == Status.DONE and m, timeout=20, what="done"
+        )
+    assert meta.result == {"timed_out": ASK, "after": 4, "step": 1}
+    store.close()
+    app.close()

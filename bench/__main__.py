@@ -71,15 +71,26 @@ def store_results(quick: bool) -> list[Result]:
     samples = 300 if quick else bench_store.DEFAULT_SAMPLES
     warmup = max(20, samples // 10)
     rows: list[Any] = []
+    parts: list[Result] = []
     with PrivateRedis() as server:
         client = server.client()
         try:
             store = RedisStore(client)
             for label, nbytes in bench_store.SIZES:
-                write, read, _ = bench_store.bench_size(
+                found, _, spent = bench_store.bench_size(
                     store, client, label, nbytes, samples, warmup, bench_store.BLOCK
                 )
-                rows += [write, read]
+                rows += found
+                parts += [
+                    Result(
+                        "figure",
+                        f"commit_{label}_{part}_us",
+                        micros,
+                        f"  commit {label}B beyond a SET: {what}, µs",
+                    )
+                    for part, what in (("encode", "encoding"), ("script", "server script"))
+                    for micros in (spent[part],)
+                ]
         finally:
             client.close()
     rows.sort(key=lambda row: row.ratio_name.startswith("resume"))
@@ -91,10 +102,10 @@ def store_results(quick: bool) -> list[Result]:
             f"{row.subject.name} ÷ {row.base.name}, {row.label}B ({samples} samples)",
             f"{row.subject.median:.0f} µs (p99 {row.subject.p99:.0f})",
             f"{row.base.median:.0f} µs (p99 {row.base.p99:.0f})",
-            Target(row.target),
+            None if row.target is None else Target(row.target),
         )
         for row in rows
-    ]
+    ] + parts
 
 
 def _module_runner(name: str) -> Runner:

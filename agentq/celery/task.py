@@ -127,7 +127,7 @@ class AgentTask(Task):  # type: ignore[misc]
                     self, calls("reading the thread", runtime.store.meta, thread_id), exc
                 )
             raise
-        meta = calls("reading the thread", runtime.store.meta, thread_id)
+        meta = driver.ended or calls("reading the thread", runtime.store.meta, thread_id)
         if meta is None:  # deleted: the driver dropped the message
             raise Ignore()
         return task_outcome.finish(self, meta, driver.retrying)

@@ -18,7 +18,7 @@ from agentq.engine.lease import Lease, confirm, keeper_for
 from agentq.engine.limits import limiter
 from agentq.engine.run import NO_VALUE, Run, TimedOut
 from agentq.engine.store_retry import RetriedCalls, give_back
-from agentq.engine.transition import checkpoint_after, checkpoint_lost, error_text
+from agentq.engine.transition import checkpoint_after, checkpoint_lost, error_text, meta_after
 from agentq.errors import (
     AgentqError,
     AppendOnlyViolation,
@@ -86,6 +86,8 @@ class Driver:
         self._calls = RetriedCalls(store, thread_id, settings.lease_ttl)
         self.retrying: tuple[Exception, float] | None = None
         """The error and the delay of the retry this drive scheduled, if it did."""
+        self.ended: ThreadMeta | None = None
+        """The meta the commit that ended this drive's run (done or waiting) wrote."""
 
     def drive(self) -> Any:
         thread_id, store = self.thread_id, self.store
@@ -321,6 +323,7 @@ class Driver:
         logs.committed(run.state)
         self.task.on_step(thread_id, step, pos.node, checkpoint.node)
         if status != Status.RUNNING:
+            self.ended = meta_after(meta, checkpoint, status, extra, cancel=bool(cancel))
             return extra.get("result")
         if cancel:
             self._settle("cancelling", token, Status.CANCELLED)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import traceback
 from typing import Any
@@ -9,7 +10,7 @@ from typing import Any
 from agentq.engine.run import Run
 from agentq.errors import CheckpointLost, UnknownNode
 from agentq.outcomes import Done, Interrupt, wait_seconds
-from agentq.records import Checkpoint, Status
+from agentq.records import Checkpoint, Status, ThreadMeta
 from agentq.store.contract import UNSET
 
 
@@ -47,6 +48,28 @@ def checkpoint_after(
         created_at=time.time(),
     )
     return checkpoint, status, extra
+
+
+def meta_after(
+    meta: ThreadMeta, checkpoint: Checkpoint, status: Status, extra: dict[str, Any], *, cancel: bool
+) -> ThreadMeta:
+    """The thread's meta as the commit of ``checkpoint`` with ``status`` and ``extra`` left
+    it (``meta`` being what it was before), so the task need not read it back."""
+    return dataclasses.replace(
+        meta,
+        status=status,
+        step=checkpoint.step,
+        node=checkpoint.node,
+        attempts=0,
+        crashes=0,
+        error=None,
+        updated_at=checkpoint.created_at,
+        result=extra.get("result", meta.result),
+        interrupt=extra.get("interrupt"),
+        resume_value=None,
+        resumed=False,
+        cancel_requested=cancel,
+    )
 
 
 def error_text(exc: BaseException, limit: int = 2000) -> str:

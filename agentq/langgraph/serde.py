@@ -94,25 +94,58 @@ class AgentqSerializer(JsonPlusSerializer):
         return super().loads_typed(data)
 
 
-def _classes_in(obj: Any, found: set[tuple[str, ...]]) -> None:
-    """Add to ``found`` the classes LangGraph's msgpack encoding names for ``obj``."""
+_NAMED: Final = 1
+_MAPPING: Final = 2
+_ITEMS: Final = 4
+_SEND: Final = 8
+_FIELDS: Final = 16
+_SHAPES_LIMIT: Final = 4096
+_shapes: dict[type, int] = {}
+"""What :func:`_classes_in` does with an object, per class: the checks cost more than the
+walk (a runtime ``Protocol`` check inspects the class on every call), and every value of a
+state of messages is one of a few classes."""
+
+
+def _shape(obj: Any) -> int:
     if isinstance(obj, type):
-        return
+        return 0
     if isinstance(obj, dict):
-        for key, value in obj.items():
-            _classes_in(key, found)
-            _classes_in(value, found)
-        return
+        return _MAPPING
+    shape = 0
     named = dataclasses.is_dataclass(obj) or isinstance(obj, Enum) or hasattr(obj, "_asdict")
     # Pydantic models: their dump holds nested models as dicts, which they validate back.
     if named or hasattr(obj, "model_dump") or hasattr(obj, "__fields__"):
-        found.add((type(obj).__module__, type(obj).__name__))
+        shape |= _NAMED
     if isinstance(obj, (list, tuple, set, frozenset, deque)):
+        shape |= _ITEMS
+    elif isinstance(obj, SendProtocol):
+        shape |= _SEND
+    elif dataclasses.is_dataclass(obj):
+        shape |= _FIELDS
+    return shape
+
+
+def _classes_in(obj: Any, found: set[tuple[str, ...]]) -> None:
+    """Add to ``found`` the classes LangGraph's msgpack encoding names for ``obj``."""
+    cls = type(obj)
+    shape = _shapes.get(cls)
+    if shape is None:
+        shape = _shape(obj)
+        if len(_shapes) > _SHAPES_LIMIT:  # classes made at run time must not pile up
+            _shapes.clear()
+        _shapes[cls] = shape
+    if shape & _NAMED:
+        found.add((cls.__module__, cls.__name__))
+    if shape & _MAPPING:
+        for key, value in obj.items():
+            _classes_in(key, found)
+            _classes_in(value, found)
+    elif shape & _ITEMS:
         for item in obj:
             _classes_in(item, found)
-    elif isinstance(obj, SendProtocol):
-        _classes_in(obj.arg, found)
-    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+    elif shape & _SEND:
+        _classes_in(getattr(obj, "arg", None), found)
+    elif shape & _FIELDS:
         for field in dataclasses.fields(obj):
             _classes_in(getattr(obj, field.name), found)
 

@@ -16,12 +16,17 @@ import dataclasses
 import re
 import threading
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from enum import Enum
 from typing import Any, Final
 
+import ormsgpack
 from langgraph.checkpoint.serde.base import SerializerProtocol
-from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer, _create_msgpack_ext_hook
+from langgraph.checkpoint.serde.jsonplus import (
+    EXT_PYDANTIC_V2,
+    JsonPlusSerializer,
+    _create_msgpack_ext_hook,
+)
 from langgraph.checkpoint.serde.types import SendProtocol
 
 from agentq.errors import CodecError
@@ -62,6 +67,7 @@ class AgentqSerializer(JsonPlusSerializer):
         # None is LangGraph's strict mode: only its safe list is revived.
         super().__init__(pickle_fallback=False, allowed_msgpack_modules=allowed or None)
         self._learning = threading.Lock()
+        self._revived: _RevivedClasses | None = None
 
     def dumps_typed(self, obj: Any) -> tuple[str, bytes]:
         type_, data = super().dumps_typed(obj)
@@ -91,7 +97,50 @@ class AgentqSerializer(JsonPlusSerializer):
                 f"stored value has type tag {type_!r}, which agentq never writes; the key "
                 "was written by something else or damaged"
             )
+        if type_ == "msgpack":
+            return ormsgpack.unpackb(
+                data[1], ext_hook=self._ext_hook(), option=ormsgpack.OPT_NON_STR_KEYS
+            )
         return super().loads_typed(data)
+
+    def _ext_hook(self) -> _RevivedClasses:
+        # Rebuilt whenever the allowlist's hook is (learning a class, a copy with more).
+        inner = self._unpack_ext_hook
+        revived = self._revived
+        if revived is None or revived.inner is not inner:
+            revived = self._revived = _RevivedClasses(inner)
+        return revived
+
+
+class _RevivedClasses:
+    """LangGraph's ext hook, remembering the pydantic classes it has revived.
+
+    LangGraph's hook imports the module and looks the class up for every object; a state
+    of messages is mostly that. A class the hook once revived under this allowlist is
+    allowed for good, so later objects of it are built here the way the hook builds them
+    (``cls(**fields)``); anything else, or a failure, goes to the hook itself."""
+
+    def __init__(self, inner: Callable[[int, bytes], Any]) -> None:
+        self.inner = inner
+        self.classes: dict[tuple[str, str], type] = {}
+
+    def __call__(self, code: int, data: bytes) -> Any:
+        if code != EXT_PYDANTIC_V2:
+            return self.inner(code, data)
+        try:
+            module, name, fields, _ = ormsgpack.unpackb(
+                data, ext_hook=self, option=ormsgpack.OPT_NON_STR_KEYS
+            )
+            cls = self.classes.get((module, name))
+            if cls is not None:
+                return cls(**fields)
+        except Exception:
+            return self.inner(code, data)
+        value = self.inner(code, data)
+        made = type(value)
+        if made.__module__ == module and made.__name__ == name:
+            self.classes[(module, name)] = made
+        return value
 
 
 _NAMED: Final = 1

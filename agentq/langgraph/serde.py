@@ -174,15 +174,20 @@ def _shape(obj: Any) -> int:
     return shape
 
 
+def _learn_shape(obj: Any) -> int:
+    shape = _shape(obj)
+    if len(_shapes) > _SHAPES_LIMIT:  # classes made at run time must not pile up
+        _shapes.clear()
+    _shapes[type(obj)] = shape
+    return shape
+
+
 def _classes_in(obj: Any, found: set[tuple[str, ...]]) -> None:
     """Add to ``found`` the classes LangGraph's msgpack encoding names for ``obj``."""
     cls = type(obj)
     shape = _shapes.get(cls)
     if shape is None:
-        shape = _shape(obj)
-        if len(_shapes) > _SHAPES_LIMIT:  # classes made at run time must not pile up
-            _shapes.clear()
-        _shapes[cls] = shape
+        shape = _learn_shape(obj)
     if shape & _NAMED:
         found.add((cls.__module__, cls.__name__))
     if shape & _MAPPING:
@@ -190,8 +195,14 @@ def _classes_in(obj: Any, found: set[tuple[str, ...]]) -> None:
             _classes_in(key, found)
             _classes_in(value, found)
     elif shape & _ITEMS:
+        shapes = _shapes
         for item in obj:
-            _classes_in(item, found)
+            # Inline for the common items, plain values and messages: no call per item.
+            kind = shapes.get(type(item))
+            if kind == _NAMED:
+                found.add((type(item).__module__, type(item).__name__))
+            elif kind != 0:
+                _classes_in(item, found)
     elif shape & _SEND:
         _classes_in(getattr(obj, "arg", None), found)
     elif shape & _FIELDS:

@@ -16,20 +16,17 @@ import dataclasses
 import re
 import threading
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from enum import Enum
 from typing import Any, Final
 
 import ormsgpack
 from langgraph.checkpoint.serde.base import SerializerProtocol
-from langgraph.checkpoint.serde.jsonplus import (
-    EXT_PYDANTIC_V2,
-    JsonPlusSerializer,
-    _create_msgpack_ext_hook,
-)
+from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer, _create_msgpack_ext_hook
 from langgraph.checkpoint.serde.types import SendProtocol
 
 from agentq.errors import CodecError
+from agentq.langgraph.msgpack_ext import RevivedClasses, pack
 
 WRITTEN_TYPES: Final = frozenset({"null", "bytes", "bytearray", "msgpack"})
 """The type tags :class:`AgentqSerializer` writes; anything else is refused on read."""
@@ -67,10 +64,13 @@ class AgentqSerializer(JsonPlusSerializer):
         # None is LangGraph's strict mode: only its safe list is revived.
         super().__init__(pickle_fallback=False, allowed_msgpack_modules=allowed or None)
         self._learning = threading.Lock()
-        self._revived: _RevivedClasses | None = None
+        self._revived: RevivedClasses | None = None
 
     def dumps_typed(self, obj: Any) -> tuple[str, bytes]:
-        type_, data = super().dumps_typed(obj)
+        if obj is None or isinstance(obj, (bytes, bytearray)):
+            type_, data = super().dumps_typed(obj)
+        else:  # the bytes LangGraph's serializer writes, made faster (msgpack_ext)
+            type_, data = "msgpack", pack(obj)
         _refuse_pickle(type_, "store")
         if _EXT_MARKERS.search(data):
             self._allow_written(obj)
@@ -103,44 +103,13 @@ class AgentqSerializer(JsonPlusSerializer):
             )
         return super().loads_typed(data)
 
-    def _ext_hook(self) -> _RevivedClasses:
+    def _ext_hook(self) -> RevivedClasses:
         # Rebuilt whenever the allowlist's hook is (learning a class, a copy with more).
         inner = self._unpack_ext_hook
         revived = self._revived
         if revived is None or revived.inner is not inner:
-            revived = self._revived = _RevivedClasses(inner)
+            revived = self._revived = RevivedClasses(inner)
         return revived
-
-
-class _RevivedClasses:
-    """LangGraph's ext hook, remembering the pydantic classes it has revived.
-
-    LangGraph's hook imports the module and looks the class up for every object; a state
-    of messages is mostly that. A class the hook once revived under this allowlist is
-    allowed for good, so later objects of it are built here the way the hook builds them
-    (``cls(**fields)``); anything else, or a failure, goes to the hook itself."""
-
-    def __init__(self, inner: Callable[[int, bytes], Any]) -> None:
-        self.inner = inner
-        self.classes: dict[tuple[str, str], type] = {}
-
-    def __call__(self, code: int, data: bytes) -> Any:
-        if code != EXT_PYDANTIC_V2:
-            return self.inner(code, data)
-        try:
-            module, name, fields, _ = ormsgpack.unpackb(
-                data, ext_hook=self, option=ormsgpack.OPT_NON_STR_KEYS
-            )
-            cls = self.classes.get((module, name))
-            if cls is not None:
-                return cls(**fields)
-        except Exception:
-            return self.inner(code, data)
-        value = self.inner(code, data)
-        made = type(value)
-        if made.__module__ == module and made.__name__ == name:
-            self.classes[(module, name)] = made
-        return value
 
 
 _NAMED: Final = 1

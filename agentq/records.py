@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, NamedTuple
 
 
 class Status(StrEnum):
@@ -187,11 +187,11 @@ class Schedule:
     due_at: float | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class ListedThread:
+class ListedThread(NamedTuple):
     """A thread as a list of threads shows it: the short fields of its meta, what its note
     needs (the question of a ``waiting`` thread, the result of a ``done`` one, ``None``
-    otherwise) and the owner of its live lease (``running`` threads only)."""
+    otherwise) and the owner of its live lease (``running`` threads only). A tuple: a page
+    builds 50 of them, at a quarter of a frozen dataclass's cost each."""
 
     thread_id: str
     status: Status

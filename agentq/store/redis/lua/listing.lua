@@ -15,35 +15,42 @@ local counts, pages = {}, {}
 for i = 8, #ARGV do
   local index = prefix .. ARGV[i]
   counts[#counts + 1] = redis.call('ZCARD', index)
-  if (wanted == '' or wanted == ARGV[i]) and limit > 0 then
+  if wanted == '' and limit > 0 then
     pages[#pages + 1] = redis.call('ZREVRANGE', index, 0, last, 'WITHSCORES')
   end
 end
 
-local ids, heads = {}, {}
-for p = 1, #pages do
-  heads[p] = 1
-end
-while #ids <= last do
-  local best, best_score = nil, nil
+local ids, first = {}, offset + 1
+if wanted ~= '' then -- one index, in its own order: no scores to format and compare
+  if limit > 0 then
+    ids, first = redis.call('ZREVRANGE', prefix .. wanted, offset, last), 1
+  end
+else
+  local heads = {}
   for p = 1, #pages do
-    local member = pages[p][heads[p]]
-    if member then
-      local score = tonumber(pages[p][heads[p] + 1])
-      if best == nil or score > best_score then
-        best, best_score = p, score
+    heads[p] = 1
+  end
+  while #ids <= last do
+    local best, best_score = nil, nil
+    for p = 1, #pages do
+      local member = pages[p][heads[p]]
+      if member then
+        local score = tonumber(pages[p][heads[p] + 1])
+        if best == nil or score > best_score then
+          best, best_score = p, score
+        end
       end
     end
+    if best == nil then
+      break
+    end
+    ids[#ids + 1] = pages[best][heads[best]]
+    heads[best] = heads[best] + 2
   end
-  if best == nil then
-    break
-  end
-  ids[#ids + 1] = pages[best][heads[best]]
-  heads[best] = heads[best] + 2
 end
 
 local rows = {}
-for n = offset + 1, #ids do
+for n = first, #ids do
   local id = ids[n]
   local meta = before .. id .. after_meta
   local row = redis.call('HMGET', meta, 'status', 'step', 'node', 'task', 'attempts',
@@ -58,10 +65,8 @@ for n = offset + 1, #ids do
     elseif status == STATUS.RUNNING then
       lock = redis.call('GET', before .. id .. after_lock)
     end
-    table.insert(row, 1, id)
-    row[#row + 1] = note
-    row[#row + 1] = lock
-    rows[#rows + 1] = row
+    rows[#rows + 1] = {id, status, row[2], row[3], row[4], row[5], row[6], row[7], row[8],
+      row[9], note, lock}
   end
 end
 return cmsgpack.pack({counts, rows})

@@ -8,7 +8,7 @@ from agentq.records import ListedThread, Status
 from agentq.ui.rows import threads_rows
 
 MARKUP = '<script>alert(1)</script>"&'
-ESCAPED = "&lt;script&gt;alert(1)&lt;/script&gt;&#34;&amp;"
+ESCAPED = "&lt;script&gt;alert(1)&lt;/script&gt;&quot;&amp;"
 
 
 def row(status: Status, **fields: object) -> ListedThread:
@@ -28,7 +28,7 @@ def test_every_text_of_a_row_is_escaped() -> None:
     html = str(threads_rows(rows))
     assert "<script" not in html and "<b>" not in html
     assert html.count(ESCAPED) == 3 + 4 * 3  # the note of three rows; node, task, owner of each
-    assert 'data-thread="id&lt;b&gt;&#34;&amp;"' in html
+    assert 'data-thread="id&lt;b&gt;&quot;&amp;"' in html
     assert 'href="/thread?id=id%3Cb%3E%22%26"' in html
 
 
@@ -41,7 +41,7 @@ def test_a_row_notes_what_its_status_asks_for() -> None:
     ]
     html = str(threads_rows(notes))
     assert (
-        "asks: {&#34;ask&#34;: &#34;ok?&#34;}" in html
+        "asks: {&quot;ask&quot;: &quot;ok?&quot;}" in html
         and "→ 42" in html
         and "cancel requested" in html
     )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, NamedTuple
 
 
 class Status(StrEnum):
@@ -204,3 +204,32 @@ class Schedule:
     token: int | None = None
     lease_left: float | None = None
     due_at: float | None = None
+
+
+class ListedThread(NamedTuple):
+    """A thread as a list of threads shows it: the short fields of its meta, what its note
+    needs (the question of a ``waiting`` thread, the result of a ``done`` one, ``None``
+    otherwise) and the owner of its live lease (``running`` threads only). A tuple: a page
+    builds 50 of them, at a quarter of a frozen dataclass's cost each."""
+
+    thread_id: str
+    status: Status
+    step: int
+    node: str | None
+    task: str
+    attempts: int
+    crashes: int
+    updated_at: float
+    error: str | None
+    cancel_requested: bool
+    interrupt: Any = None
+    result: Any = None
+    owner: str | None = None
+
+
+@dataclass(frozen=True)
+class Listing:
+    """How many threads are in each status (zeros included) and one page of them."""
+
+    counts: dict[Status, int]
+    rows: list[ListedThread]

@@ -9,7 +9,7 @@ from typing import Any, Final
 
 from agentq.errors import InvalidArgument
 from agentq.ids import validate_thread_id
-from agentq.records import FINISHED, Schedule, Status, ThreadMeta
+from agentq.records import FINISHED, Listing, Schedule, Status, ThreadMeta
 from agentq.store.contract.common import UNSET
 
 COLLECTABLE: Final = FINISHED | {Status.NEEDS_ATTENTION}
@@ -80,6 +80,12 @@ class ThreadsContract(ABC):
     def status_counts(self) -> dict[Status, int]:
         """How many threads are in each status (every status present, zeros included),
         from the status indexes: no thread is read. Not atomic across statuses."""
+
+    @abstractmethod
+    def listing(self, status: Status | None = None, *, limit: int = 50, offset: int = 0) -> Listing:
+        """The status counts and a page of threads in the order of :meth:`threads`, each
+        with only what a list shows (:class:`~agentq.records.ListedThread`), in one round
+        trip (one per node on Redis Cluster). Read-only, not atomic across threads."""
 
     def schedules(self, thread_ids: Sequence[str]) -> list[Schedule]:
         """The lease and due time of each thread, in the order given, in one round trip;

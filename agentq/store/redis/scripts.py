@@ -41,6 +41,7 @@ STORE_SCRIPTS = (
     "resolve_effect",
     "take_limits",
     "pause_limit",
+    "listing",
 )
 """The store's scripts, ``lua/<name>.lua``."""
 

@@ -32,6 +32,7 @@ from agentq.store.sqlite.effects import EffectsMixin
 from agentq.store.sqlite.graph import SQLiteGraph
 from agentq.store.sqlite.leases import LeasesMixin
 from agentq.store.sqlite.limits import LimitsMixin
+from agentq.store.sqlite.listing import ListingMixin
 from agentq.store.sqlite.queries import (
     checkpoint_not_found,
     delete_threads,
@@ -47,7 +48,7 @@ _URL_PREFIX: Final = "sqlite:///"
 _GC_BATCH: Final = 500
 
 
-class SQLiteStore(CheckpointsMixin, EffectsMixin, LeasesMixin, LimitsMixin, Store):
+class SQLiteStore(CheckpointsMixin, EffectsMixin, LeasesMixin, LimitsMixin, ListingMixin, Store):
     """A :class:`Store` in one SQLite file, for local use, tests and single-host deployments.
 
     One connection per store object and process, shared by its threads under a lock.

@@ -18,6 +18,7 @@ import redis
 from celery import Celery
 
 from agentq import Status
+from agentq.errors import ThreadStopped
 from agentq.store.contract.limits import Take
 from agentq.store.redis import RedisStore
 from tests.support.limits_app import LIMITS, make_limits_app
@@ -254,3 +255,15 @@ def test_progress_events_carry_the_steps_limit_waits(setup: Setup, worker: Any) 
     assert in_place["keys"] == ["api"] and in_place["waited"] > 0
     retried = [w for e in events if e["thread_id"] == "retried" for w in e["limit_waits"]]
     assert any(w["keys"] == ["slow"] and w["due_at"] > 0 for w in retried if "due_at" in w)
+
+
+def test_an_actual_cost_that_is_not_a_token_count_fails_the_thread_saying_so(
+    setup: Setup, worker: Any
+) -> None:
+    worker()
+    setup.agent.delay("miscounted", calls=1, limit="tokens", cost=5, used="many")
+    with pytest.raises(ThreadStopped) as stopped:
+        setup.agent.wait("miscounted", timeout=60)
+    error = stopped.value.error or ""
+    assert "LimitError" in error and "actual_cost returned 'many'" in error
+    assert "thread miscounted step 0" in error

@@ -43,7 +43,7 @@ class LimitedAgent(AgentTask):
         block: bool = False,
         refuse: int = 0,
         cost: float = 1,
-        used: float | None = None,
+        used: Any = None,
         fail_once: bool = False,
     ) -> Done:
         ledger = redis.Redis.from_url(self.app.conf.test_ledger_url)

@@ -15,7 +15,7 @@ from agentq.engine.artifacts import Artifacts
 from agentq.engine.backoff import retry_after
 from agentq.engine.store_retry import RetriedCalls
 from agentq.engine.tool_policy import DID_NOT_RUN, ToolPolicy, policy_of
-from agentq.errors import InvalidArgument, NeedsAttention
+from agentq.errors import InvalidArgument, LimitError, NeedsAttention
 from agentq.outcomes import Interrupted, LimitWait
 from agentq.records import ClaimOutcome
 from agentq.store.contract import Store
@@ -220,17 +220,18 @@ class Run:
     ) -> Any:
         """One tool call from its claim to its record; ``offload`` runs the store's calls,
         ``invoke`` the tool itself."""
+        if options.actual_cost is not None and options.limit is None:
+            # Before the claim, which would otherwise be left pending.
+            raise InvalidArgument(
+                "actual_cost= settles a limit's tokens; name the limit with limit=",
+                thread_id=self.thread_id,
+                step=self.step,
+            )
         with tracing.tool_span(self.thread_id, self.step, _name(fn), self._token) as note:
             call = await offload(self._claim, fn, args, kwargs, options)
             if call.recorded is not NO_VALUE:
                 note(call.key, "replayed")
                 return call.recorded
-            if options.actual_cost is not None and options.limit is None:
-                raise InvalidArgument(
-                    "actual_cost= settles a limit's tokens; name the limit with limit=",
-                    thread_id=self.thread_id,
-                    step=self.step,
-                )
             held = None if options.limit is None else await offload(self._limit, call, options)
             try:
                 result = await invoke(fn, args, call.kwargs)
@@ -263,6 +264,9 @@ class Run:
         except LimitWait as wait:
             self.limit_waits.append({"keys": list(wait.keys), "due_at": time.time() + wait.seconds})
             self._drop_claim(call, "its limit has no room")
+            raise
+        except LimitError:  # the call never ran: a retried thread claims it afresh
+            self._drop_claim(call, "its limit refused the call")
             raise
         if held.waited:
             self.limit_waits.append({"keys": list(held.keys), "waited": held.waited})

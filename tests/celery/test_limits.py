@@ -267,3 +267,15 @@ def test_an_actual_cost_that_is_not_a_token_count_fails_the_thread_saying_so(
     error = stopped.value.error or ""
     assert "LimitError" in error and "actual_cost returned 'many'" in error
     assert "thread miscounted step 0" in error
+
+
+def test_a_cost_no_budget_could_take_fails_the_thread_and_leaves_no_claim(
+    setup: Setup, worker: Any
+) -> None:
+    worker()
+    setup.agent.delay("too-big", calls=1, limit="tokens", cost=100)
+    with pytest.raises(ThreadStopped) as stopped:
+        setup.agent.wait("too-big", timeout=60)
+    assert "could never run" in (stopped.value.error or "")
+    # The call never ran: retrying the thread claims it afresh, not as an unknown outcome.
+    assert setup.store.effects("too-big") == []

@@ -47,8 +47,9 @@ class Held:
         self.waited = waited
         self._lease = lease
         self._where = where
-        if lease is not None:
-            lease.hold_slots(holder, self.keys)
+        slotted = tuple(take.key for take in takes if take.limit.concurrency)
+        if lease is not None and slotted:
+            lease.hold_slots(holder, slotted)
 
     def release(self) -> None:
         if self._lease is not None:

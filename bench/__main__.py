@@ -2,7 +2,7 @@
 
 Run from the repository root::
 
-    python -m bench            # full size, a few minutes
+    python -m bench            # full size, a few minutes (limits alone about 13)
     python -m bench --quick    # everything small, to prove it works (CI)
     python -m bench --only steps,codec
 
@@ -25,8 +25,9 @@ The benchmarks (each also runs alone as ``python -m bench.<name> [--quick]``):
   waits, with failed threads, lease takeovers, pool errors, peak connections and RSS;
 - ``ui``: the inspector's threads page over 100 000 threads, server time and ÷ one
   ``ZREVRANGE`` page of the status index (:mod:`bench.ui`);
-- ``limits``: a fake provider's 429s, calls a minute and two tenants' shares under an
-  agentq limit, against Celery's per-worker ``rate_limit`` for the same budget;
+- ``limits``: a fake provider's 429s, calls a minute, busy pool slots and two tenants'
+  shares under an agentq limit, against Celery's per-worker ``rate_limit`` for the same
+  budget (4 workers x 50 threads x 10 calls at 600/min: about 13 minutes at full size);
 - ``recovery``, ``langgraph``: run when their modules are present (:data:`EXTERNAL`).
 
 Needs ``redis-server`` on PATH (private servers are started and stopped) and, for

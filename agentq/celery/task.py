@@ -5,7 +5,7 @@ from __future__ import annotations
 import inspect
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Final, Never, TypeVar
 
 from celery import Task
@@ -219,8 +219,17 @@ class AgentTask(Task):  # type: ignore[misc]
         """Whether ``exc`` retries the step; by default, when it is one of ``retry_on``."""
         return isinstance(exc, self.retry_on)
 
-    def on_step(self, thread_id: str, step: int, node: str, next_node: str | None) -> None:
-        """Called after each committed step: reports progress to Celery and Flower."""
+    def on_step(
+        self,
+        thread_id: str,
+        step: int,
+        node: str,
+        next_node: str | None,
+        *,
+        limit_waits: Sequence[dict[str, Any]] = (),
+    ) -> None:
+        """Called after each committed step: reports progress to Celery and Flower, with
+        the step's waits for its limits (``keys`` and ``waited`` seconds)."""
         logger.info(
             "thread %s: step %d (%s) committed, next %s", thread_id, step, node, next_node or "-"
         )
@@ -228,7 +237,16 @@ class AgentTask(Task):  # type: ignore[misc]
         if self.request.id and not isinstance(self.backend, DisabledBackend):
             self.update_state(state="PROGRESS", meta=fields)
         if self.app.conf.worker_send_task_events and self.request.hostname:
-            self.send_event("task-progress", **fields)
+            self.send_event("task-progress", **fields, limit_waits=list(limit_waits))
+
+    def on_limit_wait(
+        self, thread_id: str, step: int, node: str, limit_waits: Sequence[dict[str, Any]]
+    ) -> None:
+        """Called when a step ends to wait for its limits: a ``task-progress`` event says
+        which keys it waits for and when it is due (``due_at``); ``node`` runs again then."""
+        if self.app.conf.worker_send_task_events and self.request.hostname:
+            fields = {"thread_id": thread_id, "step": step, "node": node, "next": node}
+            self.send_event("task-progress", **fields, limit_waits=list(limit_waits))
 
     # -- controlling a thread from outside -----------------------------------------------------
 

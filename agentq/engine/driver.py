@@ -265,7 +265,7 @@ class Driver:
                 self._calls, "confirming the lease", confirm, store, lease
             ),
             retryable=self.task.should_retry,
-            take_limits=limiter(store, settings, thread_id, pos.step),
+            take_limits=limiter(store, settings, thread_id, pos.step, lease),
         )
 
     @instrument.step
@@ -284,6 +284,7 @@ class Driver:
             return None
         except LimitWait as wait:  # not a failure: no attempt is counted
             self._settle("waiting for a limit", token, Status.RETRYING, due_in=wait.seconds)
+            self.task.on_limit_wait(thread_id, step, pos.node, run.limit_waits)
             self.retrying = (wait, wait.seconds)
             logger.info("thread %s: step %d waits %.1f s (limit)", thread_id, step, wait.seconds)
             return None
@@ -321,7 +322,7 @@ class Driver:
         except (CodecError, UnknownNode, InvalidArgument, AppendOnlyViolation, LogConflict) as exc:
             return self._fail_or_retry(token, step, pos.attempts, exc)  # output can't be kept
         logs.committed(run.state)
-        self.task.on_step(thread_id, step, pos.node, checkpoint.node)
+        self.task.on_step(thread_id, step, pos.node, checkpoint.node, limit_waits=run.limit_waits)
         if status != Status.RUNNING:
             self.ended = meta_after(meta, checkpoint, status, extra, cancel=bool(cancel))
             return extra.get("result")

@@ -5,16 +5,18 @@ from __future__ import annotations
 import datetime
 import inspect
 import logging
+import time
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, TypeVar, overload
 
 from agentq.engine import aio, limits, tracing
+from agentq.engine.artifacts import Artifacts
 from agentq.engine.backoff import retry_after
 from agentq.engine.store_retry import RetriedCalls
 from agentq.engine.tool_policy import DID_NOT_RUN, ToolPolicy, policy_of
-from agentq.errors import ArtifactTooLarge, InterruptTimedOut, InvalidArgument, NeedsAttention
+from agentq.errors import InterruptTimedOut, InvalidArgument, LimitError, NeedsAttention
 from agentq.outcomes import Interrupted, LimitWait, wait_seconds
 from agentq.records import ClaimOutcome
 from agentq.store.contract import Store
@@ -40,35 +42,6 @@ class TimedOut:
 
     payload: Any
     timeout: float | None
-
-
-class Artifacts:
-    """Large data kept out of checkpoints; the state holds the small reference ``put``
-    returns (``{"artifact": sha256, "size": n, "content_type": ...}``)."""
-
-    def __init__(self, store: Store, calls: RetriedCalls, thread_id: str, max_bytes: int) -> None:
-        self._store = store
-        self._store_calls = calls
-        self._thread_id = thread_id
-        self._max_bytes = max_bytes
-
-    def put(self, data: bytes, content_type: str = "application/octet-stream") -> dict[str, Any]:
-        if len(data) > self._max_bytes:
-            raise ArtifactTooLarge(
-                f"artifact of {len(data)} bytes is over max_artifact_bytes "
-                f"({self._max_bytes}); store it in object storage and keep its URL, or "
-                "raise the setting",
-                thread_id=self._thread_id,
-            )
-        digest = self._store_calls(
-            "storing an artifact", self._store.put_artifact, self._thread_id, data
-        )
-        return {"artifact": digest, "size": len(data), "content_type": content_type}
-
-    def get(self, ref: dict[str, Any]) -> bytes:
-        return self._store_calls(
-            "reading an artifact", self._store.get_artifact, self._thread_id, ref["artifact"]
-        )
 
 
 class Run:
@@ -109,6 +82,9 @@ class Run:
         self._take_limits = take_limits
         self._calls = 0
         self._answered = False
+        self.limit_waits: list[dict[str, Any]] = []
+        """This step's waits for its limits: ``keys`` and ``waited`` seconds in place, or
+        ``due_at`` (Unix time) for the wait that ended the step."""
 
     @property
     def token(self) -> int:
@@ -177,6 +153,7 @@ class Run:
         shared: bool | None = None,
         limit: str | Sequence[str] | None = None,
         cost: float = 0,
+        actual_cost: Callable[[Any], float] | None = None,
         **kwargs: Any,
     ) -> R:
         """Call ``fn(*args, **kwargs)`` at most once per ``key``; a replay returns the
@@ -197,8 +174,10 @@ class Run:
 
         ``limit`` names one or more declared limits (:func:`agentq.limit`) the call takes
         one request, ``cost`` tokens and a concurrency slot from, fleet-wide, before it
-        runs; a replay takes nothing. A refusal with ``Retry-After`` pauses those keys for
-        every worker until then.
+        runs; a replay takes nothing. ``actual_cost(result)`` (e.g. ``lambda r:
+        r.usage.total_tokens``) gives the tokens the call really used once it returned, and
+        the difference from ``cost`` is charged or refunded (a replay settles nothing). A
+        refusal with ``Retry-After`` pauses those keys for every worker until then.
 
         If ``fn`` raises an error the task retries (``retry_on``, ``should_retry``) that
         carries a ``Retry-After`` (a 429 or 503 from the tool's API), the call was refused
@@ -214,7 +193,7 @@ class Run:
                 thread_id=self.thread_id,
                 step=self.step,
             )
-        options = _Options(key, idempotent, reconcile, shared, limit, cost)
+        options = _Options(key, idempotent, reconcile, shared, limit, cost, actual_cost)
         result: R = _drive(self._effect(fn, args, kwargs, options, _inline, _called_plain))
         return result
 
@@ -229,6 +208,7 @@ class Run:
         shared: bool | None = None,
         limit: str | Sequence[str] | None = None,
         cost: float = 0,
+        actual_cost: Callable[[Any], float] | None = None,
         **kwargs: Any,
     ) -> R: ...
 
@@ -243,6 +223,7 @@ class Run:
         shared: bool | None = None,
         limit: str | Sequence[str] | None = None,
         cost: float = 0,
+        actual_cost: Callable[[Any], float] | None = None,
         **kwargs: Any,
     ) -> R: ...
 
@@ -256,6 +237,7 @@ class Run:
         shared: bool | None = None,
         limit: str | Sequence[str] | None = None,
         cost: float = 0,
+        actual_cost: Callable[[Any], float] | None = None,
         **kwargs: Any,
     ) -> Any:
         """:meth:`tool` for an ``async def`` tool, awaited in the node's event loop; the
@@ -264,7 +246,7 @@ class Run:
 
         The store's round trips (claim, record) run off the loop, in the pool slot waiting
         for the node, so a slow store never stalls the other nodes sharing the loop."""
-        options = _Options(key, idempotent, reconcile, shared, limit, cost)
+        options = _Options(key, idempotent, reconcile, shared, limit, cost, actual_cost)
         return await self._effect(fn, args, kwargs, options, aio.blocking, _called_awaited)
 
     async def _effect(
@@ -278,6 +260,13 @@ class Run:
     ) -> Any:
         """One tool call from its claim to its record; ``offload`` runs the store's calls,
         ``invoke`` the tool itself."""
+        if options.actual_cost is not None and options.limit is None:
+            # Before the claim, which would otherwise be left pending.
+            raise InvalidArgument(
+                "actual_cost= settles a limit's tokens; name the limit with limit=",
+                thread_id=self.thread_id,
+                step=self.step,
+            )
         with tracing.tool_span(self.thread_id, self.step, _name(fn), self._token) as note:
             call = await offload(self._claim, fn, args, kwargs, options)
             if call.recorded is not NO_VALUE:
@@ -295,7 +284,10 @@ class Run:
                 if held is not None:
                     await offload(held.release)
             note(call.key, "called")
-            return await offload(self._record, call, result)
+            recorded = await offload(self._record, call, result)
+            if held is not None and options.actual_cost is not None:
+                await offload(held.settle, options.actual_cost, result)
+            return recorded
 
     def _limit(self, call: _Call, options: _Options) -> limits.Held:
         """Take the call's limits; a wait too long for the step drops its claim, so the
@@ -308,10 +300,17 @@ class Run:
                 step=self.step,
             )
         try:
-            return self._take_limits(options.limit, options.cost)
-        except LimitWait:
+            held = self._take_limits(options.limit, options.cost)
+        except LimitWait as wait:
+            self.limit_waits.append({"keys": list(wait.keys), "due_at": time.time() + wait.seconds})
             self._drop_claim(call, "its limit has no room")
             raise
+        except LimitError:  # the call never ran: a retried thread claims it afresh
+            self._drop_claim(call, "its limit refused the call")
+            raise
+        if held.waited:
+            self.limit_waits.append({"keys": list(held.keys), "waited": held.waited})
+        return held
 
     def _claim(
         self,
@@ -439,6 +438,7 @@ class _Options:
     shared: bool | None
     limit: str | Sequence[str] | None = None
     cost: float = 0
+    actual_cost: Callable[[Any], float] | None = None
 
 
 @dataclass

@@ -38,6 +38,7 @@ def tool_call(
     shared: bool | None = None,
     limit: str | Sequence[str] | None = None,
     cost: float = 0,
+    actual_cost: Callable[[Any], float] | None = None,
     config: RunnableConfig | None = None,
     **kwargs: Any,
 ) -> Any:
@@ -46,7 +47,7 @@ def tool_call(
     recorded result back. When an earlier worker died between the effect and its record,
     ``idempotent``/``reconcile`` settle it or the thread stops as ``needs_attention``,
     exactly as :meth:`agentq.Run.tool` (whose policies ``@agentq.tool`` declares), which
-    also takes ``limit``/``cost`` from the app's fleet-wide limits.
+    also takes ``limit``/``cost``/``actual_cost`` from the app's fleet-wide limits.
 
     Use it inside a tool or node of a graph run by a graph task; ``fn`` receives the key as
     ``idempotency_key`` if it takes that parameter. Outside a graph task there is no lease
@@ -67,5 +68,6 @@ def tool_call(
         shared=shared,
         limit=limit,
         cost=cost,
+        actual_cost=actual_cost,
         **kwargs,
     )

@@ -42,6 +42,8 @@ STORE_SCRIPTS = (
     "take_limits",
     "pause_limit",
     "listing",
+    "settle_limits",
+    "renew_limits",
 )
 """The store's scripts, ``lua/<name>.lua``."""
 

@@ -65,6 +65,7 @@ SCHEMA: Final = (
     "tok_tat REAL NOT NULL, paused REAL NOT NULL)",
     'CREATE TABLE IF NOT EXISTS limit_holders ("key" TEXT NOT NULL, holder TEXT NOT NULL, '
     'expires REAL NOT NULL, PRIMARY KEY ("key", holder))',
+    'CREATE TABLE IF NOT EXISTS limit_takes ("key" TEXT PRIMARY KEY, takes INTEGER NOT NULL)',
 )
 
 

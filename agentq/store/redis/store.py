@@ -33,6 +33,7 @@ from agentq.store.redis.effects import RedisEffects
 from agentq.store.redis.findings import server_findings
 from agentq.store.redis.graph import RedisGraph
 from agentq.store.redis.limits import RedisLimits
+from agentq.store.redis.thread_keys import RedisThreadKeys
 from agentq.store.redis.refusal import Refusal
 
 
@@ -41,7 +42,7 @@ def _millis(ttl: float) -> int:
     return int(ttl * 1000)
 
 
-class RedisStore(RedisCheckpoints, RedisEffects, RedisLimits):
+class RedisStore(RedisCheckpoints, RedisEffects, RedisLimits, RedisThreadKeys):
     """Threads in Redis. Construct from a client or with :meth:`from_url`.
 
     ``client`` must return bytes (``decode_responses=False``, the default). A

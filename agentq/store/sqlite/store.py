@@ -35,6 +35,7 @@ from agentq.store.sqlite.connection import SharedConnection, durability_findings
 from agentq.store.sqlite.effects import EffectsMixin
 from agentq.store.sqlite.graph import SQLiteGraph
 from agentq.store.sqlite.limits import LimitsMixin
+from agentq.store.sqlite.thread_keys import ThreadKeysMixin
 from agentq.store.sqlite.queries import (
     NOT_FOUND,
     checkpoint_not_found,
@@ -53,7 +54,7 @@ _URL_PREFIX: Final = "sqlite:///"
 _GC_BATCH: Final = 500
 
 
-class SQLiteStore(CheckpointsMixin, EffectsMixin, LimitsMixin, Store):
+class SQLiteStore(CheckpointsMixin, EffectsMixin, LimitsMixin, ThreadKeysMixin, Store):
     """A :class:`Store` in one SQLite file, for local use, tests and single-host deployments.
 
     One connection per store object and process, shared by its threads under a lock.
@@ -285,6 +286,7 @@ class SQLiteStore(CheckpointsMixin, EffectsMixin, LimitsMixin, Store):
             db.execute("UPDATE threads SET cancel = 1 WHERE thread_id = ?", (thread_id,))
             if status == Status.RUNNING:
                 return status  # its driver stops at the next commit, which reports the flag
+            db.execute("DELETE FROM key_waiters WHERE thread_id = ?", (thread_id,))  # parked
             update(db, thread_id, time.time(), status=Status.CANCELLED.value, due_at=None)
             return Status.CANCELLED
 

@@ -45,7 +45,7 @@ class Limit:
                 "{placeholders} for a family); rename it"
             )
         budgets = (self.requests_per_minute, self.tokens_per_minute, self.concurrency)
-        if budgets + (self.threads,) == (None,) * 4:
+        if (*budgets, self.threads) == (None,) * 4:
             raise LimitError(
                 f"limit {self.name!r} sets no budget; give requests_per_minute, "
                 "tokens_per_minute, concurrency or threads"

@@ -18,6 +18,7 @@ from agentq.engine.lease import Lease, confirm, keeper_for
 from agentq.engine.limits import limiter
 from agentq.engine.run import NO_VALUE, Run
 from agentq.engine.store_retry import RetriedCalls, give_back
+from agentq.engine.thread_keys import KeySeat, KeyWait, seated
 from agentq.engine.transition import checkpoint_after, checkpoint_lost, error_text
 from agentq.errors import (
     AgentqError,
@@ -74,6 +75,7 @@ class Driver:
         should_stop: Callable[[], bool],
         *,
         may_open: bool = True,
+        seat_of: Callable[[ThreadMeta], KeySeat | None] = lambda meta: None,
     ) -> None:
         self.task = task
         self.thread_id = thread_id
@@ -83,8 +85,11 @@ class Driver:
         self.may_open = may_open  # else a thread the store lacks was deleted since its message
         self.owner = owner_id()
         self._calls = RetriedCalls(store, thread_id, settings.lease_ttl)
+        self.seat_of = seat_of  # the thread's concurrency key, if it has one
         self.retrying: tuple[Exception, float] | None = None
         """The error and the delay of the retry this drive scheduled, if it did."""
+        self.waiting_for: KeyWait | None = None
+        """The concurrency key this drive found full, parking the thread, if it did."""
 
     def drive(self) -> Any:
         thread_id, store = self.thread_id, self.store
@@ -118,7 +123,9 @@ class Driver:
         try:
             with keeper.hold(thread_id, self.owner, token, self.settings.lease_ttl) as lease:
                 self._calls.lease = lease
-                return self._resume(token, crashed, lease)
+                with seated(self._calls, self.owner, token, self.seat_of(meta)) as waiting:
+                    self.waiting_for = waiting
+                    return None if waiting else self._resume(token, crashed, lease)
         except FencingError as exc:
             metrics.lease_lost()
             logger.warning("thread %s: stopped, another worker drives it now (%s)", thread_id, exc)

@@ -33,8 +33,8 @@ from agentq.store.redis.effects import RedisEffects
 from agentq.store.redis.findings import server_findings
 from agentq.store.redis.graph import RedisGraph
 from agentq.store.redis.limits import RedisLimits
-from agentq.store.redis.thread_keys import RedisThreadKeys
 from agentq.store.redis.refusal import Refusal
+from agentq.store.redis.thread_keys import RedisThreadKeys
 
 
 def _millis(ttl: float) -> int:

@@ -2,7 +2,8 @@
 
 The scripts read and write the keys of several threads (the holders' locks, the waiters'
 metas) beside the key's own, which Redis Cluster cannot do in one script: on Cluster the
-operations refuse with :class:`~agentq.errors.StoreConfigError`.
+operations refuse with :class:`~agentq.errors.StoreConfigError` (and the sweep and the
+listing find no key there).
 """
 
 from __future__ import annotations
@@ -42,10 +43,13 @@ class RedisThreadKeys(RedisBase):
 
     def _parts(self, key: str) -> list[str]:
         parts = ("holders", "queue", "state")
-        return [*(self.keys.thread_key(key, part) for part in parts), self.keys.thread_keys_active()]
+        return [
+            *(self.keys.thread_key(key, part) for part in parts),
+            self.keys.thread_keys_active(),
+        ]
 
     def _do_enter_key(self, thread_id: str, owner: str, token: int, key: str, cap: int) -> int:
-        keys = self._parts(key) + [self.keys.meta(thread_id), self.keys.lock(thread_id)]
+        keys = [*self._parts(key), self.keys.meta(thread_id), self.keys.lock(thread_id)]
         queue = self.keys.thread_key(key, "queue")
         code, value, _ = self._key_run(
             "enter_key", keys, [thread_id, token, owner, cap, key, "parked", queue]
@@ -60,12 +64,16 @@ class RedisThreadKeys(RedisBase):
         return [text(each) for each in woken]
 
     def wake_keys(self) -> list[str]:
+        if self.cluster:  # no key can be entered there
+            return []
         woken = self._key_run(
             "wake_keys", [self.keys.thread_keys_active()], [self.keys.thread_key_prefix()]
         )
         return [text(each) for each in woken]
 
     def key_states(self) -> list[KeyState]:
+        if self.cluster:
+            return []
         thread_prefix = f"{self.keys.prefix}thread:"
         rows = self._key_scripts["key_states"](
             keys=[self.keys.thread_keys_active()],

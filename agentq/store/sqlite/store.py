@@ -35,7 +35,6 @@ from agentq.store.sqlite.connection import SharedConnection, durability_findings
 from agentq.store.sqlite.effects import EffectsMixin
 from agentq.store.sqlite.graph import SQLiteGraph
 from agentq.store.sqlite.limits import LimitsMixin
-from agentq.store.sqlite.thread_keys import ThreadKeysMixin
 from agentq.store.sqlite.queries import (
     NOT_FOUND,
     checkpoint_not_found,
@@ -49,6 +48,7 @@ from agentq.store.sqlite.queries import (
     update,
 )
 from agentq.store.sqlite.schema import META_COLUMNS
+from agentq.store.sqlite.thread_keys import ThreadKeysMixin
 
 _URL_PREFIX: Final = "sqlite:///"
 _GC_BATCH: Final = 500

@@ -43,7 +43,7 @@ def _wake(db: sqlite3.Connection, key: str, now: float, grace: float) -> list[st
     cap, live, woken = (row[0] if row else 1), _reclaim(db, key, now), []
     while live < cap:
         first = db.execute(
-            'SELECT w.thread_id, t.status FROM key_waiters w LEFT JOIN threads t '
+            "SELECT w.thread_id, t.status FROM key_waiters w LEFT JOIN threads t "
             'ON t.thread_id = w.thread_id WHERE w."key" = ? ORDER BY w.seq LIMIT 1',
             (key,),
         ).fetchone()
@@ -64,9 +64,7 @@ def _wake(db: sqlite3.Connection, key: str, now: float, grace: float) -> list[st
         live += 1
         woken.append(thread_id)
     (held,) = db.execute('SELECT COUNT(*) FROM key_slots WHERE "key" = ?', (key,)).fetchone()
-    (waiting,) = db.execute(
-        'SELECT COUNT(*) FROM key_waiters WHERE "key" = ?', (key,)
-    ).fetchone()
+    (waiting,) = db.execute('SELECT COUNT(*) FROM key_waiters WHERE "key" = ?', (key,)).fetchone()
     if not held and not waiting:
         db.execute('DELETE FROM key_caps WHERE "key" = ?', (key,))
     return woken
@@ -134,8 +132,7 @@ class ThreadKeysMixin:
                     KeyWaiter(thread_id, position, since)
                     for position, (thread_id, since) in enumerate(
                         db.execute(
-                            'SELECT thread_id, since FROM key_waiters WHERE "key" = ? '
-                            "ORDER BY seq",
+                            'SELECT thread_id, since FROM key_waiters WHERE "key" = ? ORDER BY seq',
                             (key,),
                         ),
                         start=1,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from agentq import Status
-from agentq.errors import LimitError, StaleToken
+from agentq.errors import LimitError, StaleToken, StoreConfigError
 from agentq.store.contract import Store
 from tests.support.redis_server import wait_until
 
@@ -126,3 +126,12 @@ def test_a_cap_below_one_is_refused(keys_store: Store, cap: object) -> None:
     token = _leased(keys_store, "a")
     with pytest.raises(LimitError, match="at least 1"):
         keys_store.enter_key("a", "owner-a", token, "tenant:1", cap)  # type: ignore[arg-type]
+
+
+def test_redis_cluster_refuses_concurrency_keys_and_finds_none(store: Store) -> None:
+    if not getattr(store, "cluster", False):
+        pytest.skip("a Redis Cluster refusal")
+    token = _leased(store, "a")
+    with pytest.raises(StoreConfigError, match="single Redis server"):
+        store.enter_key("a", "owner-a", token, "tenant:1", 1)
+    assert store.wake_keys() == [] and store.key_states() == []

@@ -118,6 +118,9 @@ class ThreadKeysMixin:
             return _wake(db, key, time.time(), start_grace)
 
     def wake_keys(self) -> list[str]:
+        with self._conn.locked() as db:  # every sweep asks: no write lock when idle
+            if db.execute("SELECT 1 FROM key_caps LIMIT 1").fetchone() is None:
+                return []
         with self._conn.write() as db:
             now = time.time()
             keys = [row[0] for row in db.execute('SELECT "key" FROM key_caps ORDER BY "key"')]

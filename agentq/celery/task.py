@@ -212,7 +212,8 @@ class AgentTask(Task):  # type: ignore[misc]
         return key
 
     def _seat_of(self, meta: ThreadMeta) -> KeySeat | None:
-        """The concurrency key the thread was sent with, and its cap as declared now."""
+        """The concurrency key the thread was sent with, and its cap as declared now
+        (none if its declaration is gone)."""
         key = (meta.options.get("headers") or {}).get(KEY_HEADER)
         if key is None:  # sent by name, without apply_async's header
             key = self.concurrency_key_of(meta.thread_id, meta.input or {})
@@ -222,7 +223,11 @@ class AgentTask(Task):  # type: ignore[misc]
         try:
             cap = Limits(settings.limits).thread_cap(key)
         except LimitError as exc:
-            raise LimitError(f"thread {meta.thread_id} step {meta.step + 1}: {exc}") from None
+            # Sent while the key was declared (apply_async checked it): the cap was
+            # dropped since. Failing here would leave the thread running until its lease
+            # ran out, again at every re-send; the declarations say it has no cap now.
+            logger.error("thread %s: %s; it runs without a cap", meta.thread_id, exc)
+            return None
         return KeySeat(key, cap, settings.start_grace, self._wake)
 
     def _wake(self, thread_ids: Sequence[str]) -> None:

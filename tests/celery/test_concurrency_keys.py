@@ -15,6 +15,7 @@ from celery import Celery
 
 import agentq
 from agentq import Status
+from agentq.celery.task import KEY_HEADER
 from agentq.errors import LimitError
 from agentq.store.redis import RedisStore
 from tests.support.keyed_app import make_keyed_app
@@ -188,3 +189,18 @@ def test_a_concurrency_key_nothing_caps_is_refused_when_sent(
 def test_a_thread_cap_below_one_is_refused_when_declared(threads: Any) -> None:
     with pytest.raises(LimitError, match="threads must be a whole number of at least 1"):
         agentq.limit("tenant:{tenant_id}", threads=threads)
+
+
+def test_a_thread_whose_key_lost_its_declaration_since_it_was_sent_runs_uncapped(
+    setup: Setup, caplog: pytest.LogCaptureFixture
+) -> None:
+    meta, _ = setup.store.open_thread(
+        "orphan", task=setup.agent.name, options={"headers": {KEY_HEADER: "dropped:1"}}
+    )
+    assert setup.agent._seat_of(meta) is None
+    assert "no limit is declared for 'dropped:1'" in caplog.text
+    meta, _ = setup.store.open_thread(
+        "kept", task=setup.agent.name, options={"headers": {KEY_HEADER: "tenant:9"}}
+    )
+    seat = setup.agent._seat_of(meta)
+    assert (seat.key, seat.cap) == ("tenant:9", 2)

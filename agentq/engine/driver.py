@@ -60,7 +60,7 @@ _CONTINUE: Final = object()
 
 class Driver:
     """Runs a thread's nodes until it finishes, pauses, fails, retries, is cancelled,
-    is handed over (``should_stop``) or loses its lease.
+    is handed over (``should_stop``), loses its lease, or finds its concurrency key full.
 
     Every state change goes through the store under the lease's fencing token, so the
     driver holds nothing that a crash could lose beyond the node in flight.

@@ -27,6 +27,8 @@ The benchmarks (each also runs alone as ``python -m bench.<name> [--quick]``):
   ``ZREVRANGE`` page of the status index (:mod:`bench.ui`);
 - ``limits``: a fake provider's 429s, calls a minute and two tenants' shares under an
   agentq limit, against Celery's per-worker ``rate_limit`` for the same budget;
+- ``thread_keys``: a concurrency key's enter and leave on a run's lease cycle, and parking
+  behind 1000 waiters, against the bare cycle (:mod:`bench.thread_keys`);
 - ``recovery``, ``langgraph``: run when their modules are present (:data:`EXTERNAL`).
 
 Needs ``redis-server`` on PATH (private servers are started and stopped) and, for
@@ -179,6 +181,7 @@ BENCHMARKS: dict[str, Runner] = {
     "concurrency": _module_runner("concurrency"),
     "ui": _module_runner("ui"),
     "limits": _module_runner("limits"),
+    "thread_keys": _module_runner("thread_keys"),
 }
 
 

@@ -27,7 +27,8 @@ class Status(StrEnum):
     @property
     def is_live(self) -> bool:
         """True while something should run the thread: it is queued, running or retrying,
-        and has a due time in the recovery index."""
+        and has a due time in the recovery index (but for a thread parked on a full
+        concurrency key, which waits in the key's queue instead)."""
         return self in LIVE
 
     @property

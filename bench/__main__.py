@@ -28,6 +28,8 @@ The benchmarks (each also runs alone as ``python -m bench.<name> [--quick]``):
 - ``limits``: a fake provider's 429s, calls a minute, busy pool slots and two tenants'
   shares under an agentq limit, against Celery's per-worker ``rate_limit`` for the same
   budget (4 workers x 50 threads x 10 calls at 600/min: about 13 minutes at full size);
+- ``thread_keys``: a concurrency key's enter and leave on a run's lease cycle, and parking
+  behind 1000 waiters, against the bare cycle (:mod:`bench.thread_keys`);
 - ``recovery``, ``langgraph``: run when their modules are present (:data:`EXTERNAL`).
 
 Needs ``redis-server`` on PATH (private servers are started and stopped) and, for
@@ -191,6 +193,7 @@ BENCHMARKS: dict[str, Runner] = {
     "concurrency": _module_runner("concurrency"),
     "ui": _module_runner("ui"),
     "limits": _module_runner("limits"),
+    "thread_keys": _module_runner("thread_keys"),
 }
 
 

@@ -44,6 +44,11 @@ class Sweeper:
         runtime = runtime_of(self.app)
         store, settings = runtime.store, runtime.settings
         sent = []
+        # Slots a killed worker held die with its lease: their waiters become due now,
+        # and claim_due below sends them.
+        woken = store.wake_keys()
+        if woken:
+            logger.info("concurrency keys freed by expired leases wake %s", woken)
         for thread_id in store.claim_due(hold=settings.start_grace, limit=500):
             meta = store.meta(thread_id)
             if meta is None or not meta.runs_by_itself:

@@ -18,6 +18,7 @@ from agentq.engine.lease import Lease, confirm, keeper_for
 from agentq.engine.limits import limiter
 from agentq.engine.run import NO_VALUE, Run, TimedOut
 from agentq.engine.store_retry import RetriedCalls, give_back
+from agentq.engine.thread_keys import KeySeat, KeyWait, seated
 from agentq.engine.transition import checkpoint_after, checkpoint_lost, error_text, meta_after
 from agentq.errors import (
     AgentqError,
@@ -60,7 +61,7 @@ _CONTINUE: Final = object()
 
 class Driver:
     """Runs a thread's nodes until it finishes, pauses, fails, retries, is cancelled,
-    is handed over (``should_stop``) or loses its lease.
+    is handed over (``should_stop``), loses its lease, or finds its concurrency key full.
 
     Every state change goes through the store under the lease's fencing token, so the
     driver holds nothing that a crash could lose beyond the node in flight.
@@ -75,6 +76,7 @@ class Driver:
         should_stop: Callable[[], bool],
         *,
         may_open: bool = True,
+        seat_of: Callable[[ThreadMeta], KeySeat | None] = lambda meta: None,
     ) -> None:
         self.task = task
         self.thread_id = thread_id
@@ -84,10 +86,13 @@ class Driver:
         self.may_open = may_open  # else a thread the store lacks was deleted since its message
         self.owner = owner_id()
         self._calls = RetriedCalls(store, thread_id, settings.lease_ttl)
+        self.seat_of = seat_of  # the thread's concurrency key, if it has one
         self.retrying: tuple[Exception, float] | None = None
         """The error and the delay of the retry this drive scheduled, if it did."""
         self.ended: ThreadMeta | None = None
         """The meta the commit that ended this drive's run (done or waiting) wrote."""
+        self.waiting_for: KeyWait | None = None
+        """The concurrency key this drive found full, parking the thread, if it did."""
 
     def drive(self) -> Any:
         thread_id, store = self.thread_id, self.store
@@ -119,7 +124,9 @@ class Driver:
         try:
             with keeper.hold(thread_id, self.owner, token, self.settings.lease_ttl) as lease:
                 self._calls.lease = lease
-                return self._resume(token, crashed, lease)
+                with seated(self._calls, self.owner, token, self.seat_of(meta)) as waiting:
+                    self.waiting_for = waiting
+                    return None if waiting else self._resume(token, crashed, lease)
         except FencingError as exc:
             metrics.lease_lost()
             logger.warning("thread %s: stopped, another worker drives it now (%s)", thread_id, exc)

@@ -35,6 +35,7 @@ from agentq.store.redis.graph import RedisGraph
 from agentq.store.redis.limits import RedisLimits
 from agentq.store.redis.listing import RedisListing
 from agentq.store.redis.refusal import Refusal
+from agentq.store.redis.thread_keys import RedisThreadKeys
 
 
 def _millis(ttl: float) -> int:
@@ -42,7 +43,7 @@ def _millis(ttl: float) -> int:
     return int(ttl * 1000)
 
 
-class RedisStore(RedisCheckpoints, RedisEffects, RedisLimits, RedisListing):
+class RedisStore(RedisCheckpoints, RedisEffects, RedisLimits, RedisListing, RedisThreadKeys):
     """Threads in Redis. Construct from a client or with :meth:`from_url`.
 
     ``client`` must return bytes (``decode_responses=False``, the default). A

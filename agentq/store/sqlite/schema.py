@@ -66,6 +66,13 @@ SCHEMA: Final = (
     'CREATE TABLE IF NOT EXISTS limit_holders ("key" TEXT NOT NULL, holder TEXT NOT NULL, '
     'expires REAL NOT NULL, PRIMARY KEY ("key", holder))',
     'CREATE TABLE IF NOT EXISTS limit_takes ("key" TEXT PRIMARY KEY, takes INTEGER NOT NULL)',
+    # Concurrency keys: each key's cap, its slots (a lease token, or NULL when reserved
+    # for a woken thread) and its parked threads in arrival order.
+    'CREATE TABLE IF NOT EXISTS key_caps ("key" TEXT PRIMARY KEY, cap INTEGER NOT NULL)',
+    'CREATE TABLE IF NOT EXISTS key_slots ("key" TEXT NOT NULL, thread_id TEXT NOT NULL, '
+    'token INTEGER, PRIMARY KEY ("key", thread_id))',
+    "CREATE TABLE IF NOT EXISTS key_waiters (seq INTEGER PRIMARY KEY AUTOINCREMENT, "
+    '"key" TEXT NOT NULL, thread_id TEXT NOT NULL UNIQUE, since REAL NOT NULL)',
 )
 
 

@@ -43,12 +43,15 @@ from agentq.store.sqlite.queries import (
     update,
 )
 from agentq.store.sqlite.schema import META_COLUMNS
+from agentq.store.sqlite.thread_keys import ThreadKeysMixin
 
 _URL_PREFIX: Final = "sqlite:///"
 _GC_BATCH: Final = 500
 
 
-class SQLiteStore(CheckpointsMixin, EffectsMixin, LeasesMixin, LimitsMixin, ListingMixin, Store):
+class SQLiteStore(
+    CheckpointsMixin, EffectsMixin, LeasesMixin, LimitsMixin, ListingMixin, ThreadKeysMixin, Store
+):
     """A :class:`Store` in one SQLite file, for local use, tests and single-host deployments.
 
     One connection per store object and process, shared by its threads under a lock.
@@ -282,6 +285,7 @@ class SQLiteStore(CheckpointsMixin, EffectsMixin, LeasesMixin, LimitsMixin, List
             db.execute("UPDATE threads SET cancel = 1 WHERE thread_id = ?", (thread_id,))
             if status == Status.RUNNING:
                 return status  # its driver stops at the next commit, which reports the flag
+            db.execute("DELETE FROM key_waiters WHERE thread_id = ?", (thread_id,))  # parked
             update(
                 db,
                 thread_id,

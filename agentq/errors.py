@@ -10,7 +10,7 @@ serializer, which keeps no attributes (those then read ``None``).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from agentq.records import Finding
@@ -168,8 +168,9 @@ class LeaseHeld(FencingError):
 
 
 class RetryNotDue(AgentqError):
-    """Raised when acquiring a ``retrying`` thread before its retry time: a message sent
-    early (a repeated ``delay``, a redelivery) must not cut a provider's Retry-After short."""
+    """Raised when acquiring a ``retrying`` thread before its retry time, or a ``waiting``
+    one before its timeout: a message sent early (a repeated ``delay``, a redelivery) must
+    not cut a provider's Retry-After or a person's time to answer short."""
 
     def __init__(self, message: str, *, thread_id: str, seconds: float):
         self.seconds = seconds
@@ -267,6 +268,26 @@ class ThreadStopped(AgentqError):
 
 class WaitTimeout(AgentqError, TimeoutError):
     """Raised by ``wait()`` when the thread has not finished within the timeout."""
+
+
+class InterruptTimedOut(AgentqError, TimeoutError):
+    """Raised by ``run.interrupt()`` (or ``run.resume_value`` after an ``Interrupt``) when
+    nobody answered within the wait's ``timeout``; ``payload`` is the question that went
+    unanswered and ``timeout`` the seconds it waited. Catch it to take another path;
+    uncaught, it fails the thread as any node error does."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        payload: Any = None,
+        timeout: float | None = None,
+        thread_id: str | None = None,
+        step: int | None = None,
+    ):
+        self.payload = payload
+        self.timeout = timeout
+        super().__init__(message, thread_id=thread_id, step=step)
 
 
 class LimitError(ConfigError, ValueError):

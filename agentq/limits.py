@@ -21,7 +21,9 @@ _FAMILY: Final = re.compile(r"\{[A-Za-z_][A-Za-z0-9_]*\}")
 @dataclass(frozen=True)
 class Limit:
     """One key's budget: ``requests_per_minute`` (each call costs one), ``tokens_per_minute``
-    (each call costs its ``cost=``), ``concurrency`` (calls in flight at once). A name with
+    (each call costs its ``cost=``), ``concurrency`` (calls in flight at once), ``threads``
+    (threads sent with this concurrency key running at once, see
+    ``AgentTask.concurrency_key``). A name with
     a ``{placeholder}`` (``"tenant:{tenant_id}"``) is a family: every key it matches gets
     its own budget of this size, unless a key is declared by its own name.
 
@@ -33,6 +35,7 @@ class Limit:
     tokens_per_minute: float | None = None
     concurrency: int | None = None
     burst: float | None = None
+    threads: int | None = None
 
     def __post_init__(self) -> None:
         bare = _FAMILY.sub("x", self.name)
@@ -41,10 +44,19 @@ class Limit:
                 f"limit name {self.name!r} must be 1-200 letters, digits or _.:- (with "
                 "{placeholders} for a family); rename it"
             )
-        if (self.requests_per_minute, self.tokens_per_minute, self.concurrency) == (None,) * 3:
+        budgets = (self.requests_per_minute, self.tokens_per_minute, self.concurrency)
+        if (*budgets, self.threads) == (None,) * 4:
             raise LimitError(
                 f"limit {self.name!r} sets no budget; give requests_per_minute, "
-                "tokens_per_minute or concurrency"
+                "tokens_per_minute, concurrency or threads"
+            )
+        # A fraction of a thread would round to a cap nobody declared.
+        if self.threads is not None and (
+            isinstance(self.threads, bool) or not isinstance(self.threads, int) or self.threads < 1
+        ):
+            raise LimitError(
+                f"limit {self.name!r}: threads must be a whole number of at least 1, got "
+                f"{self.threads!r}"
             )
         for field in ("requests_per_minute", "tokens_per_minute", "concurrency", "burst"):
             value = getattr(self, field)
@@ -77,9 +89,10 @@ def limit(
     tokens_per_minute: float | None = None,
     concurrency: int | None = None,
     burst: float | None = None,
+    threads: int | None = None,
 ) -> Limit:
     """Declare a budget; pass it to ``init_app(app, limits=[...])``. See :class:`Limit`."""
-    return Limit(name, requests_per_minute, tokens_per_minute, concurrency, burst)
+    return Limit(name, requests_per_minute, tokens_per_minute, concurrency, burst, threads)
 
 
 class Limits:
@@ -113,3 +126,20 @@ class Limits:
                 "init_app(app, limits=[...]) or fix the name"
             )
         return found
+
+    def thread_cap(self, key: str) -> int:
+        """How many threads of concurrency key ``key`` may run at once: the ``threads`` of
+        its declaration. Refuses a key nothing declares, or whose declaration has no
+        ``threads``, as :class:`~agentq.errors.LimitError`."""
+        if not isinstance(key, str) or not _NAME.fullmatch(key):
+            raise LimitError(
+                f"concurrency key {key!r} must be 1-200 letters, digits or _.:- (a key of a "
+                "declared limit, e.g. 'tenant:42' for agentq.limit('tenant:{tenant_id}', ...))"
+            )
+        found = self.of(key)
+        if found.threads is None:
+            raise LimitError(
+                f"limit {found.name!r} caps no threads, so it cannot be the concurrency key "
+                f"{key!r}; add threads=N to agentq.limit({found.name!r}, ...)"
+            )
+        return found.threads

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, NamedTuple
 
 
 class Status(StrEnum):
@@ -27,7 +27,8 @@ class Status(StrEnum):
     @property
     def is_live(self) -> bool:
         """True while something should run the thread: it is queued, running or retrying,
-        and has a due time in the recovery index."""
+        and has a due time in the recovery index (but for a thread parked on a full
+        concurrency key, which waits in the key's queue instead)."""
         return self in LIVE
 
     @property
@@ -98,6 +99,24 @@ class ThreadMeta:
     origin: str | None = None
     """The id of the Celery task that first sent the thread, whose result the caller of
     ``delay()`` holds: the task that ends the thread stores the outcome under it too."""
+    timeout: float | None = None
+    """The seconds a wait for a human may last (``interrupt(..., timeout=)``), kept from
+    the pause until a step after it commits."""
+    timeout_at: float | None = None
+    """When a ``waiting`` thread with a timeout stops waiting (a Unix time on the store's
+    clock); it is also the thread's due time. ``None`` for any other thread."""
+    timed_out: bool = False
+    """Whether the thread's wait ended by its timeout, until a step after it commits: the
+    node that runs then sees :class:`~agentq.errors.InterruptTimedOut`, and ``interrupt``
+    holds the question nobody answered."""
+
+    @property
+    def runs_by_itself(self) -> bool:
+        """True while the thread will run again with nobody acting: it is live, or waits
+        for a human with a timeout (it runs on when the timeout passes)."""
+        return self.status.is_live or (
+            self.status == Status.WAITING and self.timeout_at is not None
+        )
 
     @property
     def resumable_from(self) -> frozenset[Status]:
@@ -177,7 +196,8 @@ class Schedule:
 
     ``owner`` and ``token`` are the live lease's (``None`` when nobody holds it), with
     ``lease_left`` seconds to go; ``due_at`` is the Unix time at which recovery sends the
-    thread (``None`` when it is not in the due index: waiting, finished, cancelled).
+    thread (``None`` when it is not in the due index: finished, cancelled, waiting
+    without a timeout).
     """
 
     thread_id: str
@@ -185,3 +205,32 @@ class Schedule:
     token: int | None = None
     lease_left: float | None = None
     due_at: float | None = None
+
+
+class ListedThread(NamedTuple):
+    """A thread as a list of threads shows it: the short fields of its meta, what its note
+    needs (the question of a ``waiting`` thread, the result of a ``done`` one, ``None``
+    otherwise) and the owner of its live lease (``running`` threads only). A tuple: a page
+    builds 50 of them, at a quarter of a frozen dataclass's cost each."""
+
+    thread_id: str
+    status: Status
+    step: int
+    node: str | None
+    task: str
+    attempts: int
+    crashes: int
+    updated_at: float
+    error: str | None
+    cancel_requested: bool
+    interrupt: Any = None
+    result: Any = None
+    owner: str | None = None
+
+
+@dataclass(frozen=True)
+class Listing:
+    """How many threads are in each status (zeros included) and one page of them."""
+
+    counts: dict[Status, int]
+    rows: list[ListedThread]

@@ -41,7 +41,8 @@ class Settings:
 
     ``limits`` are the fleet-wide budgets tool calls take from (see :func:`agentq.limit`);
     a call that would wait up to ``limit_wait`` for one waits in place, a longer wait ends
-    the step as ``retrying`` until the budget allows it.
+    the step as ``retrying`` until the budget allows it. A limit's ``threads`` caps the
+    threads of a concurrency key (``AgentTask.concurrency_key``) running at once.
 
     ``allow_unsafe_store`` lets workers and the command line use a store whose ``check()``
     finds it would lose checkpoints (an evicting policy, no persistence): for development

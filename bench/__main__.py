@@ -2,7 +2,7 @@
 
 Run from the repository root::
 
-    python -m bench            # full size, a few minutes
+    python -m bench            # full size, a few minutes (limits alone about 13)
     python -m bench --quick    # everything small, to prove it works (CI)
     python -m bench --only steps,codec
 
@@ -25,8 +25,11 @@ The benchmarks (each also runs alone as ``python -m bench.<name> [--quick]``):
   waits, with failed threads, lease takeovers, pool errors, peak connections and RSS;
 - ``ui``: the inspector's threads page over 100 000 threads, server time and ÷ one
   ``ZREVRANGE`` page of the status index (:mod:`bench.ui`);
-- ``limits``: a fake provider's 429s, calls a minute and two tenants' shares under an
-  agentq limit, against Celery's per-worker ``rate_limit`` for the same budget;
+- ``limits``: a fake provider's 429s, calls a minute, busy pool slots and two tenants'
+  shares under an agentq limit, against Celery's per-worker ``rate_limit`` for the same
+  budget (4 workers x 50 threads x 10 calls at 600/min: about 13 minutes at full size);
+- ``thread_keys``: a concurrency key's enter and leave on a run's lease cycle, and parking
+  behind 1000 waiters, against the bare cycle (:mod:`bench.thread_keys`);
 - ``recovery``, ``langgraph``: run when their modules are present (:data:`EXTERNAL`).
 
 Needs ``redis-server`` on PATH (private servers are started and stopped) and, for
@@ -71,15 +74,26 @@ def store_results(quick: bool) -> list[Result]:
     samples = 300 if quick else bench_store.DEFAULT_SAMPLES
     warmup = max(20, samples // 10)
     rows: list[Any] = []
+    parts: list[Result] = []
     with PrivateRedis() as server:
         client = server.client()
         try:
             store = RedisStore(client)
             for label, nbytes in bench_store.SIZES:
-                write, read, _ = bench_store.bench_size(
+                found, _, spent = bench_store.bench_size(
                     store, client, label, nbytes, samples, warmup, bench_store.BLOCK
                 )
-                rows += [write, read]
+                rows += found
+                parts += [
+                    Result(
+                        "figure",
+                        f"commit_{label}_{part}_us",
+                        micros,
+                        f"  commit {label}B beyond a SET: {what}, µs",
+                    )
+                    for part, what in (("encode", "encoding"), ("script", "server script"))
+                    for micros in (spent[part],)
+                ]
         finally:
             client.close()
     rows.sort(key=lambda row: row.ratio_name.startswith("resume"))
@@ -91,10 +105,10 @@ def store_results(quick: bool) -> list[Result]:
             f"{row.subject.name} ÷ {row.base.name}, {row.label}B ({samples} samples)",
             f"{row.subject.median:.0f} µs (p99 {row.subject.p99:.0f})",
             f"{row.base.median:.0f} µs (p99 {row.base.p99:.0f})",
-            Target(row.target),
+            None if row.target is None else Target(row.target),
         )
         for row in rows
-    ]
+    ] + parts
 
 
 def _module_runner(name: str) -> Runner:
@@ -179,6 +193,7 @@ BENCHMARKS: dict[str, Runner] = {
     "concurrency": _module_runner("concurrency"),
     "ui": _module_runner("ui"),
     "limits": _module_runner("limits"),
+    "thread_keys": _module_runner("thread_keys"),
 }
 
 

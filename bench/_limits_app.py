@@ -14,7 +14,7 @@ import os
 from typing import Any, Final
 
 import redis
-from celery import Celery
+from celery import Celery, signals
 
 import agentq
 from agentq import AgentTask, Done, Run
@@ -107,7 +107,22 @@ def make_app(env: dict[str, str]) -> Celery:
             raise self.retry(countdown=exc.retry_after, max_retries=None) from exc
 
     app.register_task(LimitedCalls())
+    _count_active(provider.client, f"{env['BENCH_PREFIX']}active")
     return app
+
+
+def _count_active(client: redis.Redis, key: str) -> None:
+    """Keep ``key`` at the number of the fleet's pool slots running a task: the benchmark
+    samples it to see how many slots wait on a budget rather than call."""
+
+    def started(**_: Any) -> None:
+        client.incr(key)
+
+    def ended(**_: Any) -> None:
+        client.decr(key)
+
+    signals.task_prerun.connect(started, weak=False)
+    signals.task_postrun.connect(ended, weak=False)
 
 
 if "BENCH_RPM" in os.environ:

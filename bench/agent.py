@@ -22,6 +22,10 @@ ratio is taken within a round (its workloads run back to back, so a busy moment 
 machine weighs on both sides), and the median over rounds is reported; the rates shown
 are medians (min-max). Target: agent ÷ raw SET loop ≥ 0.8.
 
+The same two at scale: 1000 threads of 20 steps (agent ÷ raw SET loop, median of the rounds'
+ratios; target ≥ 0.95), where the per-thread costs (opening it on ``delay()``, its lease,
+reading it back) weigh on 20 steps only.
+
 Then the per-step overhead at a ~10 KB state, timed inside the worker between consecutive
 step starts: an ``OverheadAgent`` thread whose node does nothing (no append-only field, so
 each step commits the whole state: the commit with its fsync, lease, loop: everything but
@@ -65,6 +69,8 @@ class Size:
 
 
 SIZES = {False: Size(40, 50, 7, 10, 200), True: Size(10, 20, 1, 2, 100)}
+SCALE = {False: Size(1000, 20, 3, 0, 0), True: Size(100, 20, 1, 0, 0)}
+TARGET_SCALE = Target(0.95, at_most=False)
 
 
 def _agent(env: Cluster, size: Size, tag: str) -> int:
@@ -95,19 +101,22 @@ def _bare(env: Cluster, size: Size, tag: str) -> int:
 WORKLOADS = {"agent": _agent, "raw": _raw, "bare": _bare}
 
 
-def throughput(env: Cluster, size: Size) -> dict[str, list[float]]:
+def throughput(
+    env: Cluster, size: Size, names: tuple[str, ...] = tuple(WORKLOADS), tag: str = "r"
+) -> dict[str, list[float]]:
     """Units per second of each workload, one value per round."""
-    rates: dict[str, list[float]] = {name: [] for name in WORKLOADS}
+    workloads = {name: WORKLOADS[name] for name in names}
+    rates: dict[str, list[float]] = {name: [] for name in workloads}
     warm = Size(8, 8, 1, 0, 0)
-    for name, workload in WORKLOADS.items():  # imports, connections, scripts, both children
-        workload(env, warm, f"warm-{name}")
+    for name, workload in workloads.items():  # imports, connections, scripts, both children
+        workload(env, warm, f"warm-{tag}-{name}")
     for turn in range(size.rounds):
-        order = list(WORKLOADS.items())
+        order = list(workloads.items())
         if turn % 2:
             order.reverse()
         for name, workload in order:
             started = time.perf_counter()
-            units = workload(env, size, f"r{turn}-{name}")
+            units = workload(env, size, f"{tag}{turn}-{name}")
             rates[name].append(units / (time.perf_counter() - started))
     return rates
 
@@ -162,15 +171,19 @@ def run(quick: bool) -> list[Result]:
             skipped(
                 "ratio", "agent_steps_over_celery_tasks", "agent steps/s ÷ bare Celery", problem
             ),
+            skipped("ratio", "agent_steps_over_raw_at_scale", "same at scale", problem),
             skipped("figure", "agent_step_overhead_ms_10k", "AgentTask step, 10 KB", problem),
         ]
     size = SIZES[quick]
     with cluster(concurrency=2) as env:
         rates = throughput(env, size)
+        scale = SCALE[quick]
+        at_scale = throughput(env, scale, ("agent", "raw"), "s")
         agent_blocks, raw_blocks = step_overhead(env, size)
     # Each round's workloads ran back to back: compare within a round, then take the median,
     # so a busy moment on the machine weighs on both sides of a ratio.
     over_raw = median([a / r for a, r in zip(rates["agent"], rates["raw"], strict=True)])
+    scaled = median([a / r for a, r in zip(at_scale["agent"], at_scale["raw"], strict=True)])
     over_bare = median([a / b for a, b in zip(rates["agent"], rates["bare"], strict=True)])
     agent_steps = [t for block in agent_blocks for t in block]
     raw_steps = [t for block in raw_blocks for t in block]
@@ -194,6 +207,15 @@ def run(quick: bool) -> list[Result]:
             "agent steps/s ÷ bare Celery tasks/s",
             _spread(rates["agent"]),
             _spread(rates["bare"]),
+        ),
+        Result(
+            "ratio",
+            "agent_steps_over_raw_at_scale",
+            scaled,
+            f"same, {scale.rounds}x {scale.threads} threads x {scale.steps} steps",
+            _spread(at_scale["agent"]),
+            _spread(at_scale["raw"]),
+            TARGET_SCALE,
         ),
         Result(
             "figure",

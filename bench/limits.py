@@ -5,7 +5,8 @@ the rest with a 429 and ``Retry-After``. Workers (``-P threads``) run threads of
 calls each: once as agents taking from an agentq limit of that budget, once as plain
 Celery tasks, one per call, under ``rate_limit`` = budget ÷ workers, the same budget split
 as Celery must. Rows: 429s after the first second, calls a minute ÷ the provider's limit,
-and two tenants capped 3:1 sharing it.
+pool slots busy while calls go through (waiting, nearly all of them), and two tenants
+capped 3:1 sharing it.
 
     python -m bench.limits [--quick]
 """
@@ -14,7 +15,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import statistics
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -84,12 +87,38 @@ def fleet(size: Size, store: str, ledger: PrivateRedis, logs: Path) -> Iterator[
         app.close()
 
 
-def measure(fleet: Fleet, total: int, timeout: float) -> tuple[int, float]:
-    """429s after the first second of calls, and calls a minute, once ``total`` went through."""
-    wait_for(lambda: fleet.count("ok") >= total, timeout, f"{total} calls", 0.05)
+@dataclass(frozen=True)
+class Measured:
+    late_429s: int
+    per_minute: float
+    busy_slots: float
+    """Pool slots running a task, on average while calls went through: a call takes a few
+    milliseconds, so nearly all of them wait on the budget."""
+
+
+def measure(fleet: Fleet, total: int, timeout: float) -> Measured:
+    """429s after the first second of calls, calls a minute and busy pool slots, once
+    ``total`` calls went through."""
+    samples: list[int] = []
+    done = threading.Event()
+
+    def sample() -> None:
+        # The client is safe to share between threads: each command takes a pooled connection.
+        while not done.wait(0.1):
+            if fleet.count("ok"):
+                samples.append(int(fleet.ledger.get(f"{fleet.ns}:active") or 0))
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        wait_for(lambda: fleet.count("ok") >= total, timeout, f"{total} calls", 0.05)
+    finally:
+        done.set()
+        sampler.join()
     ok, refused = fleet.times("ok"), fleet.times("refused")
     late = sum(1 for t in refused if t > ok[0] + 1)
-    return late, (len(ok) - 1) / (ok[-1] - ok[0]) * 60
+    busy = statistics.fmean(samples) if samples else 0.0
+    return Measured(late, (len(ok) - 1) / (ok[-1] - ok[0]) * 60, busy)
 
 
 def run(quick: bool) -> list[Result]:
@@ -109,12 +138,12 @@ def run(quick: bool) -> list[Result]:
             agent = ours.app.tasks["bench.limited_calls"]
             for i in range(size.workers * size.threads):
                 agent.delay(f"calls-{i}", calls=size.calls)
-            our_late, our_rate = measure(ours, total, timeout)
+            our = measure(ours, total, timeout)
         with fleet(size, store, ledger, Path(logs)) as theirs:
             task = theirs.app.tasks["bench.rate_limited_call"]
             for _ in range(total):
                 task.delay()
-            their_late, their_rate = measure(theirs, total, timeout)
+            their = measure(theirs, total, timeout)
         with fleet(size, store, ledger, Path(logs)) as shared:
             agent = shared.app.tasks["bench.limited_calls"]
             each = size.threads * size.calls // 2
@@ -127,6 +156,12 @@ def run(quick: bool) -> list[Result]:
 
             wait_for(lambda: tenant_calls("a") >= each * 0.9, timeout, "tenant a's calls", 0.01)
             fairness = tenant_calls("a") / max(tenant_calls("b"), 1)
+    our_late, our_rate, their_late, their_rate = (
+        our.late_429s,
+        our.per_minute,
+        their.late_429s,
+        their.per_minute,
+    )
     budget = f"{size.rpm:g}/min"
     shape = f"{size.workers} workers x {size.threads} threads x {size.calls} calls"
     return [
@@ -158,6 +193,20 @@ def run(quick: bool) -> list[Result]:
             "ratio",
             "limits_celery_rate_vs_provider",
             their_rate / size.rpm,
+            "same, Celery's per-worker rate_limit",
+        ),
+        Result(
+            "figure",
+            "limits_busy_pool_slots",
+            our.busy_slots,
+            f"pool slots busy on average, of {size.workers * size.threads}",
+            f"{our.busy_slots:.1f}",
+            f"Celery rate_limit: {their.busy_slots:.1f}",
+        ),
+        Result(
+            "figure",
+            "limits_celery_busy_pool_slots",
+            their.busy_slots,
             "same, Celery's per-worker rate_limit",
         ),
         Result(

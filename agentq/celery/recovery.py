@@ -24,7 +24,8 @@ class Sweeper:
     """Reads the due-time index and sends a message for each due thread.
 
     A thread is due when its lease expired (its worker died or froze), its retry timer
-    ran out, or it was queued and never started (the message was lost). ``claim_due``
+    ran out, its wait for a human timed out, or it was queued and never started (the
+    message was lost). ``claim_due``
     pushes each entry ahead atomically before the message is sent, so sweepers in several
     workers never send the same entry twice; a duplicate that slips through anyway (a
     broker redelivery) is absorbed by the thread's lease.
@@ -43,9 +44,14 @@ class Sweeper:
         runtime = runtime_of(self.app)
         store, settings = runtime.store, runtime.settings
         sent = []
+        # Slots a killed worker held die with its lease: their waiters become due now,
+        # and claim_due below sends them.
+        woken = store.wake_keys()
+        if woken:
+            logger.info("concurrency keys freed by expired leases wake %s", woken)
         for thread_id in store.claim_due(hold=settings.start_grace, limit=500):
             meta = store.meta(thread_id)
-            if meta is None or not meta.status.is_live:
+            if meta is None or not meta.runs_by_itself:
                 continue
             resend_thread(self.app, meta)
             logger.info("thread %s (%s, step %d) re-sent", thread_id, meta.status.value, meta.step)

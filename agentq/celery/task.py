@@ -5,7 +5,7 @@ from __future__ import annotations
 import inspect
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Final, Never, TypeVar
 
 from celery import Task
@@ -20,15 +20,18 @@ from agentq.celery.runtime import Runtime, runtime_of
 from agentq.engine import tracing
 from agentq.engine.driver import Driver
 from agentq.engine.store_retry import RetriedCalls
+from agentq.engine.thread_keys import KeySeat
 from agentq.errors import (
     InvalidArgument,
     InvalidInput,
+    LimitError,
     StoreUnavailable,
     ThreadNotFound,
     ThreadStopped,
     WaitTimeout,
 )
 from agentq.ids import validate_thread_id
+from agentq.limits import Limits
 from agentq.records import Status, ThreadMeta
 from agentq.store.contract import UNSET
 
@@ -45,6 +48,11 @@ STORED_HEADER: Final = "agentq_stored"
 """The message header saying that its sender saw the thread in the store: a worker that
 finds no such thread knows it was deleted since (a late or duplicated message) and drops
 the message rather than start the thread again from nothing and repeat its tools."""
+
+
+KEY_HEADER: Final = "agentq_concurrency_key"
+"""Where a thread's concurrency key is kept: in the headers of its stored send options, so
+every later send (recovery, hand-over, resume) and every worker sees the first one."""
 
 
 def _stored(options: dict[str, Any]) -> dict[str, Any]:
@@ -83,6 +91,13 @@ class AgentTask(Task):  # type: ignore[misc]
     stores just the items it appended, so a step costs the same at message 10 and 1000.
     Changing an item once it is committed fails the thread with AppendOnlyViolation."""
 
+    concurrency_key: ClassVar[str | None] = None
+    """The key whose declared ``threads=N`` caps how many of this agent's threads run at
+    once (``"tenant:42"`` for ``agentq.limit("tenant:{tenant_id}", threads=2)``).
+    ``apply_async(..., concurrency_key=...)`` sets it per thread, and
+    :meth:`concurrency_key_of` may derive it from the input. Threads over the cap wait
+    in the store, in arrival order, holding no worker slot."""
+
     acks_late = True
     reject_on_worker_lost = True
 
@@ -116,7 +131,13 @@ class AgentTask(Task):  # type: ignore[misc]
         runtime = self.agentq
         stored = bool(getattr(self.request, STORED_HEADER, False))
         driver = Driver(
-            self, thread_id, runtime.store, runtime.settings, draining.is_set, may_open=not stored
+            self,
+            thread_id,
+            runtime.store,
+            runtime.settings,
+            draining.is_set,
+            may_open=not stored,
+            seat_of=self._seat_of,
         )
         calls = RetriedCalls(runtime.store, thread_id, runtime.settings.lease_ttl)
         try:
@@ -127,10 +148,10 @@ class AgentTask(Task):  # type: ignore[misc]
                     self, calls("reading the thread", runtime.store.meta, thread_id), exc
                 )
             raise
-        meta = calls("reading the thread", runtime.store.meta, thread_id)
+        meta = driver.ended or calls("reading the thread", runtime.store.meta, thread_id)
         if meta is None:  # deleted: the driver dropped the message
             raise Ignore()
-        return task_outcome.finish(self, meta, driver.retrying)
+        return task_outcome.finish(self, meta, driver.retrying, driver.waiting_for)
 
     def delay(self, thread_id: str, /, *misplaced: Never, **input: Any) -> AsyncResult:
         """Start (or re-send) thread ``thread_id``, ``input`` being the entry node's
@@ -147,7 +168,8 @@ class AgentTask(Task):  # type: ignore[misc]
         """Start thread ``args[0]`` with ``kwargs`` as the entry node's input (kept in the
         store, not the message) and send it with the usual Celery ``options``. Its routing
         options (``queue``, ``exchange``, ``routing_key``, ``priority``) are kept too, so
-        recovery, hand-overs and resumes send it the same way. An existing thread keeps
+        recovery, hand-overs and resumes send it the same way, and so is its
+        ``concurrency_key`` (else :attr:`concurrency_key`'s). An existing thread keeps
         its first input and options and is only re-sent."""
         if not args or len(args) != 1:
             raise InvalidArgument(
@@ -156,13 +178,15 @@ class AgentTask(Task):  # type: ignore[misc]
             )
         thread_id = validate_thread_id(args[0])
         self._check_input(thread_id, kwargs or {})
+        key = self._key_for(thread_id, kwargs or {}, options.pop("concurrency_key", None))
         # Chosen here so that the thread remembers it: the result stored under it is the
         # thread's, whichever task finishes the thread.
         task_id = options.setdefault("task_id", uuid())
         delay = float(options.get("countdown") or 0)
         # The caller's trace context, kept with the thread: every later send carries it.
         traced = tracing.sending_headers()
-        kept = {**_routing(options), "headers": traced} if traced else _routing(options)
+        headers = {**traced, KEY_HEADER: key} if key else traced
+        kept = {**_routing(options), "headers": headers} if headers else _routing(options)
         self._store_call(
             "starting the thread",
             thread_id,
@@ -175,6 +199,52 @@ class AgentTask(Task):  # type: ignore[misc]
             origin=task_id,
         )
         return super().apply_async((thread_id,), None, **_stored({**kept, **options}))
+
+    def _key_for(self, thread_id: str, input: dict[str, Any], given: str | None) -> str | None:
+        """The thread's concurrency key (``given``, else :attr:`concurrency_key`'s),
+        checked against the declared limits here, in the caller, like its input."""
+        key = given if given is not None else self.concurrency_key_of(thread_id, input)
+        if key is not None:
+            try:
+                Limits(self.agentq.settings.limits).thread_cap(key)
+            except LimitError as exc:
+                raise LimitError(f"thread {thread_id}: {exc}") from None
+        return key
+
+    def _seat_of(self, meta: ThreadMeta) -> KeySeat | None:
+        """The concurrency key the thread was sent with, and its cap as declared now
+        (none if its declaration is gone)."""
+        key = (meta.options.get("headers") or {}).get(KEY_HEADER)
+        if key is None:  # sent by name, without apply_async's header
+            key = self.concurrency_key_of(meta.thread_id, meta.input or {})
+        if key is None:
+            return None
+        settings = self.agentq.settings
+        try:
+            cap = Limits(settings.limits).thread_cap(key)
+        except LimitError as exc:
+            # Sent while the key was declared (apply_async checked it): the cap was
+            # dropped since. Failing here would leave the thread running until its lease
+            # ran out, again at every re-send; the declarations say it has no cap now.
+            logger.error("thread %s: %s; it runs without a cap", meta.thread_id, exc)
+            return None
+        return KeySeat(key, cap, settings.start_grace, self._wake)
+
+    def _wake(self, thread_ids: Sequence[str]) -> None:
+        """Send the threads a freed slot lets start; one that cannot be sent now is due
+        in a start grace, when recovery sends it."""
+        store = self.agentq.store
+        for thread_id in thread_ids:
+            try:
+                meta = store.meta(thread_id)
+                if meta is not None:
+                    resend_thread(self.app, meta)
+            except Exception:
+                logger.warning(
+                    "thread %s: woken for its concurrency key but not sent; recovery sends it",
+                    thread_id,
+                    exc_info=True,
+                )
 
     def _check_input(self, thread_id: str, input: dict[str, Any]) -> None:
         """Bind ``input`` to the entry node's signature here, in the caller, as Celery's
@@ -219,8 +289,23 @@ class AgentTask(Task):  # type: ignore[misc]
         """Whether ``exc`` retries the step; by default, when it is one of ``retry_on``."""
         return isinstance(exc, self.retry_on)
 
-    def on_step(self, thread_id: str, step: int, node: str, next_node: str | None) -> None:
-        """Called after each committed step: reports progress to Celery and Flower."""
+    def concurrency_key_of(self, thread_id: str, input: dict[str, Any]) -> str | None:
+        """The concurrency key of a thread sent without one; by default
+        :attr:`concurrency_key`. Override it to key threads by their input, e.g.
+        ``return f"tenant:{input['tenant_id']}"``."""
+        return self.concurrency_key
+
+    def on_step(
+        self,
+        thread_id: str,
+        step: int,
+        node: str,
+        next_node: str | None,
+        *,
+        limit_waits: Sequence[dict[str, Any]] = (),
+    ) -> None:
+        """Called after each committed step: reports progress to Celery and Flower, with
+        the step's waits for its limits (``keys`` and ``waited`` seconds)."""
         logger.info(
             "thread %s: step %d (%s) committed, next %s", thread_id, step, node, next_node or "-"
         )
@@ -228,7 +313,16 @@ class AgentTask(Task):  # type: ignore[misc]
         if self.request.id and not isinstance(self.backend, DisabledBackend):
             self.update_state(state="PROGRESS", meta=fields)
         if self.app.conf.worker_send_task_events and self.request.hostname:
-            self.send_event("task-progress", **fields)
+            self.send_event("task-progress", **fields, limit_waits=list(limit_waits))
+
+    def on_limit_wait(
+        self, thread_id: str, step: int, node: str, limit_waits: Sequence[dict[str, Any]]
+    ) -> None:
+        """Called when a step ends to wait for its limits: a ``task-progress`` event says
+        which keys it waits for and when it is due (``due_at``); ``node`` runs again then."""
+        if self.app.conf.worker_send_task_events and self.request.hostname:
+            fields = {"thread_id": thread_id, "step": step, "node": node, "next": node}
+            self.send_event("task-progress", **fields, limit_waits=list(limit_waits))
 
     # -- controlling a thread from outside -----------------------------------------------------
 

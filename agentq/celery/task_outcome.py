@@ -2,9 +2,10 @@
 of ``delay()`` waits for, all saying what became of the thread.
 
 A task that leaves its thread unfinished does not succeed with ``None``: it ends
-``WAITING`` (for a human), ``RETRY`` (Celery's own, so ``on_retry`` and ``task-retried``
-fire; the thread is due again later), ``HANDED_OVER`` (another task carries the thread
-on) or ``NEEDS_ATTENTION``. The states with a thread id in their meta are not ready, so
+``WAITING`` (for a human), ``WAITING_FOR_KEY`` (for a slot of its concurrency key),
+``RETRY`` (Celery's own, so ``on_retry`` and ``task-retried`` fire; the thread is due again
+later), ``HANDED_OVER`` (another task carries the thread on) or ``NEEDS_ATTENTION``. The
+states with a thread id in their meta are not ready, so
 ``AsyncResult.get()`` keeps waiting; the task that ends the thread stores its result (or
 error, or revocation) under the thread's first task id too, where ``get()`` finds it.
 """
@@ -18,14 +19,19 @@ from celery import Task
 from celery.backends.base import DisabledBackend
 from celery.exceptions import Ignore, Retry
 
+from agentq.engine.thread_keys import KeyWait
 from agentq.errors import ThreadStopped
 from agentq.records import Status, ThreadMeta
 
 WAITING: Final = "WAITING"
-"""The thread waits for a human (``run.interrupt``); meta holds the interrupt payload."""
+"""The thread waits for a human (``run.interrupt``); meta holds the interrupt payload and
+``timeout_at``, the Unix time the wait times out (``None`` without a timeout)."""
 HANDED_OVER: Final = "HANDED_OVER"
 """Another task carries the thread on: this worker stopped (a warm shutdown) or gave it
 back, or another worker already drives it."""
+WAITING_FOR_KEY: Final = "WAITING_FOR_KEY"
+"""The thread waits, parked in the store, for a slot of its concurrency key; meta holds
+the key and the thread's position in its queue. The thread that frees a slot sends it."""
 NEEDS_ATTENTION: Final = "NEEDS_ATTENTION"
 """The thread stopped for a person (a tool call whose outcome nobody knows, a lost
 checkpoint); meta holds the error. ``agentq effects`` and ``agentq resolve`` settle it."""
@@ -38,11 +44,30 @@ _EVENTS: Final = {
 }
 
 
-def finish(task: Task, meta: ThreadMeta, retrying: tuple[Exception, float] | None) -> Any:
+def finish(
+    task: Task,
+    meta: ThreadMeta,
+    retrying: tuple[Exception, float] | None,
+    waiting_for: KeyWait | None = None,
+) -> Any:
     """The task's return value if the thread is done; else raise what ends the task in
     the state that says why (``Retry``, or ``Ignore`` after storing a custom state)."""
     status = meta.status
-    fields = {"thread_id": meta.thread_id, "step": meta.step, "status": status.value}
+    fields: dict[str, Any] = {
+        "thread_id": meta.thread_id,
+        "step": meta.step,
+        "status": status.value,
+    }
+    if status == Status.QUEUED and waiting_for is not None:
+        fields.update(concurrency_key=waiting_for.key, position=waiting_for.position)
+        _event(task, "task-waiting-for-key", **fields)
+        _store(
+            task,
+            lambda backend, id: backend.store_result(
+                id, fields, WAITING_FOR_KEY, request=task.request
+            ),
+        )
+        raise Ignore()
     if status == Status.DONE:
         _for_origin(task, meta, lambda backend, id: backend.mark_as_done(id, meta.result))
         return meta.result
@@ -71,6 +96,7 @@ def finish(task: Task, meta: ThreadMeta, retrying: tuple[Exception, float] | Non
     event, state = _EVENTS.get(status, ("task-handed-over", HANDED_OVER))
     if status == Status.WAITING:
         fields["interrupt"] = meta.interrupt
+        fields["timeout_at"] = meta.timeout_at
     elif status == Status.NEEDS_ATTENTION:
         fields["error"] = meta.error
     _event(task, event, **fields)
@@ -109,4 +135,12 @@ def _event(task: Task, type_: str, **fields: Any) -> None:
         task.send_event(type_, **fields)
 
 
-__all__ = ["HANDED_OVER", "NEEDS_ATTENTION", "WAITING", "cancelled", "failed", "finish"]
+__all__ = [
+    "HANDED_OVER",
+    "NEEDS_ATTENTION",
+    "WAITING",
+    "WAITING_FOR_KEY",
+    "cancelled",
+    "failed",
+    "finish",
+]

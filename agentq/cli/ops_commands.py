@@ -121,6 +121,7 @@ def _print_doctor(
     latency_error: str | None,
     app: Any,
     app_findings: list[Finding] | None,
+    unused: list[Finding] | None,
 ) -> None:
     out = console()
     out.print(f"[bold]Store[/] {escape(session.store_label)} ({type(session.store).__name__})")
@@ -147,6 +148,10 @@ def _print_doctor(
     out.print(f"[bold]Celery[/] app {escape(str(app.main))}")
     for row in _finding_rows(app_findings) or ["  [green]✓[/] settings: nothing to fix"]:
         out.print(row)
+    if unused is not None:
+        out.print("[bold]Limits[/] (taken from in this store; a fresh store has none yet)")
+        for row in _finding_rows(unused) or ["  [green]✓[/] every declared limit is used"]:
+            out.print(row)
 
 
 @click.command(short_help="Check the store, its latency and the Celery settings.")
@@ -156,7 +161,8 @@ def doctor(session: Session, as_json: bool) -> None:
     """Check the store's durability and eviction settings, its round-trip latency, and
     (with -A) the Celery settings that recovery depends on. Exits 1 if anything needs a
     fix."""
-    from agentq.ops.doctor import celery_findings
+    from agentq.limits import Limits
+    from agentq.ops.doctor import celery_findings, unused_limits
 
     store = session.open_store(check=False)
     store_findings = store.check()
@@ -170,6 +176,9 @@ def doctor(session: Session, as_json: bool) -> None:
             raise
     app = session.app
     app_findings = celery_findings(app, session.settings) if app is not None else None
+    limits = Limits(session.settings.limits)
+    # Not a failure: a fleet that has made no calls yet has used none of its limits.
+    unused = unused_limits(limits, store.limit_takes()) if app is not None and limits else None
     healthy = not store_findings and not app_findings and latency_error is None
     if as_json:
         emit_json(
@@ -191,11 +200,12 @@ def doctor(session: Session, as_json: bool) -> None:
                 "celery": None
                 if app_findings is None
                 else {"app": app.main, "findings": app_findings},
+                "unused_limits": unused,
                 "ok": healthy,
             }
         )
     else:
-        _print_doctor(session, store_findings, trips, latency_error, app, app_findings)
+        _print_doctor(session, store_findings, trips, latency_error, app, app_findings, unused)
     if not healthy:
         raise click.exceptions.Exit(1)
 

@@ -13,6 +13,7 @@ from rich.text import Text
 
 from agentq.cli.output import (
     ago,
+    duration,
     emit_json,
     show_block,
     status_text,
@@ -105,6 +106,11 @@ def _meta_table(meta: ThreadMeta) -> Table:
         rows.append(("input", JSON.from_data(plain(meta.input))))
     if meta.interrupt is not None:
         rows.append(("waiting for", JSON.from_data(plain(meta.interrupt))))
+    waited = "-" if meta.timeout is None else duration(meta.timeout)
+    if meta.timeout_at is not None:
+        rows.append(("times out", f"{when(meta.timeout_at)}  (a wait of {waited})"))
+    if meta.timed_out:
+        rows.append(("timed out", Text(f"nobody answered within {waited}", style="yellow")))
     if meta.resumed:
         rows.append(("resume value", JSON.from_data(plain(meta.resume_value))))
     if meta.status == Status.DONE:

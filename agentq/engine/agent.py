@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 from agentq.records import ThreadMeta
@@ -20,5 +21,16 @@ class Agent(Protocol):
     @property
     def append_only(self) -> tuple[str, ...]: ...
     def should_retry(self, exc: BaseException) -> bool: ...
-    def on_step(self, thread_id: str, step: int, node: str, next_node: str | None) -> None: ...
+    def on_step(
+        self,
+        thread_id: str,
+        step: int,
+        node: str,
+        next_node: str | None,
+        *,
+        limit_waits: Sequence[dict[str, Any]] = (),
+    ) -> None: ...
+    def on_limit_wait(
+        self, thread_id: str, step: int, node: str, limit_waits: Sequence[dict[str, Any]]
+    ) -> None: ...
     def resend(self, meta: ThreadMeta) -> Any: ...

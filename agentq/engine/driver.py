@@ -16,15 +16,17 @@ from agentq.engine.append_only import AppendOnlyFields
 from agentq.engine.backoff import retry_delay
 from agentq.engine.lease import Lease, confirm, keeper_for
 from agentq.engine.limits import limiter
-from agentq.engine.run import NO_VALUE, Run
+from agentq.engine.run import NO_VALUE, Run, TimedOut
 from agentq.engine.store_retry import RetriedCalls, give_back
-from agentq.engine.transition import checkpoint_after, checkpoint_lost, error_text
+from agentq.engine.thread_keys import KeySeat, KeyWait, seated
+from agentq.engine.transition import checkpoint_after, checkpoint_lost, error_text, meta_after
 from agentq.errors import (
     AgentqError,
     AppendOnlyViolation,
     CheckpointNotFound,
     CodecError,
     FencingError,
+    InvalidArgument,
     LeaseHeld,
     LogConflict,
     NeedsAttention,
@@ -35,7 +37,7 @@ from agentq.ids import owner_id
 from agentq.outcomes import Interrupted, LimitWait
 from agentq.records import Checkpoint, Status, ThreadMeta
 from agentq.settings import Settings
-from agentq.store.contract import UNSET, Store
+from agentq.store.contract import Store
 
 logger = logging.getLogger("agentq")
 
@@ -59,7 +61,7 @@ _CONTINUE: Final = object()
 
 class Driver:
     """Runs a thread's nodes until it finishes, pauses, fails, retries, is cancelled,
-    is handed over (``should_stop``) or loses its lease.
+    is handed over (``should_stop``), loses its lease, or finds its concurrency key full.
 
     Every state change goes through the store under the lease's fencing token, so the
     driver holds nothing that a crash could lose beyond the node in flight.
@@ -74,6 +76,7 @@ class Driver:
         should_stop: Callable[[], bool],
         *,
         may_open: bool = True,
+        seat_of: Callable[[ThreadMeta], KeySeat | None] = lambda meta: None,
     ) -> None:
         self.task = task
         self.thread_id = thread_id
@@ -83,8 +86,13 @@ class Driver:
         self.may_open = may_open  # else a thread the store lacks was deleted since its message
         self.owner = owner_id()
         self._calls = RetriedCalls(store, thread_id, settings.lease_ttl)
+        self.seat_of = seat_of  # the thread's concurrency key, if it has one
         self.retrying: tuple[Exception, float] | None = None
         """The error and the delay of the retry this drive scheduled, if it did."""
+        self.ended: ThreadMeta | None = None
+        """The meta the commit that ended this drive's run (done or waiting) wrote."""
+        self.waiting_for: KeyWait | None = None
+        """The concurrency key this drive found full, parking the thread, if it did."""
 
     def drive(self) -> Any:
         thread_id, store = self.thread_id, self.store
@@ -98,7 +106,7 @@ class Driver:
             )
         if meta.status == Status.DONE:
             return meta.result
-        if meta.status.is_idle:
+        if meta.status.is_idle and not meta.runs_by_itself:  # a wait's timeout runs it
             logger.info("thread %s is %s: nothing to run", thread_id, meta.status.value)
             return None
         crashed = meta.status == Status.RUNNING
@@ -110,15 +118,15 @@ class Driver:
             logger.info("thread %s is driven by another worker; leaving it", thread_id)
             return None
         except RetryNotDue as exc:
-            logger.info(
-                "thread %s retries in %.1f s; leaving it until then", thread_id, exc.seconds
-            )
+            logger.info("thread %s is due in %.1f s; leaving it until then", thread_id, exc.seconds)
             return None
         keeper = keeper_for(store)
         try:
             with keeper.hold(thread_id, self.owner, token, self.settings.lease_ttl) as lease:
                 self._calls.lease = lease
-                return self._resume(token, crashed, lease)
+                with seated(self._calls, self.owner, token, self.seat_of(meta)) as waiting:
+                    self.waiting_for = waiting
+                    return None if waiting else self._resume(token, crashed, lease)
         except FencingError as exc:
             metrics.lease_lost()
             logger.warning("thread %s: stopped, another worker drives it now (%s)", thread_id, exc)
@@ -220,6 +228,8 @@ class Driver:
 
     def _start_from(self, latest: Checkpoint | None, meta: ThreadMeta) -> _Position:
         resume_value = meta.resume_value if meta.resumed else NO_VALUE
+        if meta.timed_out:
+            resume_value = TimedOut(meta.interrupt, meta.timeout)
         if latest is None:
             return _Position(0, self.task.entry_node, {}, [], {}, resume_value, meta.attempts)
         assert latest.node is not None
@@ -262,7 +272,7 @@ class Driver:
                 self._calls, "confirming the lease", confirm, store, lease
             ),
             retryable=self.task.should_retry,
-            take_limits=limiter(store, settings, thread_id, pos.step),
+            take_limits=limiter(store, settings, thread_id, pos.step, lease),
         )
 
     @instrument.step
@@ -274,11 +284,14 @@ class Driver:
         try:
             outcome = self._call(pos.node, run, meta.input if step == 0 else None)
         except Interrupted as pause:
-            self._settle("pausing", token, Status.WAITING, interrupt=pause.payload)
+            self._settle(
+                "pausing", token, Status.WAITING, interrupt=pause.payload, due_in=pause.timeout
+            )
             logger.info("thread %s: waiting for a human at step %d", thread_id, step)
             return None
         except LimitWait as wait:  # not a failure: no attempt is counted
             self._settle("waiting for a limit", token, Status.RETRYING, due_in=wait.seconds)
+            self.task.on_limit_wait(thread_id, step, pos.node, run.limit_waits)
             self.retrying = (wait, wait.seconds)
             logger.info("thread %s: step %d waits %.1f s (limit)", thread_id, step, wait.seconds)
             return None
@@ -306,7 +319,6 @@ class Driver:
                 token,
                 checkpoint,
                 status=status,
-                due_in=UNSET if status == Status.RUNNING else None,
                 release_owner=None if status == Status.RUNNING else self.owner,
                 logs=logs.lengths(step, run.state),
                 **extra,
@@ -314,11 +326,12 @@ class Driver:
         # Not a race (fence and step were checked first): a log that does not match
         # the thread's declaration, e.g. a field made append-only again after it was
         # dropped. Failing says so, where leaving it would loop through recovery.
-        except (CodecError, UnknownNode, AppendOnlyViolation, LogConflict) as exc:
+        except (CodecError, UnknownNode, InvalidArgument, AppendOnlyViolation, LogConflict) as exc:
             return self._fail_or_retry(token, step, pos.attempts, exc)  # output can't be kept
         logs.committed(run.state)
-        self.task.on_step(thread_id, step, pos.node, checkpoint.node)
+        self.task.on_step(thread_id, step, pos.node, checkpoint.node, limit_waits=run.limit_waits)
         if status != Status.RUNNING:
+            self.ended = meta_after(meta, checkpoint, status, extra, cancel=bool(cancel))
             return extra.get("result")
         if cancel:
             self._settle("cancelling", token, Status.CANCELLED)

@@ -15,7 +15,10 @@ Timeline of a lease lost during a slow model call::
              token 7 is refused by the store. A stops at that boundary; B's work stands.
 
 A batch that fails as a whole (the store is restarting) is tried again on the next beat;
-a lease that has gone ``ttl`` without a successful renewal counts as lost.
+a lease that has gone ``ttl`` without a successful renewal counts as lost. The concurrency
+slots of limits taken by calls under a lease are renewed in the same beat, after it, so a
+call longer than ``ttl`` keeps its slot while its worker lives and a dead worker's slots
+expire with its leases.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from dataclasses import dataclass, field
 
 from agentq.errors import LeaseLost
 from agentq.store.contract import Renewal, Store
+from agentq.store.contract.limits import Slot
 
 logger = logging.getLogger(__name__)
 
@@ -45,10 +49,27 @@ class Lease:
     ttl: float
     renewed_at: float = field(default_factory=time.monotonic)
     lost: threading.Event = field(default_factory=threading.Event)
+    _slots: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    """The limit keys whose concurrency slots each holder (a call in flight) has."""
+    _slots_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def remaining(self) -> float:
         """Seconds the lease is still ours for, as far as this process knows."""
         return self.ttl - (time.monotonic() - self.renewed_at)
+
+    def hold_slots(self, holder: str, keys: tuple[str, ...]) -> None:
+        """Renew ``holder``'s slots on ``keys`` with the lease until :meth:`drop_slots`."""
+        with self._slots_lock:
+            self._slots[holder] = keys
+
+    def drop_slots(self, holder: str) -> None:
+        with self._slots_lock:
+            self._slots.pop(holder, None)
+
+    def slots(self) -> list[Slot]:
+        with self._slots_lock:
+            held = list(self._slots.items())
+        return [Slot(key, holder, self.ttl) for holder, keys in held for key in keys]
 
 
 def confirm(store: Store, lease: Lease) -> None:
@@ -132,12 +153,22 @@ class LeaseKeeper:
                     logger.warning("thread %s: lease ran out unrenewed", lease.thread_id)
                     self._lose(lease)
             return
+        slots = []
         for lease, ok in zip(leases, renewed, strict=True):
             if ok:
                 lease.renewed_at = started
+                slots += lease.slots()
             else:
                 logger.warning("thread %s: lease lost (token %d)", lease.thread_id, lease.token)
                 self._lose(lease)
+        if slots:
+            try:
+                self._store.renew_limits(slots)
+            except Exception:
+                # The next beat comes at a third of the TTL: two more tries before they expire.
+                logger.exception(
+                    "renewing %d limit slots failed; trying again next beat", len(slots)
+                )
 
     def _lose(self, lease: Lease) -> None:
         lease.lost.set()

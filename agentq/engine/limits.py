@@ -3,7 +3,9 @@
 A wait up to ``limit_wait`` happens in place; a longer one raises
 :class:`~agentq.outcomes.LimitWait`, so the step ends as ``retrying`` and frees its pool
 slot instead of sleeping on the budget. Concurrency slots are owned by one call (a
-holder id) and expire with the lease TTL, so a worker killed mid-call gives them back.
+holder id) and expire with the lease TTL, renewed with the lease while the call runs, so a
+worker killed mid-call gives them back and a long call keeps them. A call that knows its
+real token usage afterwards settles the difference from what it took.
 """
 
 from __future__ import annotations
@@ -12,8 +14,10 @@ import functools
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from agentq.engine.backoff import retry_after
+from agentq.engine.lease import Lease
 from agentq.errors import LimitError
 from agentq.limits import Limits
 from agentq.outcomes import LimitWait
@@ -23,15 +27,53 @@ from agentq.store.contract.limits import Take
 
 
 class Held:
-    """The limits one call took; give them back with :meth:`release`."""
+    """The limits one call took, after waiting ``waited`` seconds in place for them; give
+    them back with :meth:`release`."""
 
-    def __init__(self, store: Store, keys: tuple[str, ...], holder: str) -> None:
+    def __init__(
+        self,
+        store: Store,
+        takes: tuple[Take, ...],
+        holder: str,
+        *,
+        waited: float,
+        lease: Lease | None,
+        where: str,
+    ) -> None:
         self.store = store
-        self.keys = keys
+        self.takes = takes
+        self.keys = tuple(take.key for take in takes)
         self.holder = holder
+        self.waited = waited
+        self._lease = lease
+        self._where = where
+        slotted = tuple(take.key for take in takes if take.limit.concurrency)
+        if lease is not None and slotted:
+            lease.hold_slots(holder, slotted)
 
     def release(self) -> None:
+        if self._lease is not None:
+            self._lease.drop_slots(self.holder)
         self.store.release_limits(list(self.keys), self.holder)
+
+    def settle(self, actual_cost: Callable[[Any], float], result: Any) -> None:
+        """Charge or refund the difference between the tokens taken and
+        ``actual_cost(result)``, the call's real usage."""
+        try:
+            cost = actual_cost(result)
+        except Exception as exc:
+            raise LimitError(
+                f"{self._where}: actual_cost raised {exc!r} on the tool's result; make it "
+                "return the tokens the call used (e.g. lambda r: r.usage.total_tokens)"
+            ) from exc
+        if isinstance(cost, bool) or not isinstance(cost, int | float) or not cost >= 0:
+            raise LimitError(
+                f"{self._where}: actual_cost returned {cost!r}; it must return the tokens "
+                "the call used, a number of zero or more"
+            )
+        taken = self.takes[0].cost
+        if cost != taken:
+            self.store.settle_limits([take._replace(cost=cost - taken) for take in self.takes])
 
     def refused(self, exc: BaseException) -> None:
         """A provider's refusal with Retry-After pauses every key for the whole fleet."""
@@ -51,6 +93,7 @@ def take(
     wait: float,
     thread_id: str,
     step: int,
+    lease: Lease | None = None,
 ) -> Held:
     """Take one request and ``cost`` tokens of each key in ``names``, waiting up to
     ``wait`` seconds in place; :class:`~agentq.outcomes.LimitWait` past that."""
@@ -74,20 +117,23 @@ def take(
             )
         takes.append(Take(key, limit, cost))
     holder = f"{thread_id}:{uuid.uuid4().hex}"
-    deadline = time.monotonic() + wait
+    deadline, waited = time.monotonic() + wait, 0.0
     while True:
         seconds = store.take_limits(takes, holder, ttl)
         if seconds <= 0:
-            return Held(store, keys, holder)
+            where = f"thread {thread_id} step {step}"
+            return Held(store, tuple(takes), holder, waited=waited, lease=lease, where=where)
         if time.monotonic() + seconds > deadline:
             raise LimitWait(keys, seconds)
         time.sleep(seconds)
+        waited += seconds
 
 
 def limiter(
-    store: Store, settings: Settings, thread_id: str, step: int
+    store: Store, settings: Settings, thread_id: str, step: int, lease: Lease | None = None
 ) -> Callable[..., Held] | None:
-    """``take`` bound to one step's store and settings; ``None`` if no limit is declared."""
+    """``take`` bound to one step's store, settings and lease (which renews the slots its
+    calls hold); ``None`` if no limit is declared."""
     if not settings.limits:
         return None
     return functools.partial(
@@ -98,4 +144,5 @@ def limiter(
         wait=settings.limit_wait,
         thread_id=thread_id,
         step=step,
+        lease=lease,
     )

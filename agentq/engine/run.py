@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Final, ParamSpec, TypeVar, TypeVarTuple, Unpack, overload
 
 from agentq.engine import limits
+from agentq.engine.artifacts import Artifacts
 from agentq.engine.store_retry import RetriedCalls
 from agentq.engine.tool_calls import Options, ToolCalls
 from agentq.engine.tool_types import TakesKey, TakesKeyAndToken, TakesToken, ToolOptions
-from agentq.errors import ArtifactTooLarge, InvalidArgument
-from agentq.outcomes import Interrupted
+from agentq.errors import InterruptTimedOut, InvalidArgument
+from agentq.outcomes import Interrupted, wait_seconds
 from agentq.store.contract import Store
 
 
@@ -27,33 +30,13 @@ P = ParamSpec("P")
 Ts = TypeVarTuple("Ts")
 
 
-class Artifacts:
-    """Large data kept out of checkpoints; the state holds the small reference ``put``
-    returns (``{"artifact": sha256, "size": n, "content_type": ...}``)."""
+@dataclass(frozen=True)
+class TimedOut:
+    """The resume value of a run whose thread's wait for a human ended by its timeout:
+    the question nobody answered, and the seconds it waited."""
 
-    def __init__(self, store: Store, calls: RetriedCalls, thread_id: str, max_bytes: int) -> None:
-        self._store = store
-        self._store_calls = calls
-        self._thread_id = thread_id
-        self._max_bytes = max_bytes
-
-    def put(self, data: bytes, content_type: str = "application/octet-stream") -> dict[str, Any]:
-        if len(data) > self._max_bytes:
-            raise ArtifactTooLarge(
-                f"artifact of {len(data)} bytes is over max_artifact_bytes "
-                f"({self._max_bytes}); store it in object storage and keep its URL, or "
-                "raise the setting",
-                thread_id=self._thread_id,
-            )
-        digest = self._store_calls(
-            "storing an artifact", self._store.put_artifact, self._thread_id, data
-        )
-        return {"artifact": digest, "size": len(data), "content_type": content_type}
-
-    def get(self, ref: dict[str, Any]) -> bytes:
-        return self._store_calls(
-            "reading an artifact", self._store.get_artifact, self._thread_id, ref["artifact"]
-        )
+    payload: Any
+    timeout: float | None
 
 
 class Run:
@@ -84,7 +67,7 @@ class Run:
         self.state = state
         self.pending = pending
         self.cursors = cursors
-        self.resume_value = resume_value
+        self._resume_value = resume_value
         self.artifacts = Artifacts(store, calls, thread_id, max_artifact_bytes)
         self._token = token
         self._tools = ToolCalls(
@@ -98,6 +81,9 @@ class Run:
             take_limits=take_limits,
         )
         self._answered = False
+        self.limit_waits: list[dict[str, Any]] = self._tools.limit_waits
+        """This step's waits for its limits: ``keys`` and ``waited`` seconds in place, or
+        ``due_at`` (Unix time) for the wait that ended the step."""
 
     @property
     def token(self) -> int:
@@ -105,26 +91,56 @@ class Run:
         other stores that should refuse a worker which lost the thread."""
         return self._token
 
-    def interrupt(self, payload: Any) -> Any:
+    @property
+    def resume_value(self) -> Any:
+        """The value the thread was resumed with (``resume(thread_id, value)``), in the
+        node it resumed at; ``NO_VALUE`` in any other run. Raises
+        :class:`~agentq.errors.InterruptTimedOut` in the node an
+        ``Interrupt(..., timeout=)`` continued at when nobody answered in time."""
+        if isinstance(self._resume_value, TimedOut):
+            raise self._timed_out(self._resume_value)
+        return self._resume_value
+
+    def interrupt(self, payload: Any, *, timeout: float | datetime.timedelta | None = None) -> Any:
         """Pause for a human: the thread becomes ``waiting`` with ``payload`` stored, and
         this node runs again from its start on ``resume(thread_id, value)``, when this
         call returns ``value``. Changes made by this node before the call are not kept.
-        One call per node run: a second one, after the first was answered, raises
-        :class:`~agentq.errors.InvalidArgument` (the thread fails, saying so)."""
+        One call per node run: a second one, after the first was answered (or timed
+        out), raises :class:`~agentq.errors.InvalidArgument` (the thread fails, saying so).
+
+        With ``timeout`` (seconds, or a ``timedelta``) the thread is due in the store's
+        due index then, as a retry is: if nobody resumed it by that time, the node runs
+        again and this call raises :class:`~agentq.errors.InterruptTimedOut`; catch it to
+        take another path. A resume and the timeout are decided by the store, one of them:
+        a resume in time wins and the timeout never fires; a later one is refused."""
+        seconds = wait_seconds(timeout, thread_id=self.thread_id, step=self.step)
         if self._answered:
             # Its answer would reach the first question when the node runs again.
             raise InvalidArgument(
                 "a node asks one question: this one called run.interrupt() again after "
-                "its first question was answered; ask both in one payload, or move the "
-                "second question to a node of its own",
+                "its first question was answered or timed out; ask both in one payload, "
+                "or move the second question to a node of its own",
                 thread_id=self.thread_id,
                 step=self.step,
             )
-        if self.resume_value is NO_VALUE:
-            raise Interrupted(payload)
-        value, self.resume_value = self.resume_value, NO_VALUE
+        if self._resume_value is NO_VALUE:
+            raise Interrupted(payload, seconds)
+        value, self._resume_value = self._resume_value, NO_VALUE
         self._answered = True
+        if isinstance(value, TimedOut):
+            raise self._timed_out(value)
         return value
+
+    def _timed_out(self, wait: TimedOut) -> InterruptTimedOut:
+        waited = "" if wait.timeout is None else f" within {wait.timeout:g} s"
+        return InterruptTimedOut(
+            f"nobody answered the interrupt{waited}; catch agentq.errors.InterruptTimedOut "
+            "in the node to take another path, or give people a longer timeout",
+            payload=wait.payload,
+            timeout=wait.timeout,
+            thread_id=self.thread_id,
+            step=self.step,
+        )
 
     # A type checker takes the first of these a call fits: the tool's arguments positionally
     # beside options (a tool taking idempotency_key or fencing_token has them left out),
@@ -172,6 +188,7 @@ class Run:
         shared: bool | None = None,
         limit: str | Sequence[str] | None = None,
         cost: float = 0,
+        actual_cost: Callable[[Any], float] | None = None,
         **kwargs: Any,
     ) -> R: ...
 
@@ -187,6 +204,7 @@ class Run:
         shared: bool | None = None,
         limit: str | Sequence[str] | None = None,
         cost: float = 0,
+        actual_cost: Callable[[Any], float] | None = None,
         **kwargs: Any,
     ) -> Any:
         """Call ``fn(*args, **kwargs)`` at most once per ``key``; a replay returns the
@@ -211,8 +229,10 @@ class Run:
 
         ``limit`` names one or more declared limits (:func:`agentq.limit`) the call takes
         one request, ``cost`` tokens and a concurrency slot from, fleet-wide, before it
-        runs; a replay takes nothing. A refusal with ``Retry-After`` pauses those keys for
-        every worker until then.
+        runs; a replay takes nothing. ``actual_cost(result)`` (e.g. ``lambda r:
+        r.usage.total_tokens``) gives the tokens the call really used once it returned, and
+        the difference from ``cost`` is charged or refunded (a replay settles nothing). A
+        refusal with ``Retry-After`` pauses those keys for every worker until then.
 
         If ``fn`` raises an error the task retries (``retry_on``, ``should_retry``) that
         carries a ``Retry-After`` (a 429 or 503 from the tool's API), the call was refused
@@ -221,7 +241,7 @@ class Run:
         since the effect may have happened; the tool's policy decides when the node runs
         again. ``async def`` tools go through :meth:`atool`.
         """
-        options = Options(key, idempotent, reconcile, shared, limit, cost)
+        options = Options(key, idempotent, reconcile, shared, limit, cost, actual_cost)
         result: Any = self._tools.plain(fn, args, kwargs, options)
         return result
 
@@ -310,6 +330,7 @@ class Run:
         shared: bool | None = None,
         limit: str | Sequence[str] | None = None,
         cost: float = 0,
+        actual_cost: Callable[[Any], float] | None = None,
         **kwargs: Any,
     ) -> Any:
         """:meth:`tool` for an ``async def`` tool, awaited in the node's event loop, its
@@ -319,5 +340,5 @@ class Run:
 
         The store's round trips (claim, record) run off the loop, in the pool slot waiting
         for the node, so a slow store never stalls the other nodes sharing the loop."""
-        options = Options(key, idempotent, reconcile, shared, limit, cost)
+        options = Options(key, idempotent, reconcile, shared, limit, cost, actual_cost)
         return await self._tools.awaited(fn, args, kwargs, options)

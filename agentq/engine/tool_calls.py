@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import time
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
@@ -14,7 +15,7 @@ from agentq.engine import aio, limits, tracing
 from agentq.engine.backoff import retry_after
 from agentq.engine.store_retry import RetriedCalls
 from agentq.engine.tool_policy import DID_NOT_RUN, ToolPolicy, policy_of
-from agentq.errors import InvalidArgument, NeedsAttention
+from agentq.errors import InvalidArgument, LimitError, NeedsAttention
 from agentq.outcomes import LimitWait
 from agentq.records import ClaimOutcome
 from agentq.store.contract import Store
@@ -50,6 +51,8 @@ class ToolCalls:
         self._retryable = retryable
         self._take_limits = take_limits
         self._calls = 0
+        self.limit_waits: list[dict[str, Any]] = []
+        """The calls' waits for their limits, as ``run.limit_waits`` reports them."""
 
     def plain(
         self,
@@ -91,6 +94,13 @@ class ToolCalls:
     ) -> Any:
         """One tool call from its claim to its record; ``offload`` runs the store's calls,
         ``invoke`` the tool itself."""
+        if options.actual_cost is not None and options.limit is None:
+            # Before the claim, which would otherwise be left pending.
+            raise InvalidArgument(
+                "actual_cost= settles a limit's tokens; name the limit with limit=",
+                thread_id=self.thread_id,
+                step=self.step,
+            )
         with tracing.tool_span(self.thread_id, self.step, tool_name(fn), self._token) as note:
             call = await offload(self._claim, fn, args, kwargs, options)
             if call.recorded is not _UNSETTLED:
@@ -108,7 +118,10 @@ class ToolCalls:
                 if held is not None:
                     await offload(held.release)
             note(call.key, "called")
-            return await offload(self._record, call, result)
+            recorded = await offload(self._record, call, result)
+            if held is not None and options.actual_cost is not None:
+                await offload(held.settle, options.actual_cost, result)
+            return recorded
 
     def _limit(self, call: _Call, options: Options) -> limits.Held:
         """Take the call's limits; a wait too long for the step drops its claim, so the
@@ -121,10 +134,17 @@ class ToolCalls:
                 step=self.step,
             )
         try:
-            return self._take_limits(options.limit, options.cost)
-        except LimitWait:
+            held = self._take_limits(options.limit, options.cost)
+        except LimitWait as wait:
+            self.limit_waits.append({"keys": list(wait.keys), "due_at": time.time() + wait.seconds})
             self._drop_claim(call, "its limit has no room")
             raise
+        except LimitError:  # the call never ran: a retried thread claims it afresh
+            self._drop_claim(call, "its limit refused the call")
+            raise
+        if held.waited:
+            self.limit_waits.append({"keys": list(held.keys), "waited": held.waited})
+        return held
 
     def _claim(
         self,
@@ -252,6 +272,7 @@ class Options:
     shared: bool | None
     limit: str | Sequence[str] | None = None
     cost: float = 0
+    actual_cost: Callable[[Any], float] | None = None
 
 
 @dataclass

@@ -24,6 +24,7 @@ class PolicyOptions(TypedDict, total=False):
     shared: bool | None
     limit: str | Sequence[str] | None
     cost: float
+    actual_cost: Callable[[Any], float] | None
 
 
 class ToolOptions(PolicyOptions, total=False):

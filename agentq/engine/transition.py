@@ -2,29 +2,34 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import traceback
 from typing import Any
 
 from agentq.engine.run import Run
 from agentq.errors import CheckpointLost, UnknownNode
-from agentq.outcomes import Done, Interrupt
-from agentq.records import Checkpoint, Status
+from agentq.outcomes import Done, Interrupt, wait_seconds
+from agentq.records import Checkpoint, Status, ThreadMeta
+from agentq.store.contract import UNSET
 
 
 def checkpoint_after(
     run: Run, outcome: Any, *, task: str, token: int
 ) -> tuple[Checkpoint, Status, dict[str, Any]]:
-    """The checkpoint of ``run``'s step, the thread's status after it, and the ``result``
-    or ``interrupt`` to store with it; :class:`~agentq.errors.UnknownNode` for a return
-    value that names no next step."""
-    extra: dict[str, Any] = {}
+    """The checkpoint of ``run``'s step, the thread's status after it, and what to commit
+    with it: ``due_in`` (a running thread's follows its lease, a wait's is its timeout)
+    and the ``result`` or ``interrupt``; :class:`~agentq.errors.UnknownNode` for a return
+    value that names no next step, :class:`~agentq.errors.InvalidArgument` for a bad
+    timeout."""
+    extra: dict[str, Any] = {"due_in": None}
     if isinstance(outcome, Done):
         next_node, status, extra["result"] = None, Status.DONE, outcome.result
     elif isinstance(outcome, Interrupt):
         next_node, status, extra["interrupt"] = outcome.resume_at, Status.WAITING, outcome.payload
+        extra["due_in"] = wait_seconds(outcome.timeout, thread_id=run.thread_id, step=run.step)
     elif isinstance(outcome, str):
-        next_node, status = outcome, Status.RUNNING
+        next_node, status, extra["due_in"] = outcome, Status.RUNNING, UNSET
     else:
         raise UnknownNode(
             f"node {run.node!r} returned {type(outcome).__name__}; return the next node's "
@@ -43,6 +48,28 @@ def checkpoint_after(
         created_at=time.time(),
     )
     return checkpoint, status, extra
+
+
+def meta_after(
+    meta: ThreadMeta, checkpoint: Checkpoint, status: Status, extra: dict[str, Any], *, cancel: bool
+) -> ThreadMeta:
+    """The thread's meta as the commit of ``checkpoint`` with ``status`` and ``extra`` left
+    it (``meta`` being what it was before), so the task need not read it back."""
+    return dataclasses.replace(
+        meta,
+        status=status,
+        step=checkpoint.step,
+        node=checkpoint.node,
+        attempts=0,
+        crashes=0,
+        error=None,
+        updated_at=checkpoint.created_at,
+        result=extra.get("result", meta.result),
+        interrupt=extra.get("interrupt"),
+        resume_value=None,
+        resumed=False,
+        cancel_requested=cancel,
+    )
 
 
 def error_text(exc: BaseException, limit: int = 2000) -> str:

@@ -20,11 +20,13 @@ from collections.abc import Iterable
 from enum import Enum
 from typing import Any, Final
 
+import ormsgpack
 from langgraph.checkpoint.serde.base import SerializerProtocol
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer, _create_msgpack_ext_hook
 from langgraph.checkpoint.serde.types import SendProtocol
 
 from agentq.errors import CodecError
+from agentq.langgraph.msgpack_ext import RevivedClasses, pack
 
 WRITTEN_TYPES: Final = frozenset({"null", "bytes", "bytearray", "msgpack"})
 """The type tags :class:`AgentqSerializer` writes; anything else is refused on read."""
@@ -62,9 +64,13 @@ class AgentqSerializer(JsonPlusSerializer):
         # None is LangGraph's strict mode: only its safe list is revived.
         super().__init__(pickle_fallback=False, allowed_msgpack_modules=allowed or None)
         self._learning = threading.Lock()
+        self._revived: RevivedClasses | None = None
 
     def dumps_typed(self, obj: Any) -> tuple[str, bytes]:
-        type_, data = super().dumps_typed(obj)
+        if obj is None or isinstance(obj, (bytes, bytearray)):
+            type_, data = super().dumps_typed(obj)
+        else:  # the bytes LangGraph's serializer writes, made faster (msgpack_ext)
+            type_, data = "msgpack", pack(obj)
         _refuse_pickle(type_, "store")
         if _EXT_MARKERS.search(data):
             self._allow_written(obj)
@@ -91,28 +97,84 @@ class AgentqSerializer(JsonPlusSerializer):
                 f"stored value has type tag {type_!r}, which agentq never writes; the key "
                 "was written by something else or damaged"
             )
+        if type_ == "msgpack":
+            return ormsgpack.unpackb(
+                data[1], ext_hook=self._ext_hook(), option=ormsgpack.OPT_NON_STR_KEYS
+            )
         return super().loads_typed(data)
+
+    def _ext_hook(self) -> RevivedClasses:
+        # Rebuilt whenever the allowlist's hook is (learning a class, a copy with more).
+        inner = self._unpack_ext_hook
+        revived = self._revived
+        if revived is None or revived.inner is not inner:
+            revived = self._revived = RevivedClasses(inner)
+        return revived
+
+
+_NAMED: Final = 1
+_MAPPING: Final = 2
+_ITEMS: Final = 4
+_SEND: Final = 8
+_FIELDS: Final = 16
+_SHAPES_LIMIT: Final = 4096
+_shapes: dict[type, int] = {}
+"""What :func:`_classes_in` does with an object, per class: the checks cost more than the
+walk (a runtime ``Protocol`` check inspects the class on every call), and every value of a
+state of messages is one of a few classes."""
+
+
+def _shape(obj: Any) -> int:
+    if isinstance(obj, type):
+        return 0
+    if isinstance(obj, dict):
+        return _MAPPING
+    shape = 0
+    named = dataclasses.is_dataclass(obj) or isinstance(obj, Enum) or hasattr(obj, "_asdict")
+    # Pydantic models: their dump holds nested models as dicts, which they validate back.
+    if named or hasattr(obj, "model_dump") or hasattr(obj, "__fields__"):
+        shape |= _NAMED
+    if isinstance(obj, (list, tuple, set, frozenset, deque)):
+        shape |= _ITEMS
+    elif isinstance(obj, SendProtocol):
+        shape |= _SEND
+    elif dataclasses.is_dataclass(obj):
+        shape |= _FIELDS
+    return shape
+
+
+def _learn_shape(obj: Any) -> int:
+    shape = _shape(obj)
+    if len(_shapes) > _SHAPES_LIMIT:  # classes made at run time must not pile up
+        _shapes.clear()
+    _shapes[type(obj)] = shape
+    return shape
 
 
 def _classes_in(obj: Any, found: set[tuple[str, ...]]) -> None:
     """Add to ``found`` the classes LangGraph's msgpack encoding names for ``obj``."""
-    if isinstance(obj, type):
-        return
-    if isinstance(obj, dict):
+    cls = type(obj)
+    shape = _shapes.get(cls)
+    if shape is None:
+        shape = _learn_shape(obj)
+    if shape & _NAMED:
+        found.add((cls.__module__, cls.__name__))
+    if shape & _MAPPING:
         for key, value in obj.items():
             _classes_in(key, found)
             _classes_in(value, found)
-        return
-    named = dataclasses.is_dataclass(obj) or isinstance(obj, Enum) or hasattr(obj, "_asdict")
-    # Pydantic models: their dump holds nested models as dicts, which they validate back.
-    if named or hasattr(obj, "model_dump") or hasattr(obj, "__fields__"):
-        found.add((type(obj).__module__, type(obj).__name__))
-    if isinstance(obj, (list, tuple, set, frozenset, deque)):
+    elif shape & _ITEMS:
+        shapes = _shapes
         for item in obj:
-            _classes_in(item, found)
-    elif isinstance(obj, SendProtocol):
-        _classes_in(obj.arg, found)
-    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+            # Inline for the common items, plain values and messages: no call per item.
+            kind = shapes.get(type(item))
+            if kind == _NAMED:
+                found.add((type(item).__module__, type(item).__name__))
+            elif kind != 0:
+                _classes_in(item, found)
+    elif shape & _SEND:
+        _classes_in(getattr(obj, "arg", None), found)
+    elif shape & _FIELDS:
         for field in dataclasses.fields(obj):
             _classes_in(getattr(obj, field.name), found)
 

@@ -87,6 +87,7 @@ def tool_call(  # type: ignore[overload-cannot-match]  # P above takes no option
     shared: bool | None = None,
     limit: str | Sequence[str] | None = None,
     cost: float = 0,
+    actual_cost: Callable[[Any], float] | None = None,
     config: RunnableConfig | None = None,
     **kwargs: Any,
 ) -> R: ...
@@ -102,6 +103,7 @@ def tool_call(  # type: ignore[misc]
     shared: bool | None = None,
     limit: str | Sequence[str] | None = None,
     cost: float = 0,
+    actual_cost: Callable[[Any], float] | None = None,
     config: RunnableConfig | None = None,
     **kwargs: Any,
 ) -> Any:
@@ -110,8 +112,8 @@ def tool_call(  # type: ignore[misc]
     recorded result back, typed as ``fn``'s. When an earlier worker died between the
     effect and its record, ``idempotent``/``reconcile`` settle it or the thread stops as
     ``needs_attention``, exactly as :meth:`agentq.Run.tool` (whose policies
-    ``@agentq.tool`` declares), which also takes ``limit``/``cost`` from the app's
-    fleet-wide limits.
+    ``@agentq.tool`` declares), which also takes ``limit``/``cost``/``actual_cost`` from
+    the app's fleet-wide limits.
 
     A type checker checks the arguments passed positionally against ``fn``; those passed
     by keyword only (the model's ``**call["args"]``) are checked when the call is made.
@@ -135,5 +137,6 @@ def tool_call(  # type: ignore[misc]
         shared=shared,
         limit=limit,
         cost=cost,
+        actual_cost=actual_cost,
         **kwargs,
     )

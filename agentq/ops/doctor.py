@@ -1,10 +1,14 @@
-"""Checks a Celery app's settings for what would defeat recovery or exclusion."""
+"""Checks a Celery app's settings for what would defeat recovery or exclusion, and its
+declared limits for those no call takes from."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from typing import Any
 
+from agentq.errors import LimitError
+from agentq.limits import Limits
 from agentq.records import Finding
 from agentq.settings import Settings
 
@@ -95,3 +99,26 @@ def celery_findings(app: Any, settings: Settings) -> list[Finding]:
                 )
             )
     return findings
+
+
+def unused_limits(limits: Limits, takes: Mapping[str, int]) -> list[Finding]:
+    """The declared limits that no key taken from in the store (``takes``, as
+    :meth:`~agentq.store.contract.Store.limit_takes` counts them) falls under."""
+    used = set()
+    for key in takes:
+        try:
+            used.add(limits.of(key).name)
+        except LimitError:  # taken under a declaration the app has dropped since
+            continue
+    return [
+        Finding(
+            f"limit {name!r}",
+            "0 takes",
+            "declared, but no call has taken from it in this store: nothing names it in "
+            "limit=, so it caps nothing.",
+            f"name it in the calls it should cap (run.tool(..., limit={name!r})), or drop "
+            "the declaration",
+        )
+        for name in limits.declared()
+        if name not in used
+    ]

@@ -27,9 +27,15 @@ META_FIELDS: Final = (
     "cancel",
     "options",
     "origin",
+    "timeout",
+    "timeout_at",
+    "timed_out",
 )
 """The fields of a thread's meta, as both backends store them. ``first`` is the oldest step
-still stored; ``input``, ``result``, ``interrupt`` and ``resume`` hold msgpack bytes."""
+still stored; ``input``, ``result``, ``interrupt`` and ``resume`` hold msgpack bytes.
+``timeout`` and ``timeout_at`` are those of a wait for a human (seconds; a Unix time, only
+while it waits); ``timed_out`` is the unanswered ``interrupt``, copied there when the
+timeout took the thread out of its wait, until a step after it commits."""
 
 
 def meta_from_fields(thread_id: str, fields: Mapping[str, Any]) -> ThreadMeta:
@@ -51,6 +57,7 @@ def meta_from_fields(thread_id: str, fields: Mapping[str, Any]) -> ThreadMeta:
             return None
         return decode_value(bytes(value), what=f"meta.{name}", thread_id=thread_id, step=None)
 
+    timed_out = fields.get("timed_out") not in (None, b"")
     return ThreadMeta(
         thread_id=thread_id,
         status=Status(text("status") or "queued"),
@@ -65,10 +72,14 @@ def meta_from_fields(thread_id: str, fields: Mapping[str, Any]) -> ThreadMeta:
         updated_at=number("updated_at"),
         input=blob("input"),
         result=blob("result"),
-        interrupt=blob("interrupt"),
+        # A retry reopens a failed thread without its interrupt; its copy stays.
+        interrupt=blob("timed_out" if timed_out else "interrupt"),
         resume_value=blob("resume"),
         resumed=fields.get("resume") not in (None, b""),
         cancel_requested=text("cancel") == "1",
         options=blob("options") or {},
         origin=text("origin"),
+        timeout=None if text("timeout") is None else number("timeout"),
+        timeout_at=None if text("timeout_at") is None else number("timeout_at"),
+        timed_out=timed_out,
     )

@@ -12,6 +12,7 @@ from starlette.templating import Jinja2Templates
 from agentq.records import Status
 from agentq.store.contract import Store
 from agentq.ui.format import FILTERS
+from agentq.ui.rows import threads_rows
 
 
 @dataclass(frozen=True)
@@ -33,7 +34,8 @@ def templates() -> Jinja2Templates:
         loader=jinja2.PackageLoader("agentq.ui", "templates"),
         autoescape=True,  # every value from a thread may be model output: hostile
         undefined=jinja2.StrictUndefined,
+        auto_reload=False,  # the templates ship in the package: no stat of each per page
     )
-    env.filters.update(FILTERS)
+    env.filters.update(FILTERS, threads_rows=threads_rows)
     env.globals["statuses"] = list(Status)
     return Jinja2Templates(env=env)

@@ -74,15 +74,13 @@ def home(request: Request) -> Response:
 
 
 def threads(request: Request) -> Response:
-    store = inspector(request).store
     wanted = _filter(request)
-    page = threads_page(store, wanted, _number(request, "offset") or 0)
+    page = threads_page(inspector(request).store, wanted, _number(request, "offset") or 0)
     live = request.url.path.endswith("/live")
     return render(
         request,
         "threads_live.html" if live else "threads.html",
         page=page,
-        counts=store.status_counts(),
         wanted=wanted,
         query=_query(wanted),
         live_query=_query(wanted, offset=page.offset or None),

@@ -16,7 +16,7 @@ from typing import Any, Final
 from agentq.codec.envelope import encode_value
 from agentq.ops.diffing import Change, changed_parts, checkpoint_changes
 from agentq.ops.jsonable import plain
-from agentq.records import Checkpoint, Effect, Schedule, Status, ThreadMeta
+from agentq.records import Checkpoint, Effect, ListedThread, Schedule, Status, ThreadMeta
 from agentq.store.contract import Store
 
 PAGE: Final = 50
@@ -39,19 +39,14 @@ class Filter:
         """Whether rows are picked from the index pages rather than taken as they come."""
         return bool(self.task or self.prefix)
 
-    def admits(self, meta: ThreadMeta) -> bool:
-        return (not self.task or meta.task == self.task) and meta.thread_id.startswith(self.prefix)
-
-
-@dataclass(frozen=True)
-class Row:
-    meta: ThreadMeta
-    schedule: Schedule
+    def admits(self, row: ListedThread) -> bool:
+        return (not self.task or row.task == self.task) and row.thread_id.startswith(self.prefix)
 
 
 @dataclass(frozen=True)
 class ThreadsPage:
-    rows: list[Row]
+    counts: dict[Status, int]
+    rows: list[ListedThread]
     offset: int
     next_offset: int | None
     examined: int
@@ -59,36 +54,31 @@ class ThreadsPage:
 
 
 def threads_page(store: Store, wanted: Filter, offset: int, limit: int = PAGE) -> ThreadsPage:
-    """The page of threads from position ``offset`` of the index, newest first."""
+    """The counts and the page of threads from position ``offset`` of the index, newest
+    first: one store call (``Store.listing``) unless a filter narrows."""
     if not wanted.narrows:
-        metas = store.threads(wanted.status, limit=limit + 1, offset=offset)
-        more = len(metas) > limit
-        metas = metas[:limit]
+        listing = store.listing(wanted.status, limit=limit + 1, offset=offset)
+        rows = listing.rows[:limit]
+        more = len(listing.rows) > limit
         return ThreadsPage(
-            _rows(store, metas), offset, offset + limit if more else None, len(metas)
+            listing.counts, rows, offset, offset + limit if more else None, len(rows)
         )
-    found: list[ThreadMeta] = []
+    found: list[ListedThread] = []
     position = offset
+    counts: dict[Status, int] | None = None
     while True:
-        chunk = store.threads(wanted.status, limit=SCAN_CHUNK, offset=position)
-        for meta in chunk:
+        chunk = store.listing(wanted.status, limit=SCAN_CHUNK, offset=position)
+        counts = counts or chunk.counts
+        for row in chunk.rows:
             position += 1
-            if wanted.admits(meta):
-                found.append(meta)
+            if wanted.admits(row):
+                found.append(row)
                 if len(found) == limit:
-                    return ThreadsPage(_rows(store, found), offset, position, position - offset)
-        if len(chunk) < SCAN_CHUNK:
-            return ThreadsPage(_rows(store, found), offset, None, position - offset)
+                    return ThreadsPage(counts, found, offset, position, position - offset)
+        if len(chunk.rows) < SCAN_CHUNK:
+            return ThreadsPage(counts, found, offset, None, position - offset)
         if position - offset >= SCAN_LIMIT:
-            return ThreadsPage(_rows(store, found), offset, position, position - offset)
-
-
-def _rows(store: Store, metas: list[ThreadMeta]) -> list[Row]:
-    # A row shows the lease owner, and only a running thread has a lease: the others cost
-    # no reads (their due times are on the thread's page).
-    running = [meta.thread_id for meta in metas if meta.status == Status.RUNNING]
-    schedules = {s.thread_id: s for s in store.schedules(running)} if running else {}
-    return [Row(meta, schedules.get(meta.thread_id, Schedule(meta.thread_id))) for meta in metas]
+            return ThreadsPage(counts, found, offset, position, position - offset)
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,13 @@
 """Fleet-wide limits with real worker processes: the budget holds across processes, a
-killed worker's concurrency slot comes back, a 429 pauses the key for every worker."""
+killed worker's concurrency slot comes back while a live one's long call keeps it, a 429
+pauses the key for every worker, a call settles its real token usage once, and progress
+events say what each step waited for."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import threading
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -14,6 +18,7 @@ import redis
 from celery import Celery
 
 from agentq import Status
+from agentq.errors import ThreadStopped
 from agentq.store.contract.limits import Take
 from agentq.store.redis import RedisStore
 from tests.support.limits_app import LIMITS, make_limits_app
@@ -164,3 +169,113 @@ def test_a_429_pauses_the_key_for_every_worker(setup: Setup, worker: Any) -> Non
     assert setup.call_times() == []  # nobody called through the pause
     assert setup.agent.wait("other", timeout=60) and setup.agent.wait("refused", timeout=60)
     assert len(setup.call_times()) == 2
+
+
+def test_a_call_settles_its_real_usage_once_and_a_replay_settles_nothing(
+    setup: Setup, worker: Any
+) -> None:
+    worker()
+    # Each takes 5 of 60 tokens a minute and used 35: 30 more are charged, once.
+    setup.agent.delay("charged", calls=1, limit="tokens", cost=5, used=35, fail_once=True)
+    assert len(setup.agent.wait("charged", timeout=60)) == 1
+    # The node ran twice, the tool once: the second run replayed the call.
+    assert setup.ledger.get(f"{setup.ns}:failed:charged") == b"2"
+    assert len(setup.call_times()) == 1
+    left = setup.store.limit_states()["tokens"].tokens_left(LIMITS_BY_NAME["tokens"])
+    # 25 left, plus one a second since; charged twice it would be 0 plus that.
+    assert left is not None and 24 < left < 60
+    # One that took 50 and used 1 gives 49 back: 50 are free again at once.
+    setup.agent.delay("refunded", calls=1, limit="tokens", cost=50, used=1)
+    assert len(setup.agent.wait("refunded", timeout=60)) == 1
+    later = setup.store.limit_states()["tokens"].tokens_left(LIMITS_BY_NAME["tokens"])
+    assert later is not None and later > 24
+
+
+def test_a_call_longer_than_the_slot_ttl_keeps_its_slot_while_its_worker_lives(
+    setup: Setup, worker: Any
+) -> None:
+    worker(concurrency=1)
+    setup.agent.delay("long", calls=1, limit="one-at-a-time", block=True)
+    wait_until(
+        lambda: setup.ledger.llen(f"{setup.ns}:holding"),
+        timeout=30,
+        what="the call holding the slot",
+    )
+    holders = setup.store.keys.limit_holders("one-at-a-time")
+    ((_, first_expiry),) = setup.ledger.zrange(holders, 0, -1, withscores=True)
+
+    def server_time() -> float:
+        seconds, micros = setup.ledger.time()
+        return seconds + micros / 1e6
+
+    wait_until(
+        lambda: server_time() > first_expiry + LEASE_TTL / 2,
+        timeout=LEASE_TTL + 10,
+        what="the slot's first expiry passing",
+    )
+    assert setup.take_now("one-at-a-time") > 0  # renewed with the lease: still held
+    setup.ledger.set(f"{setup.ns}:go", 1)
+    assert len(setup.agent.wait("long", timeout=30)) == 1
+    assert setup.take_now("one-at-a-time") == 0  # given back when the call returned
+
+
+def test_progress_events_carry_the_steps_limit_waits(setup: Setup, worker: Any) -> None:
+    events: list[dict[str, Any]] = []
+    listening = threading.Event()
+    done = threading.Event()
+
+    def listen() -> None:
+        with setup.app.connection_for_read() as connection:
+            receiver = setup.app.events.Receiver(
+                connection, handlers={"task-progress": events.append}
+            )
+            # Events sent before the receiver's queue exists are lost: start after it does.
+            receiver.on_consume_ready = lambda *args, **kwargs: listening.set()
+            with contextlib.suppress(TimeoutError, OSError):
+                for _ in receiver.itercapture(limit=None, timeout=20, wakeup=False):
+                    if done.is_set():
+                        break
+
+    listener = threading.Thread(target=listen, daemon=True)
+    listener.start()
+    assert listening.wait(10)
+    worker()
+    # 600/min with a burst of 2: the third call waits a tenth of a second in place.
+    setup.agent.delay("in-place", calls=3, limit="api")
+    # 60/min with a burst of 1: the second call's wait is longer than limit_wait.
+    setup.agent.delay("retried", calls=2, limit="slow")
+    assert setup.agent.wait("in-place", timeout=60) and setup.agent.wait("retried", timeout=60)
+    wait_until(lambda: len(events) >= 3, timeout=20, what="the progress events")
+    done.set()
+    listener.join(20)
+    waits = {
+        e["thread_id"]: e["limit_waits"] for e in events if e.get("limit_waits") and e["step"] == 0
+    }
+    [in_place] = waits["in-place"]
+    assert in_place["keys"] == ["api"] and in_place["waited"] > 0
+    retried = [w for e in events if e["thread_id"] == "retried" for w in e["limit_waits"]]
+    assert any(w["keys"] == ["slow"] and w["due_at"] > 0 for w in retried if "due_at" in w)
+
+
+def test_an_actual_cost_that_is_not_a_token_count_fails_the_thread_saying_so(
+    setup: Setup, worker: Any
+) -> None:
+    worker()
+    setup.agent.delay("miscounted", calls=1, limit="tokens", cost=5, used="many")
+    with pytest.raises(ThreadStopped) as stopped:
+        setup.agent.wait("miscounted", timeout=60)
+    error = stopped.value.error or ""
+    assert "LimitError" in error and "actual_cost returned 'many'" in error
+    assert "thread miscounted step 0" in error
+
+
+def test_a_cost_no_budget_could_take_fails_the_thread_and_leaves_no_claim(
+    setup: Setup, worker: Any
+) -> None:
+    worker()
+    setup.agent.delay("too-big", calls=1, limit="tokens", cost=100)
+    with pytest.raises(ThreadStopped) as stopped:
+        setup.agent.wait("too-big", timeout=60)
+    assert "could never run" in (stopped.value.error or "")
+    # The call never ran: retrying the thread claims it afresh, not as an unknown outcome.
+    assert setup.store.effects("too-big") == []

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -20,14 +21,20 @@ from celery.result import AsyncResult
 import agentq
 from agentq import Done, FunctionAgent, Run
 from agentq.celery.drain import draining
-from agentq.celery.task_outcome import HANDED_OVER, NEEDS_ATTENTION, WAITING
-from agentq.errors import NeedsAttention
+from agentq.celery.task_outcome import HANDED_OVER, NEEDS_ATTENTION, WAITING, WAITING_FOR_KEY
+from agentq.errors import InterruptTimedOut, NeedsAttention
 from tests.support.agents import RateLimitError
 from tests.support.redis_server import RedisServer, wait_until
 
 pytestmark = pytest.mark.filterwarnings("ignore:Call to deprecated setex:DeprecationWarning")
 
-EVENTS = ("task-waiting", "task-retrying", "task-handed-over", "task-needs-attention")
+EVENTS = (
+    "task-waiting",
+    "task-retrying",
+    "task-handed-over",
+    "task-needs-attention",
+    "task-waiting-for-key",
+)
 
 
 @dataclass
@@ -36,6 +43,20 @@ class Env:
     agent: FunctionAgent
     retried: list[tuple[str, BaseException]]
     events: list[dict[str, Any]] = field(default_factory=list)
+    release: threading.Event = field(default_factory=threading.Event)
+
+
+def define_keyed(app: Celery, release: threading.Event) -> FunctionAgent:
+    """An agent whose threads share the concurrency key ``solo`` (one at a time)."""
+    agent = agentq.agent(app, "tests.states.keyed", concurrency_key="solo")
+
+    @agent.node
+    def start(run: Run, hold: bool) -> Any:
+        if hold:
+            release.wait(20)
+        return Done(run.thread_id)
+
+    return agent
 
 
 def define(app: Celery, retried: list[tuple[str, BaseException]]) -> FunctionAgent:
@@ -49,6 +70,11 @@ def define(app: Celery, retried: list[tuple[str, BaseException]]) -> FunctionAge
     def start(run: Run, mode: str) -> Any:
         if mode == "wait":
             return Done({"approved": run.interrupt({"question": "refund 10?"})})
+        if mode == "deadline":
+            try:
+                return Done({"approved": run.interrupt({"question": "refund 10?"}, timeout=1)})
+            except InterruptTimedOut as exc:
+                return Done({"timed_out": exc.timeout})
         if mode == "retry" and run.thread_id not in first_attempts:
             first_attempts.add(run.thread_id)
             raise RateLimitError(retry_after="0.2")
@@ -74,10 +100,17 @@ def env(redis_broker: str, result_backend: str, redis_server: RedisServer) -> It
         worker_send_task_events=True,
     )
     agentq.init_app(
-        app, store=redis_server.url, prefix=prefix, lease_ttl=5, start_grace=5, sweep_interval=0.1
+        app,
+        store=redis_server.url,
+        prefix=prefix,
+        lease_ttl=5,
+        start_grace=5,
+        sweep_interval=0.1,
+        limits=[agentq.limit("solo", threads=1)],
     )
     retried: list[tuple[str, BaseException]] = []
     env = Env(app, define(app, retried), retried)
+    define_keyed(app, env.release)
     listening = threading.Event()
     receivers: list[Any] = []
 
@@ -98,6 +131,7 @@ def env(redis_broker: str, result_backend: str, redis_server: RedisServer) -> It
         app, pool="threads", concurrency=2, perform_ping_check=False, shutdown_timeout=30
     ):
         yield env
+    env.release.set()
     # Results unsubscribe from the backend when collected: now, while it still runs.
     gc.collect()
     receivers[0].should_stop = True  # seen within a second, at the next poll
@@ -126,6 +160,17 @@ def test_a_thread_waiting_for_a_human_is_waiting_and_get_ends_with_its_result(en
     assert resumed.get(timeout=20) == {"approved": True}
     assert first.get(timeout=20) == {"approved": True}
     assert AsyncResult(first.id, app=env.app).state == "SUCCESS"
+
+
+def test_a_wait_with_a_timeout_says_when_it_ends_and_get_ends_with_its_timeout(
+    env: Env,
+) -> None:
+    before = time.time()
+    first = env.agent.delay("t-deadline", mode="deadline")
+    assert first.get(timeout=20) == {"timed_out": 1}
+    event = event_of(env, "task-waiting", "t-deadline")
+    assert before + 1 <= event["timeout_at"] <= time.time()
+    assert event["interrupt"] == {"question": "refund 10?"}
 
 
 def test_a_retry_after_is_celerys_retry_and_on_retry_fires(env: Env) -> None:
@@ -164,3 +209,17 @@ def test_a_cancelled_thread_revokes_the_first_task(env: Env) -> None:
     wait_until(lambda: first.state == WAITING, timeout=20, what="WAITING")
     env.agent.cancel("t6")
     wait_until(lambda: first.state == "REVOKED", timeout=20, what="REVOKED")
+
+
+def test_a_thread_waiting_for_its_concurrency_key_says_which_until_it_runs(env: Env) -> None:
+    keyed = env.app.tasks["tests.states.keyed"]
+    holder = keyed.delay("t7", hold=True)
+    wait_until(lambda: keyed.thread("t7").status == "running", timeout=20, what="the slot held")
+    parked = keyed.delay("t8", hold=False)
+    wait_until(lambda: parked.state == WAITING_FOR_KEY, timeout=20, what="WAITING_FOR_KEY")
+    assert parked.info["concurrency_key"] == "solo" and parked.info["position"] == 1
+    assert not parked.ready()
+    assert event_of(env, "task-waiting-for-key", "t8")["concurrency_key"] == "solo"
+    env.release.set()
+    assert holder.get(timeout=20) == "t7"
+    assert parked.get(timeout=20) == "t8"

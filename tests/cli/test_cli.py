@@ -28,7 +28,7 @@ from agentq.records import Checkpoint, Status
 from agentq.store.contract import Store
 from agentq.store.redis.store import RedisStore
 from agentq.store.sqlite.store import SQLiteStore
-from tests.support.redis_server import RedisServer
+from tests.support.redis_server import RedisServer, wait_until
 
 BIN = Path(sys.executable).parent
 TASK = "tests.cli_agent"
@@ -193,6 +193,20 @@ def test_show_prints_meta_and_a_checkpoint(threads: Backend) -> None:
     assert "pending (1 tool call)" in text and '"call-1"' in text
     assert '"page": 0' in text  # cursors
     assert "refund 10?" in run(threads, "show", "t-wait").stdout  # what the human is asked
+
+
+def test_show_says_when_a_wait_times_out_and_that_it_did(backend: Backend) -> None:
+    store = backend.store
+    token = drive(store, "t-deadline", [{"amount": 10}])
+    store.set_status("t-deadline", token, Status.WAITING, due_in=3600, release_owner=OWNER)
+    at = store.meta("t-deadline").timeout_at  # type: ignore[union-attr]
+    assert ok_json(backend, "show", "t-deadline")["meta"]["timeout_at"] == at
+    assert "times out" in run(backend, "show", "t-deadline").stdout
+    assert "(a wait of 1h)" in run(backend, "show", "t-deadline").stdout
+    store.set_status("t-deadline", token, Status.WAITING, due_in=0, release_owner=OWNER)
+    wait_until(lambda: store.due(), timeout=5, what="the timeout due")
+    store.acquire("t-deadline", OWNER, 30)
+    assert "nobody answered within 0s" in run(backend, "show", "t-deadline").stdout
 
 
 def test_history_lists_steps_with_what_changed(threads: Backend) -> None:

@@ -63,3 +63,40 @@ def test_limits_shows_budgets_use_slots_and_pauses(
     table = CliRunner().invoke(cli, ["-A", f"{module}:app", "limits"])
     assert table.exit_code == 0, table.output
     assert "tenant:7 (tenant:{tenant})" in table.output
+
+
+KEYED_APP = """
+from celery import Celery
+import agentq
+
+app = Celery("limits-cli", broker="memory://", set_as_current=False)
+agentq.init_app(app, store="sqlite:///{db}", limits=[agentq.limit("team:{{team}}", threads=1)])
+"""
+
+
+def test_limits_shows_each_concurrency_keys_running_and_waiting_threads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    db = tmp_path / "agentq.db"
+    module = f"keyed_app_{uuid.uuid4().hex[:6]}"
+    (tmp_path / f"{module}.py").write_text(KEYED_APP.format(db=db))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    store = SQLiteStore(db)
+    for thread_id in ("a", "b", "c"):
+        store.open_thread(thread_id, task="t")
+        token = store.acquire(thread_id, "me", 60)
+        store.enter_key(thread_id, "me", token, "team:1", 1)
+    store.close()
+
+    result = CliRunner().invoke(cli, ["-A", f"{module}:app", "limits", "--json"])
+    assert result.exit_code == 0, result.output
+    [row] = json.loads(result.stdout)
+    assert (row["key"], row["declared"], row["threads"]) == ("team:1", "team:{team}", 1)
+    assert row["running_threads"] == ["a"]
+    assert [(w["thread_id"], w["position"]) for w in row["waiting"]] == [("b", 1), ("c", 2)]
+    assert all(w["since"] > 0 and w["waited"] >= 0 for w in row["waiting"])
+
+    table = CliRunner().invoke(cli, ["-A", f"{module}:app", "limits"])
+    assert table.exit_code == 0, table.output
+    assert "1 running, 2 waiting" in table.output
+    assert "team:1 (team:{team})" in table.output

@@ -29,7 +29,7 @@ from agentq.errors import (
     UnserializableState,
     UnsupportedVersion,
 )
-from agentq.records import Checkpoint, Status
+from agentq.records import Checkpoint, ListedThread, Listing, Status
 from agentq.store.contract import UNSET, Renewal, Store
 from tests.store.raw import overwrite_checkpoint, snapshot
 from tests.support.redis_server import wait_until
@@ -112,6 +112,46 @@ def test_status_counts_every_status_from_the_indexes(store: Store) -> None:
         Status.DONE: 1,
         Status.CANCELLED: 1,
     }
+
+
+def test_listing_pages_threads_with_what_a_list_shows(store: Store) -> None:
+    assert store.listing() == Listing(dict.fromkeys(Status, 0), [])
+    for name in ("queued", "held", "asks", "done", "failed", "gone"):
+        store.open_thread(name, task="agent")
+    started(store, "held", owner="host:42:w1")
+    asks = started(store, "asks")
+    store.set_status("asks", asks, Status.WAITING, interrupt={"ask": "ok?"}, release_owner="w1")
+    done = started(store, "done")
+    store.commit("done", done, cp(0, done), status=Status.DONE, result={"n": 1})
+    failed = started(store, "failed")
+    store.set_status("failed", failed, Status.FAILED, error="boom", attempts=3, crashes=1)
+    store.request_cancel("gone")
+    store.request_cancel("held")
+    page = store.listing()
+    assert page.counts == {
+        **dict.fromkeys(Status, 0),
+        Status.QUEUED: 1,
+        Status.RUNNING: 1,
+        Status.WAITING: 1,
+        Status.DONE: 1,
+        Status.FAILED: 1,
+        Status.CANCELLED: 1,
+    }
+    assert [row.thread_id for row in page.rows] == [m.thread_id for m in store.threads(limit=50)]
+    rows = {row.thread_id: row for row in page.rows}
+    assert rows["held"] == ListedThread(
+        "held", Status.RUNNING, -1, None, "agent", 0, 0, rows["held"].updated_at, None, True,
+        owner="host:42:w1",
+    )  # fmt: skip
+    assert rows["held"].updated_at == store.meta("held").updated_at  # type: ignore[union-attr]
+    assert (rows["asks"].interrupt, rows["asks"].owner) == ({"ask": "ok?"}, None)
+    assert (rows["done"].result, rows["done"].step, rows["done"].node) == ({"n": 1}, 0, "node0")
+    assert (rows["failed"].error, rows["failed"].attempts, rows["failed"].crashes) == ("boom", 3, 1)
+    assert rows["gone"].status is Status.CANCELLED and rows["queued"].interrupt is None
+    assert store.listing(limit=2, offset=1).rows == page.rows[1:3]
+    assert [row.thread_id for row in store.listing(Status.QUEUED).rows] == ["queued"]
+    assert store.listing(Status.RETRYING).rows == []
+    assert store.listing(limit=0).rows == []
 
 
 def test_schedules_tell_the_lease_holder_and_the_due_time(store: Store) -> None:

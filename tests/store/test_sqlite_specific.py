@@ -266,6 +266,8 @@ def test_a_version_2_database_is_upgraded_in_place(tmp_path: Path) -> None:
         db.execute("ALTER TABLE threads DROP COLUMN origin")
         db.execute("ALTER TABLE effects DROP COLUMN tool")
         db.execute("ALTER TABLE effects DROP COLUMN claimed_at")
+        for column in ("timeout", "timeout_at", "timed_out"):
+            db.execute(f"ALTER TABLE threads DROP COLUMN {column}")
         db.execute("PRAGMA user_version = 2")
     with SQLiteStore(path) as store:
         assert store.latest("t1") == Checkpoint(step=0, node="n", token=token)
@@ -275,8 +277,11 @@ def test_a_version_2_database_is_upgraded_in_place(tmp_path: Path) -> None:
         store.open_thread("t2", task="agent", options={"queue": "gpu"}, origin="task-1")
         meta = store.meta("t2")
         assert meta is not None and (meta.options, meta.origin) == ({"queue": "gpu"}, "task-1")
+        token = store.acquire("t2", "w1", 60)
+        store.set_status("t2", token, Status.WAITING, due_in=30, release_owner="w1")
+        assert store.meta("t2").timeout == 30  # type: ignore[union-attr]
     with sqlite3.connect(path) as db:
-        assert db.execute("PRAGMA user_version").fetchone() == (4,)
+        assert db.execute("PRAGMA user_version").fetchone() == (5,)
 
 
 def test_newer_schema_is_refused(tmp_path: Path) -> None:

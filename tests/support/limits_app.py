@@ -21,18 +21,31 @@ LIMITS = [
     agentq.limit("slow", requests_per_minute=60, burst=1),
     agentq.limit("one-at-a-time", concurrency=1),
     agentq.limit("provider", requests_per_minute=6000),
+    agentq.limit("tokens", tokens_per_minute=60),
 ]
 
 
 class LimitedAgent(AgentTask):
     """Makes ``calls`` tool calls under ``limit``; each pushes the server's time onto
     ``<ns>:calls``. With ``block`` the call waits until ``<ns>:go`` exists; with
-    ``refuse`` the first call raises a 429 asking to wait that many seconds."""
+    ``refuse`` the first call raises a 429 asking to wait that many seconds. Each call takes
+    ``cost`` tokens; with ``used`` it settles that many instead, and with ``fail_once`` the
+    node fails once after its calls, so that they replay when it runs again."""
 
     name = "tests.limited_agent"
     retry_on = (RateLimitError,)
 
-    def start(self, run: Run, calls: int, limit: str, block: bool = False, refuse: int = 0) -> Done:
+    def start(
+        self,
+        run: Run,
+        calls: int,
+        limit: str,
+        block: bool = False,
+        refuse: int = 0,
+        cost: float = 1,
+        used: Any = None,
+        fail_once: bool = False,
+    ) -> Done:
         ledger = redis.Redis.from_url(self.app.conf.test_ledger_url)
         ns = self.app.conf.test_ledger_ns
 
@@ -47,7 +60,10 @@ class LimitedAgent(AgentTask):
             ledger.rpush(f"{ns}:calls", f"{seconds + micros / 1e6:.6f}")
             return idempotency_key
 
-        done = [run.tool(call, limit=limit, cost=1) for _ in range(calls)]
+        settle = None if used is None else (lambda result: used)
+        done = [run.tool(call, limit=limit, cost=cost, actual_cost=settle) for _ in range(calls)]
+        if fail_once and ledger.incr(f"{ns}:failed:{run.thread_id}") == 1:
+            raise RateLimitError("0.1")
         return Done(done)
 
 
@@ -58,6 +74,7 @@ def make_limits_app(*, broker: str, store: str, prefix: str, queue: str, **setti
         broker_connection_retry_on_startup=True,
         worker_hijack_root_logger=False,
         worker_prefetch_multiplier=1,
+        worker_send_task_events=True,
         test_ledger_url=store,
         test_ledger_ns=prefix.rstrip(":"),
     )

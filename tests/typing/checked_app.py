@@ -71,6 +71,8 @@ class OrderAgent(AgentTask):
         assert_type(run.tool(fenced, "o-1", key="f"), int)
         assert_type(run.tool(keyed_and_fenced, "o-1", shared=True), float)
         assert_type(run.tool(search, "q", limit=("openai", "tenant:a"), cost=12), list[str])
+        assert_type(run.tool(search, "q", limit="openai", cost=9, actual_cost=len), list[str])
+        assert_type(run.tool(refund, key="k", limit="openai", actual_cost=len, amount=3), str)
         assert_type(run.tool(refund, key=CALL["id"], **CALL["args"]), str)
         assert_type(run.tool(charge, key=CALL["id"], **CALL["args"]), dict[str, int])
         assert_type(run.tool(refund, *ARGS, key="k", **OPTIONS), str)
@@ -82,12 +84,14 @@ class OrderAgent(AgentTask):
         assert_type(await run.atool(acharge, "o-1", 250, key="c"), dict[str, int])
         assert_type(await run.atool(fetch, key=CALL["id"], **CALL["args"]), bytes)
         assert_type(await run.atool(refund, 3, limit="openai"), str)
+        assert_type(await run.atool(fetch, "u", limit="openai", actual_cost=len), bytes)
         assert_type(await run.atool(charge, "o-1", 250, key="c"), dict[str, int])
         assert_type(await run.atool(refund, key=CALL["id"], **CALL["args"]), str)
 
     def graph_forms(self) -> None:
         assert_type(tool_call("call-1", charge, "o-1", 250, idempotent=True), dict[str, int])
         assert_type(tool_call("call-1", refund, **CALL["args"]), str)
+        assert_type(tool_call("call-1", search, "q", limit="openai", actual_cost=len), list[str])
 
     def wrong(self, run: Run) -> str:
         count: int = run.tool(refund, 1)  # expect: assignment
@@ -98,6 +102,7 @@ class OrderAgent(AgentTask):
         run.tool(refund, amunt=1)  # expect: call-overload
         run.tool(refund, 1, kye="k")  # expect: call-arg
         run.tool(refund, 1, cost="free")  # expect: call-arg
+        run.tool(refund, 1, limit="openai", actual_cost=12)  # expect: call-arg
         run.tool(fenced, 1, key="f")  # expect: arg-type
         return str(count)
 
@@ -116,6 +121,7 @@ class OrderAgent(AgentTask):
     def wrong_graph(self) -> None:
         tool_call("call-1", charge, 250, idempotent=True)  # expect: arg-type
         tool_call("call-1", refund, "3")  # expect: arg-type
+        tool_call("call-1", refund, 3, limit="openai", actual_cost=12)  # expect: call-arg
 
 
 assert_type(agentq.Done(1), Done)

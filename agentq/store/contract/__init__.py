@@ -33,6 +33,7 @@ from agentq.store.contract.common import (
 from agentq.store.contract.effects import EffectsContract
 from agentq.store.contract.leases import LeaseContract
 from agentq.store.contract.limits import LimitsContract
+from agentq.store.contract.thread_keys import ThreadKeysContract
 from agentq.store.contract.threads import ThreadsContract
 from agentq.store.graph import GraphStore
 
@@ -47,7 +48,14 @@ __all__ = [
 ]
 
 
-class Store(ThreadsContract, LeaseContract, CheckpointsContract, EffectsContract, LimitsContract):
+class Store(
+    ThreadsContract,
+    LeaseContract,
+    CheckpointsContract,
+    EffectsContract,
+    LimitsContract,
+    ThreadKeysContract,
+):
     """A durable home for threads. Subclasses: ``RedisStore``, ``SQLiteStore``.
 
     Each public method checks its arguments (thread ids, effect keys, lease TTLs) here,
@@ -56,8 +64,10 @@ class Store(ThreadsContract, LeaseContract, CheckpointsContract, EffectsContract
     The methods come in sections, one module each: threads
     (:mod:`~agentq.store.contract.threads`), the lease and recovery
     (:mod:`~agentq.store.contract.leases`), checkpoints
-    (:mod:`~agentq.store.contract.checkpoints`) and effects
-    (:mod:`~agentq.store.contract.effects`); the store's settings and operations are here.
+    (:mod:`~agentq.store.contract.checkpoints`), effects
+    (:mod:`~agentq.store.contract.effects`), rate limits
+    (:mod:`~agentq.store.contract.limits`) and concurrency keys
+    (:mod:`~agentq.store.contract.thread_keys`); the store's settings and operations are here.
     """
 
     keep_last: int

@@ -36,11 +36,13 @@ class CheckpointsContract(ABC):
         :class:`~agentq.errors.StaleToken`) and the latest step is ``checkpoint.step - 1``
         (else :class:`~agentq.errors.StepConflict`). In one atomic operation it writes the
         snapshot, the latest pointer, the meta (status, step, node; attempts and crashes
-        reset to 0; a consumed resume value and the error of an earlier attempt removed;
+        reset to 0; a consumed resume value or timed-out wait, and the error of an earlier
+        attempt, removed;
         ``result`` and the ``interrupt`` payload stored if given, else no interrupt), the
         status and due indexes (due in
         ``due_in`` seconds, out of the due index when ``None``, as it was when ``UNSET``:
-        a running thread's due time follows its lease) and prunes checkpoints
+        a running thread's due time follows its lease; a ``waiting`` thread's is the
+        timeout of its wait, see :meth:`set_status`), and prunes checkpoints
         beyond ``keep_last``; with ``release_owner`` it also releases that owner's lease.
         On any refusal no key changes. Encoding errors are raised before anything is written.
 
@@ -96,7 +98,10 @@ class CheckpointsContract(ABC):
         """Change the thread's status without a new checkpoint (a retry being scheduled, a
         failure, an interrupt), fenced by ``token`` like ``commit``. Meta values left
         ``UNSET`` stay as they are. A thread set ``retrying`` with ``due_in`` cannot be
-        acquired before then. Atomic."""
+        acquired before then. A thread set ``waiting`` with ``due_in`` waits with that
+        timeout (``timeout``, ``timeout_at`` in its meta): :meth:`acquire` refuses it
+        before then and takes it out of the wait after; without ``due_in`` it waits until
+        reopened. Atomic."""
         validate_thread_id(thread_id)
         self._do_set_status(
             thread_id,

@@ -38,8 +38,8 @@ def check_ttl(thread_id: str, ttl: float) -> None:
 
 def retry_not_due(thread_id: str, seconds: float) -> RetryNotDue:
     return RetryNotDue(
-        f"the thread retries in {seconds:.1f} s (its rate limit's wait); leave it, recovery "
-        "sends it then",
+        f"the thread is due in {seconds:.1f} s (a retry's wait, or a wait for a human that "
+        "times out then); leave it, recovery sends it then",
         thread_id=thread_id,
         seconds=seconds,
     )

@@ -20,10 +20,12 @@ class LeaseContract(ABC):
 
         An owner may re-acquire its own live lease (and gets a new token). A ``queued``,
         ``retrying`` or ``running`` thread becomes ``running`` and is due when the lease
-        expires. Raises :class:`~agentq.errors.LeaseHeld` while another owner's lease is
-        live, :class:`~agentq.errors.RetryNotDue` for a ``retrying`` thread before the time
-        its ``set_status`` scheduled, and :class:`~agentq.errors.ThreadNotFound` for an
-        unknown thread. Atomic.
+        expires. So does a ``waiting`` thread whose wait's timeout passed: its ``interrupt``
+        is copied for the next node (``timed_out`` in its meta) and a :meth:`reopen` after
+        this is refused. Raises :class:`~agentq.errors.LeaseHeld` while another owner's
+        lease is live, :class:`~agentq.errors.RetryNotDue` for a ``retrying`` thread before
+        the time its ``set_status`` scheduled (a ``waiting`` one before its timeout), and
+        :class:`~agentq.errors.ThreadNotFound` for an unknown thread. Atomic.
         """
         validate_thread_id(thread_id)
         check_ttl(thread_id, ttl)

@@ -16,6 +16,14 @@ class Take(NamedTuple):
     cost: float
 
 
+class Slot(NamedTuple):
+    """A concurrency slot one call holds on one limit key, to keep for ``ttl`` more seconds."""
+
+    key: str
+    holder: str
+    ttl: float
+
+
 class LimitState(NamedTuple):
     """What the store holds of one limit key, read at ``now`` on its clock."""
 
@@ -61,3 +69,19 @@ class LimitsContract(ABC):
     @abstractmethod
     def limit_states(self) -> dict[str, LimitState]:
         """Every limit key the store has seen taken or paused, with its state. Read-only."""
+
+    @abstractmethod
+    def settle_limits(self, settles: list[Take]) -> None:
+        """Charge each take's ``cost`` more tokens to its key (a negative cost refunds
+        them), for a call whose real usage differed from what it took; keys without a
+        token budget are left alone. A refund never makes more than a minute's budget
+        free. All keys at once. Atomic."""
+
+    @abstractmethod
+    def renew_limits(self, slots: list[Slot]) -> None:
+        """Keep each slot its holder still holds for ``ttl`` more seconds from now; a slot
+        released or expired meanwhile stays gone. Atomic per slot."""
+
+    @abstractmethod
+    def limit_takes(self) -> dict[str, int]:
+        """How many takes each limit key has granted since the store began. Read-only."""

@@ -9,7 +9,7 @@ from typing import Any, Final
 
 from agentq.errors import InvalidArgument
 from agentq.ids import validate_thread_id
-from agentq.records import FINISHED, Schedule, Status, ThreadMeta
+from agentq.records import FINISHED, Listing, Schedule, Status, ThreadMeta
 from agentq.store.contract.common import UNSET
 
 COLLECTABLE: Final = FINISHED | {Status.NEEDS_ATTENTION}
@@ -81,6 +81,12 @@ class ThreadsContract(ABC):
         """How many threads are in each status (every status present, zeros included),
         from the status indexes: no thread is read. Not atomic across statuses."""
 
+    @abstractmethod
+    def listing(self, status: Status | None = None, *, limit: int = 50, offset: int = 0) -> Listing:
+        """The status counts and a page of threads in the order of :meth:`threads`, each
+        with only what a list shows (:class:`~agentq.records.ListedThread`), in one round
+        trip (one per node on Redis Cluster). Read-only, not atomic across threads."""
+
     def schedules(self, thread_ids: Sequence[str]) -> list[Schedule]:
         """The lease and due time of each thread, in the order given, in one round trip;
         an unknown thread gets an empty :class:`~agentq.records.Schedule`. Read-only, not
@@ -131,8 +137,9 @@ class ThreadsContract(ABC):
         """Queue a thread again that nobody drives: if its status is in ``from_statuses``
         it becomes ``queued``, due in ``start_grace`` seconds, with its error, attempts and
         cancel flag cleared and ``resume_value`` stored when given (the next driver reads
-        it from the meta). Raises :class:`~agentq.errors.ThreadStateError` for any other
-        status and :class:`~agentq.errors.ThreadNotFound` for an unknown thread. Atomic.
+        it from the meta); a ``waiting`` thread's timeout is dropped, so it never fires.
+        Raises :class:`~agentq.errors.ThreadStateError` for any other status and
+        :class:`~agentq.errors.ThreadNotFound` for an unknown thread. Atomic.
         """
         validate_thread_id(thread_id)
         return self._do_reopen(

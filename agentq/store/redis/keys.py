@@ -16,7 +16,11 @@ key                                        type    contents
                                                    input/result/interrupt/resume (msgpack),
                                                    cancel ("1" once requested), log_fields
                                                    (msgpack list of the latest checkpoint's
-                                                   append-only fields; absent if none)
+                                                   append-only fields; absent if none),
+                                                   timeout/timeout_at/timed_out (a wait
+                                                   for a human's, see meta_fields.py), parked
+                                                   (while it waits for a concurrency key: the
+                                                   key's queue)
 ``P thread:{T}:staged``                    string  the snapshot of a commit in flight: SET
                                                    in the commit's MULTI, then renamed to its
                                                    checkpoint key, or deleted if the commit
@@ -38,6 +42,14 @@ key                                        type    contents
 ``P limit:{limits}:<key>``                 hash    req_tat, tok_tat (GCRA times), paused
                                                    (Unix time a 429 asked to wait until)
 ``P limit:{limits}:<key>:holders``         zset    concurrency slot holder -> expiry
+``P ckey:{ckeys}:<key>/holders``           hash    concurrency key slots: thread id -> the
+                                                   lease token owning it, or ``r`` (reserved
+                                                   for a woken thread)
+``P ckey:{ckeys}:<key>/queue``             zset    parked thread id -> Unix time parked
+``P ckey:{ckeys}:<key>/state``             hash    cap (as last entered), last (the latest
+                                                   park time, to keep them increasing)
+``P ckey:{ckeys}:active``                  set     the concurrency keys with a slot or a
+                                                   waiter
 =========================================  ======  ===========================================
 
 ``P`` is the configured prefix (``agentq:`` by default). Leases expire through ``PX`` on
@@ -111,3 +123,13 @@ class Keys:
 
     def limit_holders(self, key: str) -> str:
         return f"{self.limit(key)}:holders"
+
+    def thread_key_prefix(self) -> str:
+        return f"{self.prefix}ckey:{{ckeys}}:"
+
+    def thread_key(self, key: str, part: str) -> str:
+        # '/' cannot be in a key's name, so no key's parts meet another key's name.
+        return f"{self.thread_key_prefix()}{key}/{part}"
+
+    def thread_keys_active(self) -> str:
+        return f"{self.thread_key_prefix()}active"

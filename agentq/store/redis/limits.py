@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agentq.store.contract.limits import LimitState, Take
+from agentq.store.contract.limits import LimitState, Slot, Take
 from agentq.store.redis.base import RedisBase
 
 
@@ -59,3 +59,37 @@ class RedisLimits(RedisBase):
             req, tok, paused = (float(v or 0) for v in replies[2 * i])
             states[key] = LimitState(now, req, tok, paused, int(replies[2 * i + 1]))
         return states
+
+    def settle_limits(self, settles: list[Take]) -> None:
+        settles = [s for s in settles if s.limit.tokens_per_minute and s.cost]
+        if not settles:
+            return
+        args: list[Any] = []
+        for settle in settles:
+            assert settle.limit.tokens_per_minute is not None
+            args += [repr(60 / settle.limit.tokens_per_minute), repr(float(settle.cost))]
+        self._scripts["settle_limits"](
+            keys=[self.keys.limit(settle.key) for settle in settles], args=args
+        )
+
+    def renew_limits(self, slots: list[Slot]) -> None:
+        if not slots:
+            return
+        args: list[Any] = []
+        for slot in slots:
+            args += [slot.holder, max(1, int(slot.ttl * 1000))]
+        self._scripts["renew_limits"](
+            keys=[self.keys.limit_holders(slot.key) for slot in slots], args=args
+        )
+
+    def limit_takes(self) -> dict[str, int]:
+        start = self.keys.limit("")
+        keys = [
+            name.decode()[len(start) :]
+            for name in self.client.scan_iter(match=f"{start}*", count=1000)
+            if not name.endswith(b":holders")
+        ]
+        pipe = self.client.pipeline(transaction=False)
+        for key in keys:
+            pipe.hget(self.keys.limit(key), "takes")
+        return {key: int(n) for key, n in zip(keys, pipe.execute(), strict=True) if n}

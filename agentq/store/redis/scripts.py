@@ -41,6 +41,9 @@ STORE_SCRIPTS = (
     "resolve_effect",
     "take_limits",
     "pause_limit",
+    "listing",
+    "settle_limits",
+    "renew_limits",
 )
 """The store's scripts, ``lua/<name>.lua``."""
 

@@ -33,7 +33,9 @@ from agentq.store.redis.effects import RedisEffects
 from agentq.store.redis.findings import server_findings
 from agentq.store.redis.graph import RedisGraph
 from agentq.store.redis.limits import RedisLimits
+from agentq.store.redis.listing import RedisListing
 from agentq.store.redis.refusal import Refusal
+from agentq.store.redis.thread_keys import RedisThreadKeys
 
 
 def _millis(ttl: float) -> int:
@@ -41,7 +43,7 @@ def _millis(ttl: float) -> int:
     return int(ttl * 1000)
 
 
-class RedisStore(RedisCheckpoints, RedisEffects, RedisLimits):
+class RedisStore(RedisCheckpoints, RedisEffects, RedisLimits, RedisListing, RedisThreadKeys):
     """Threads in Redis. Construct from a client or with :meth:`from_url`.
 
     ``client`` must return bytes (``decode_responses=False``, the default). A

@@ -78,6 +78,8 @@ class CheckpointsMixin:
             )
             if not isinstance(due_in, _Unset):
                 extra["due_at"] = None if due_in is None else now + due_in
+            # A step consumed the timeout of an earlier wait; it may start one of its own.
+            extra.update(_wait(status, due_in, now))
             # The driver has acted on the resume value and interrupt it read: they are spent;
             # and the step got past whatever error a retry or a failure left.
             update(
@@ -125,6 +127,8 @@ class CheckpointsMixin:
             now = time.time()
             if due_in is not None and values["status"] == Status.RETRYING.value:
                 values["retry_at"] = now + due_in  # acquire() refuses the thread until then
+            if values["status"] == Status.WAITING.value:
+                values.update(_wait(status, due_in, now))
             update(db, thread_id, now, due_at=None if due_in is None else now + due_in, **values)
             if release_owner is not None:
                 release_lease(db, thread_id, release_owner, token)
@@ -155,6 +159,14 @@ class CheckpointsMixin:
                 (thread_id, math.inf if before is None else before, limit),
             ).fetchall()
             return [_load(db, thread_id, step, data) for step, data in rows]
+
+
+def _wait(status: Status, due_in: float | _Unset | None, now: float) -> dict[str, Any]:
+    """The timeout columns of a thread moving to ``status``: a wait for a human with a due
+    time times out then (``acquire`` takes it out of the wait); anything else has none."""
+    if status == Status.WAITING and isinstance(due_in, (int, float)):
+        return {"timeout": due_in, "timeout_at": now + due_in, "timed_out": None}
+    return {"timeout": None, "timeout_at": None, "timed_out": None}
 
 
 def _stored_checkpoint(db: sqlite3.Connection, thread_id: str, step: int) -> bytes | None:

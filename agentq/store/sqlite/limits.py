@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from agentq.store.contract.limits import LimitState, Take
+from agentq.store.contract.limits import LimitState, Slot, Take
 from agentq.store.sqlite.connection import SharedConnection
 
 
@@ -59,6 +59,11 @@ class LimitsMixin:
                         "VALUES (?, ?, ?)",
                         (take.key, holder, now + ttl),
                     )
+                db.execute(
+                    'INSERT INTO limit_takes ("key", takes) VALUES (?, 1) '
+                    'ON CONFLICT("key") DO UPDATE SET takes = takes + 1',
+                    (take.key,),
+                )
             return 0.0
 
     def release_limits(self, keys: list[str], holder: str) -> None:
@@ -86,3 +91,36 @@ class LimitsMixin:
                 (now,),
             ).fetchall()
         return {row[0]: LimitState(now, *row[1:]) for row in rows}
+
+    def settle_limits(self, settles: list[Take]) -> None:
+        settles = [s for s in settles if s.limit.tokens_per_minute and s.cost]
+        if not settles:
+            return
+        with self._conn.write() as db:
+            now = time.time()
+            for settle in settles:
+                assert settle.limit.tokens_per_minute is not None
+                delta = 60 / settle.limit.tokens_per_minute * settle.cost
+                # Same as Redis: a refund stops at a full budget, tok_tat never below now.
+                db.execute(
+                    'INSERT INTO limits ("key", req_tat, tok_tat, paused) '
+                    "VALUES (?, 0, MAX(? + ?, ?), 0) "
+                    'ON CONFLICT("key") DO UPDATE SET tok_tat = MAX(MAX(tok_tat, ?) + ?, ?)',
+                    (settle.key, now, delta, now, now, delta, now),
+                )
+
+    def renew_limits(self, slots: list[Slot]) -> None:
+        if not slots:
+            return
+        with self._conn.write() as db:
+            now = time.time()
+            db.executemany(
+                'UPDATE limit_holders SET expires = ? WHERE "key" = ? AND holder = ? '
+                "AND expires > ?",
+                [(now + slot.ttl, slot.key, slot.holder, now) for slot in slots],
+            )
+
+    def limit_takes(self) -> dict[str, int]:
+        with self._conn.locked() as db:
+            rows = db.execute('SELECT "key", takes FROM limit_takes').fetchall()
+        return {key: takes for key, takes in rows}

@@ -14,7 +14,7 @@ from typing import Final
 from agentq.errors import StoreConfigError
 from agentq.store.meta_fields import META_FIELDS
 
-SCHEMA_VERSION: Final = 4
+SCHEMA_VERSION: Final = 5
 
 _META_TYPES: Final = {
     "status": "TEXT NOT NULL",
@@ -35,6 +35,9 @@ _META_TYPES: Final = {
     "cancel": "INTEGER NOT NULL DEFAULT 0",
     "options": "BLOB",
     "origin": "TEXT",
+    "timeout": "REAL",
+    "timeout_at": "REAL",
+    "timed_out": "BLOB",
 }
 # Indexing by META_FIELDS makes a field added to the contract fail here, at import.
 META_COLUMNS: Final = ", ".join(f'"{name}"' for name in META_FIELDS)
@@ -62,6 +65,14 @@ SCHEMA: Final = (
     "tok_tat REAL NOT NULL, paused REAL NOT NULL)",
     'CREATE TABLE IF NOT EXISTS limit_holders ("key" TEXT NOT NULL, holder TEXT NOT NULL, '
     'expires REAL NOT NULL, PRIMARY KEY ("key", holder))',
+    'CREATE TABLE IF NOT EXISTS limit_takes ("key" TEXT PRIMARY KEY, takes INTEGER NOT NULL)',
+    # Concurrency keys: each key's cap, its slots (a lease token, or NULL when reserved
+    # for a woken thread) and its parked threads in arrival order.
+    'CREATE TABLE IF NOT EXISTS key_caps ("key" TEXT PRIMARY KEY, cap INTEGER NOT NULL)',
+    'CREATE TABLE IF NOT EXISTS key_slots ("key" TEXT NOT NULL, thread_id TEXT NOT NULL, '
+    'token INTEGER, PRIMARY KEY ("key", thread_id))',
+    "CREATE TABLE IF NOT EXISTS key_waiters (seq INTEGER PRIMARY KEY AUTOINCREMENT, "
+    '"key" TEXT NOT NULL, thread_id TEXT NOT NULL UNIQUE, since REAL NOT NULL)',
 )
 
 
@@ -85,4 +96,7 @@ def migrate(db: sqlite3.Connection, path: str) -> None:
         db.execute("ALTER TABLE threads ADD COLUMN origin TEXT")  # claimed an effect when
         db.execute("ALTER TABLE effects ADD COLUMN tool TEXT")
         db.execute("ALTER TABLE effects ADD COLUMN claimed_at REAL")
+    if version in (1, 2, 3, 4):  # version 5: the timeout of a wait for a human
+        for column in ("timeout REAL", "timeout_at REAL", "timed_out BLOB"):
+            db.execute(f"ALTER TABLE threads ADD COLUMN {column}")
     db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")

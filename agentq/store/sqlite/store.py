@@ -3,13 +3,12 @@
 Every write is one ``BEGIN IMMEDIATE`` transaction on the process's
 :class:`~agentq.store.sqlite.connection.SharedConnection`; reads are single statements, each
 seeing one committed state. The tables are in :mod:`agentq.store.sqlite.schema`, the
-checkpoint and effect operations in the mixins this class is made of.
+checkpoint, effect, lease and limit operations in the mixins this class is made of.
 """
 
 from __future__ import annotations
 
 import hashlib
-import math
 import os
 import sqlite3
 import time
@@ -19,41 +18,40 @@ from typing import Any, Final
 from agentq.codec.envelope import decode_checkpoint, decode_envelope
 from agentq.errors import (
     ArtifactNotFound,
-    LeaseHeld,
-    LeaseLost,
     StoreConfigError,
     ThreadExists,
-    ThreadNotFound,
     ThreadStateError,
 )
 from agentq.records import Finding, Schedule, Status, ThreadMeta
 from agentq.settings import DEFAULT_KEEP_LAST, DEFAULT_MAX_CHECKPOINT_BYTES
-from agentq.store.contract import UNSET, Renewal, Store, final_checkpoint, retry_not_due
+from agentq.store.contract import UNSET, Store, final_checkpoint
 from agentq.store.meta_fields import meta_from_fields
 from agentq.store.sqlite.checkpoints import CheckpointsMixin
 from agentq.store.sqlite.connection import SharedConnection, durability_findings
 from agentq.store.sqlite.effects import EffectsMixin
 from agentq.store.sqlite.graph import SQLiteGraph
+from agentq.store.sqlite.leases import LeasesMixin
 from agentq.store.sqlite.limits import LimitsMixin
+from agentq.store.sqlite.listing import ListingMixin
 from agentq.store.sqlite.queries import (
-    NOT_FOUND,
     checkpoint_not_found,
     delete_threads,
-    due_rows,
     encode,
     marks,
     read_meta,
-    release_lease,
     status_of,
     update,
 )
 from agentq.store.sqlite.schema import META_COLUMNS
+from agentq.store.sqlite.thread_keys import ThreadKeysMixin
 
 _URL_PREFIX: Final = "sqlite:///"
 _GC_BATCH: Final = 500
 
 
-class SQLiteStore(CheckpointsMixin, EffectsMixin, LimitsMixin, Store):
+class SQLiteStore(
+    CheckpointsMixin, EffectsMixin, LeasesMixin, LimitsMixin, ListingMixin, ThreadKeysMixin, Store
+):
     """A :class:`Store` in one SQLite file, for local use, tests and single-host deployments.
 
     One connection per store object and process, shared by its threads under a lock.
@@ -271,6 +269,8 @@ class SQLiteStore(CheckpointsMixin, EffectsMixin, LimitsMixin, Store):
                     thread_id=thread_id,
                     status=status.value,
                 )
+            if status == Status.WAITING:  # answered in time: the timeout never fires
+                values.update(timeout=None, timeout_at=None)
             now = time.time()
             update(db, thread_id, now, due_at=now + start_grace, **values)
             meta = read_meta(db, thread_id)
@@ -285,7 +285,15 @@ class SQLiteStore(CheckpointsMixin, EffectsMixin, LimitsMixin, Store):
             db.execute("UPDATE threads SET cancel = 1 WHERE thread_id = ?", (thread_id,))
             if status == Status.RUNNING:
                 return status  # its driver stops at the next commit, which reports the flag
-            update(db, thread_id, time.time(), status=Status.CANCELLED.value, due_at=None)
+            db.execute("DELETE FROM key_waiters WHERE thread_id = ?", (thread_id,))  # parked
+            update(
+                db,
+                thread_id,
+                time.time(),
+                status=Status.CANCELLED.value,
+                due_at=None,
+                timeout_at=None,
+            )
             return Status.CANCELLED
 
     def _do_put_artifact(self, thread_id: str, data: bytes) -> str:
@@ -326,103 +334,6 @@ class SQLiteStore(CheckpointsMixin, EffectsMixin, LimitsMixin, Store):
                 deleted += delete_threads(db, [row[0] for row in rows])
             if len(rows) < _GC_BATCH:
                 return deleted
-
-    # -- lease ---------------------------------------------------------------------------
-
-    def _do_acquire(self, thread_id: str, owner: str, ttl: float) -> int:
-        with self._conn.write() as db:
-            now = time.time()
-            row = db.execute(
-                "SELECT status, fence, lock_owner, lock_expires, retry_at FROM threads "
-                "WHERE thread_id = ?",
-                (thread_id,),
-            ).fetchone()
-            if row is None:
-                raise ThreadNotFound(NOT_FOUND, thread_id=thread_id)
-            if row["status"] == Status.RETRYING.value and (row["retry_at"] or 0) > now:
-                raise retry_not_due(thread_id, row["retry_at"] - now)
-            expires = row["lock_expires"]
-            if row["lock_owner"] not in (None, owner) and expires is not None and expires > now:
-                ttl_ms = max(1, math.ceil((expires - now) * 1000))
-                raise LeaseHeld(
-                    f"leased by {row['lock_owner']!r} for another {ttl_ms} ms; another worker "
-                    "drives this thread: leave it, recovery re-sends it if that worker dies",
-                    thread_id=thread_id,
-                    ttl_ms=ttl_ms,
-                )
-            token: int = row["fence"] + 1
-            db.execute(
-                "UPDATE threads SET fence = ?, lock_owner = ?, lock_token = ?, lock_expires = ? "
-                "WHERE thread_id = ?",
-                (token, owner, token, now + ttl, thread_id),
-            )
-            if Status(row["status"]).is_live:
-                db.execute(
-                    "UPDATE threads SET status = ?, due_at = ?, updated_at = ? WHERE thread_id = ?",
-                    (Status.RUNNING.value, now + ttl, now, thread_id),
-                )
-            return token
-
-    def _do_renew(self, thread_id: str, owner: str, token: int, ttl: float) -> None:
-        if not self._do_renew_many([Renewal(thread_id, owner, token, ttl)])[0]:
-            raise LeaseLost(
-                f"the lease of {owner!r} with token {token} expired or passed to another "
-                "worker; stop driving this thread, its new driver resumes it",
-                thread_id=thread_id,
-            )
-
-    def _do_renew_many(self, leases: Sequence[Renewal]) -> list[bool]:
-        with self._conn.write() as db:  # one transaction, one fsync, for all of them
-            now = time.time()
-            return [
-                db.execute(
-                    "UPDATE threads SET lock_expires = ?1, due_at = CASE WHEN status = ?2 "
-                    "THEN ?1 ELSE due_at END WHERE thread_id = ?3 AND lock_owner = ?4 "
-                    "AND lock_token = ?5 AND lock_expires > ?6",
-                    (
-                        now + lease.ttl,
-                        Status.RUNNING.value,
-                        lease.thread_id,
-                        lease.owner,
-                        lease.token,
-                        now,
-                    ),
-                ).rowcount
-                == 1
-                for lease in leases
-            ]
-
-    def _do_release(self, thread_id: str, owner: str, token: int) -> bool:
-        with self._conn.write() as db:
-            return release_lease(db, thread_id, owner, token, live_at=time.time())
-
-    # -- recovery ------------------------------------------------------------------------
-
-    def due(self, *, limit: int = 100) -> list[tuple[str, float]]:
-        with self._conn.locked() as db:
-            return due_rows(db, time.time(), limit)
-
-    def claim_due(self, *, hold: float, limit: int = 100) -> list[str]:
-        with self._conn.write() as db:
-            now = time.time()
-            ids = [thread_id for thread_id, _ in due_rows(db, now, limit)]
-            db.execute(
-                f"UPDATE threads SET due_at = ? WHERE thread_id IN ({marks(ids)})",
-                (now + hold, *ids),
-            )
-        return ids
-
-    def _do_lease_sweeper(self, owner: str, ttl: float) -> bool:
-        with self._conn.write() as db:
-            now = time.time()
-            row = db.execute("SELECT owner, expires FROM leases WHERE name = 'sweeper'").fetchone()
-            if row is not None and row["owner"] != owner and row["expires"] > now:
-                return False
-            db.execute(
-                "INSERT OR REPLACE INTO leases (name, owner, expires) VALUES ('sweeper', ?, ?)",
-                (owner, now + ttl),
-            )
-            return True
 
     # -- operations ----------------------------------------------------------------------
 

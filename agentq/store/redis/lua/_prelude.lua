@@ -69,6 +69,18 @@ local function index(thread_id, old_status, new_status, due, now)
   return {thread_id, old_status, new_status, tostring(due), tostring(now)}
 end
 
+-- A thread starting to wait for a human: with a timeout ('' for none) it is due at
+-- `due`, when acquire.lua takes it out of the wait; a new question replaces any earlier
+-- wait's timeout and its unanswered copy.
+local function wait_for_human(meta, due_in, due)
+  redis.call('HDEL', meta, 'timed_out')
+  if due_in == '' then
+    redis.call('HDEL', meta, 'timeout', 'timeout_at')
+  else
+    redis.call('HSET', meta, 'timeout', due_in, 'timeout_at', string.format('%.17g', due))
+  end
+end
+
 -- Sets the status, then ARGV[first_field..] as (field, value) pairs ('' deletes the
 -- field), releases the lease if it is still `release` ('' to keep it), and schedules the
 -- thread `due_in` seconds from now ('' takes it out of the due index).
@@ -94,6 +106,9 @@ local function update_thread(meta, lock, thread_id, new_status, due_in, release,
       -- as acquire.lua puts it back in the due index.
       redis.call('HSET', meta, 'retry_at', string.format('%.17g', due))
     end
+  end
+  if new_status == STATUS.WAITING then
+    wait_for_human(meta, due_in, due)
   end
   return index(thread_id, old_status, new_status, due, now)
 end

@@ -2,16 +2,22 @@
 -- Takes a thread's lease and hands out the next fencing token.
 -- KEYS[1]: lock, [2]: meta, [due index].
 -- ARGV[1]: status prefix or '', [2] thread id, [3] owner, [4] ttl in ms.
+-- A waiting thread whose timeout passed becomes running, its question copied to
+-- 'timed_out' for the node that runs next; before then it is refused like an early retry.
 -- Returns {1, token, ops}; {LEASE_HELD, remaining ms, 0} while another owner holds it;
 -- {THREAD_NOT_FOUND, 0, 0}; {RETRY_NOT_DUE, ms until its retry time, ops} for a retrying
 -- thread sent early, whose due time goes back to its retry time (on Redis Cluster the
 -- sweeper claimed it on another node's clock, and pushed it a start grace ahead).
-local status = redis.call('HGET', KEYS[2], 'status')
+local status, retry_at, timeout_at = unpack(redis.call('HMGET', KEYS[2], 'status', 'retry_at',
+  'timeout_at'))
 if not status then
   return {REFUSAL.THREAD_NOT_FOUND, 0, 0}
 end
-if status == STATUS.RETRYING then
-  local at, now = tonumber(redis.call('HGET', KEYS[2], 'retry_at') or '0'), now_seconds()
+local timed_out = status == STATUS.WAITING and timeout_at
+local at = (status == STATUS.RETRYING and retry_at) or (timed_out and timeout_at)
+if at then
+  local now = now_seconds()
+  at = tonumber(at)
   if at > now then
     return {REFUSAL.RETRY_NOT_DUE, math.ceil((at - now) * 1000), index(ARGV[2], '', '', at, now)}
   end
@@ -26,7 +32,13 @@ end
 local token = redis.call('HINCRBY', KEYS[2], 'fence', 1)
 redis.call('SET', KEYS[1], token .. ':' .. ARGV[3], 'PX', ARGV[4])
 local ops = 0
-if LIVE[status] then
+if timed_out then
+  -- msgpack's nil for a question asked with no payload, stored as no field.
+  local asked = redis.call('HGET', KEYS[2], 'interrupt') or '\192'
+  redis.call('HSET', KEYS[2], 'timed_out', asked)
+  redis.call('HDEL', KEYS[2], 'timeout_at')
+end
+if LIVE[status] or timed_out then
   local now = now_seconds()
   redis.call('HSET', KEYS[2], 'status', STATUS.RUNNING, 'updated_at', tostring(now))
   ops = index(ARGV[2], status, STATUS.RUNNING, now + tonumber(ARGV[4]) / 1000, now)

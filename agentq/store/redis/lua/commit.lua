@@ -8,7 +8,8 @@
 -- [due index].
 -- ARGV[1]: status prefix or '', [2] token, [3] n, [4] status, [5] due in seconds ('' for
 -- none, 'keep' to leave it), [6] '<token>:<owner>' to release or '', [7] keep_last,
--- [8] node ('' for none), [9] result (msgpack; '' leaves it as it is), [10] interrupt (msgpack; '' removes it),
+-- [8] node ('' for none), [9] result (msgpack; '' leaves it as it is), [10] interrupt
+-- (msgpack; '' removes it; with status 'waiting' and a due time, a wait that times out),
 -- [11] the names of the append-only fields (msgpack; '' for none), [12] how many logs
 -- follow, each as (field, length before, count, count items).
 -- The thread id and key prefix are read from KEYS[1].
@@ -18,7 +19,7 @@
 -- it deletes the staged snapshot its own transaction wrote.
 local meta, staged = KEYS[1], KEYS[5]
 local current = redis.call('HMGET', meta, 'fence', 'first', 'cancel', 'status', 'attempts',
-  'crashes', 'resume', 'node', 'interrupt', 'log_fields', 'error')
+  'crashes', 'resume', 'node', 'interrupt', 'log_fields', 'error', 'timeout', 'timed_out')
 local fence = tonumber(current[1])
 if not fence then
   redis.call('DEL', staged)
@@ -88,9 +89,12 @@ end
 if current[7] then
   del[#del + 1] = 'resume'
 end
--- A committed step got past whatever error a retry or a failure left.
-if current[11] then
-  del[#del + 1] = 'error'
+-- A committed step got past whatever error a retry or a failure left, and consumed the
+-- timeout of an earlier wait.
+for j, name in pairs({[11] = 'error', [12] = 'timeout', [13] = 'timed_out'}) do
+  if current[j] then
+    del[#del + 1] = name
+  end
 end
 local first = tonumber(current[2] or '0')
 local keep_from = step - tonumber(ARGV[7]) + 1
@@ -113,18 +117,22 @@ for _, field in ipairs({{'node', ARGV[8], current[8]}, {'interrupt', ARGV[10], c
     del[#del + 1] = name
   end
 end
-redis.call('HSET', unpack(set))
 if #del > 1 then
   redis.call('HDEL', unpack(del))
-end
-if ARGV[6] ~= '' and redis.call('GET', KEYS[4]) == ARGV[6] then
-  redis.call('DEL', KEYS[4])
 end
 local due = 'clear'
 if ARGV[5] == 'keep' then
   due = 'keep'
 elseif ARGV[5] ~= '' then
   due = now + tonumber(ARGV[5])
+  if ARGV[4] == STATUS.WAITING then
+    set[#set + 1], set[#set + 2] = 'timeout', ARGV[5]
+    set[#set + 1], set[#set + 2] = 'timeout_at', string.format('%.17g', due)
+  end
+end
+redis.call('HSET', unpack(set))
+if ARGV[6] ~= '' and redis.call('GET', KEYS[4]) == ARGV[6] then
+  redis.call('DEL', KEYS[4])
 end
 local thread_id = string.match(meta, '{([^}]*)}')
 return {1, cancel, index(thread_id, current[4], ARGV[4], due, now)}

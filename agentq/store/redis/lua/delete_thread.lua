@@ -15,6 +15,10 @@ if ARGV[4] ~= '' then
     return {0, 0}
   end
 end
+local parked = redis.call('HGET', meta, 'parked')
+if parked then
+  redis.call('ZREM', parked, ARGV[2])
+end
 local first = tonumber(redis.call('HGET', meta, 'first') or '0')
 local latest = tonumber(redis.call('GET', KEYS[2]) or '-1')
 for s = first, latest do

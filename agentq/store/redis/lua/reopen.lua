@@ -16,6 +16,10 @@ end
 local now = now_seconds()
 redis.call('HSET', meta, 'status', STATUS.QUEUED, 'attempts', 0, 'updated_at', tostring(now))
 redis.call('HDEL', meta, 'error', 'cancel', 'interrupt')
+if status == STATUS.WAITING then
+  -- Answered before its timeout: the timeout never fires.
+  redis.call('HDEL', meta, 'timeout', 'timeout_at')
+end
 if ARGV[4] ~= '' then
   redis.call('HSET', meta, 'resume', ARGV[4])
 end

@@ -14,6 +14,13 @@ redis.call('HSET', meta, 'cancel', '1')
 if status == STATUS.RUNNING then
   return {1, status, 0}
 end
+-- A thread parked on a concurrency key leaves its queue: it will never start.
+local parked = redis.call('HGET', meta, 'parked')
+if parked then
+  redis.call('ZREM', parked, ARGV[2])
+  redis.call('HDEL', meta, 'parked')
+end
 local now = now_seconds()
 redis.call('HSET', meta, 'status', STATUS.CANCELLED, 'updated_at', tostring(now))
+redis.call('HDEL', meta, 'timeout_at')
 return {1, STATUS.CANCELLED, index(ARGV[2], status, STATUS.CANCELLED, 'clear', now)}

@@ -4,7 +4,7 @@
 -- ARGV[1] holder, [2] slot ttl in ms, then per limit 5 values: request interval (s per
 -- request, 0 if none), request tolerance (s: burst times interval), token interval (s per token, 0 if none),
 -- cost (tokens), concurrency (0 if none).
--- Hash fields: req_tat, tok_tat (Unix times), paused (Unix time).
+-- Hash fields: req_tat, tok_tat (Unix times), paused (Unix time), takes (granted so far).
 -- Returns 0 when taken, else the ms until it could be.
 local now = now_seconds()
 local n = #KEYS / 2
@@ -54,6 +54,7 @@ for i = 1, n do
   local state, holders, plan = KEYS[2 * i - 1], KEYS[2 * i], plans[i]
   if plan.req then redis.call('HSET', state, 'req_tat', tostring(plan.req)) end
   if plan.tok then redis.call('HSET', state, 'tok_tat', tostring(plan.tok)) end
+  redis.call('HINCRBY', state, 'takes', 1)
   if plan.slot then
     redis.call('ZADD', holders, now + tonumber(ARGV[2]) / 1000, ARGV[1])
   end

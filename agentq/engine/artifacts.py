@@ -1,0 +1,38 @@
+"""Large data a node keeps out of its checkpoints, by content address."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agentq.engine.store_retry import RetriedCalls
+from agentq.errors import ArtifactTooLarge
+from agentq.store.contract import Store
+
+
+class Artifacts:
+    """Large data kept out of checkpoints; the state holds the small reference ``put``
+    returns (``{"artifact": sha256, "size": n, "content_type": ...}``)."""
+
+    def __init__(self, store: Store, calls: RetriedCalls, thread_id: str, max_bytes: int) -> None:
+        self._store = store
+        self._store_calls = calls
+        self._thread_id = thread_id
+        self._max_bytes = max_bytes
+
+    def put(self, data: bytes, content_type: str = "application/octet-stream") -> dict[str, Any]:
+        if len(data) > self._max_bytes:
+            raise ArtifactTooLarge(
+                f"artifact of {len(data)} bytes is over max_artifact_bytes "
+                f"({self._max_bytes}); store it in object storage and keep its URL, or "
+                "raise the setting",
+                thread_id=self._thread_id,
+            )
+        digest = self._store_calls(
+            "storing an artifact", self._store.put_artifact, self._thread_id, data
+        )
+        return {"artifact": digest, "size": len(data), "content_type": content_type}
+
+    def get(self, ref: dict[str, Any]) -> bytes:
+        return self._store_calls(
+            "reading an artifact", self._store.get_artifact, self._thread_id, ref["artifact"]
+        )

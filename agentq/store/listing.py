@@ -1,0 +1,70 @@
+"""A page of threads for a list of them (``Store.listing``), read back alike from a Redis
+reply and a SQLite row: texts as bytes or str, absent fields as ``None``, ``False`` or
+empty. A page reads 50 rows per request, so each is converted with as few calls as
+Python allows."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Final
+
+from agentq.codec.envelope import decode_value
+from agentq.records import ListedThread, Schedule, Status, ThreadMeta
+
+_STATUSES: Final[dict[str | bytes, Status]] = {
+    **{status.value: status for status in Status},
+    **{status.value.encode(): status for status in Status},
+}
+
+
+def _text(value: Any) -> str | None:
+    if not value:
+        return None
+    return value.decode() if value.__class__ is bytes else str(value)
+
+
+def listed_thread(thread_id: str, fields: Sequence[Any], owner: Any) -> ListedThread:
+    """The row from the stored ``status, step, node, task, attempts, crashes, updated_at,
+    error, cancel`` and ``note``: the encoded ``interrupt`` of a ``waiting`` thread or
+    ``result`` of a ``done`` one (ignored for the others); ``owner`` is the live lease's."""
+    status, step, node, task, attempts, crashes, updated_at, error, cancel, note = fields
+    state = _STATUSES.get(status, Status.QUEUED)
+    interrupt = result = None
+    if note and state is Status.WAITING:
+        interrupt = decode_value(bytes(note), what="meta.interrupt", thread_id=thread_id, step=None)
+    elif note and state is Status.DONE:
+        result = decode_value(bytes(note), what="meta.result", thread_id=thread_id, step=None)
+    return ListedThread(
+        thread_id,
+        state,
+        int(step) if step.__class__ is int or step else -1,  # SQLite: 0; Redis: b"0"
+        _text(node),
+        _text(task) or "",
+        int(attempts or 0),
+        int(crashes or 0),
+        float(updated_at or 0),
+        _text(error),
+        cancel in (b"1", "1", 1),
+        interrupt,
+        result,
+        _text(owner),
+    )
+
+
+def listed_from_meta(meta: ThreadMeta, schedule: Schedule) -> ListedThread:
+    """The row of a meta read whole (where the page cannot be read in one call)."""
+    return ListedThread(
+        meta.thread_id,
+        meta.status,
+        meta.step,
+        meta.node,
+        meta.task,
+        meta.attempts,
+        meta.crashes,
+        meta.updated_at,
+        meta.error,
+        meta.cancel_requested,
+        interrupt=meta.interrupt if meta.status is Status.WAITING else None,
+        result=meta.result if meta.status is Status.DONE else None,
+        owner=schedule.owner if meta.status is Status.RUNNING else None,
+    )

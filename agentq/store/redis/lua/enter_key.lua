@@ -1,0 +1,41 @@
+--!df flags=allow-undeclared-keys
+-- Gives a thread a slot of its concurrency key, or parks it in the key's queue.
+-- KEYS[1]: the key's slots hash, [2] its queue zset, [3] its state hash (cap, last),
+-- [4] the set of active keys, [5] the thread's meta, [6] its lock, [due index].
+-- ARGV[1]: status prefix, [2] thread key prefix, [3] thread id, [4] token, [5] owner,
+-- [6] cap, [7] the key's name, [8] 'parked', [9] the queue's key name.
+-- Returns {1, 0, 0} when seated; {1, position, ops} when parked (the thread is queued,
+-- out of the due index, its lease released); {STALE_TOKEN, fence, 0};
+-- {THREAD_NOT_FOUND, 0, 0}.
+local holders, queue, state, active, meta, lock = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local id, token, cap = ARGV[3], ARGV[4], tonumber(ARGV[6])
+local refused = refuse_stale(meta, token)
+if refused then
+  return refused
+end
+redis.call('HSET', state, 'cap', cap)
+redis.call('SADD', active, ARGV[7])
+-- A slot of this thread's (reserved, or its previous lease's) stays its own.
+if redis.call('HEXISTS', holders, id) == 1 then
+  redis.call('HSET', holders, id, token)
+  return {1, 0, 0}
+end
+local free = cap - live_slots(holders, ARGV[2])
+local rank = redis.call('ZRANK', queue, id)
+if free > 0 and ((not rank and redis.call('ZCARD', queue) == 0) or (rank and rank < free)) then
+  if rank then
+    redis.call('ZREM', queue, id)
+    redis.call('HDEL', meta, 'parked')
+  end
+  redis.call('HSET', holders, id, token)
+  return {1, 0, 0}
+end
+if not rank then
+  local last = tonumber(redis.call('HGET', state, 'last') or '0')
+  local at = math.max(now_seconds(), last + 0.000001)
+  redis.call('HSET', state, 'last', string.format('%.17g', at))
+  redis.call('ZADD', queue, at, id)
+  rank = redis.call('ZCARD', queue) - 1
+end
+local ops = update_thread(meta, lock, id, STATUS.QUEUED, '', token .. ':' .. ARGV[5], 8)
+return {1, rank + 1, ops}

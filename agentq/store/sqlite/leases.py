@@ -1,0 +1,123 @@
+"""The embedded store's leases and recovery: who drives a thread, with which fencing token,
+and which threads are due (a lease run out, a retry's time, a wait's timeout)."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+
+from agentq.errors import LeaseHeld, LeaseLost, ThreadNotFound
+from agentq.records import Status
+from agentq.store.contract import Renewal, retry_not_due
+from agentq.store.sqlite.connection import SharedConnection
+from agentq.store.sqlite.queries import NOT_FOUND, due_rows, encode, marks, release_lease, update
+
+
+class LeasesMixin:
+    """The lease and recovery operations of :class:`~agentq.store.sqlite.store.SQLiteStore`."""
+
+    _conn: SharedConnection
+
+    # -- lease ---------------------------------------------------------------------------
+
+    def _do_acquire(self, thread_id: str, owner: str, ttl: float) -> int:
+        with self._conn.write() as db:
+            now = time.time()
+            row = db.execute(
+                "SELECT status, fence, lock_owner, lock_expires, retry_at, timeout_at, "
+                "interrupt FROM threads WHERE thread_id = ?",
+                (thread_id,),
+            ).fetchone()
+            if row is None:
+                raise ThreadNotFound(NOT_FOUND, thread_id=thread_id)
+            if row["status"] == Status.RETRYING.value and (row["retry_at"] or 0) > now:
+                raise retry_not_due(thread_id, row["retry_at"] - now)
+            timed_out = row["status"] == Status.WAITING.value and row["timeout_at"] is not None
+            if timed_out and row["timeout_at"] > now:
+                raise retry_not_due(thread_id, row["timeout_at"] - now)
+            expires = row["lock_expires"]
+            if row["lock_owner"] not in (None, owner) and expires is not None and expires > now:
+                ttl_ms = max(1, math.ceil((expires - now) * 1000))
+                raise LeaseHeld(
+                    f"leased by {row['lock_owner']!r} for another {ttl_ms} ms; another worker "
+                    "drives this thread: leave it, recovery re-sends it if that worker dies",
+                    thread_id=thread_id,
+                    ttl_ms=ttl_ms,
+                )
+            token: int = row["fence"] + 1
+            db.execute(
+                "UPDATE threads SET fence = ?, lock_owner = ?, lock_token = ?, lock_expires = ? "
+                "WHERE thread_id = ?",
+                (token, owner, token, now + ttl, thread_id),
+            )
+            if timed_out:  # the node that runs next gets the unanswered question
+                asked = row["interrupt"] or encode(None, "interrupt", thread_id, None)
+                update(db, thread_id, now, timeout_at=None, timed_out=asked)
+            if Status(row["status"]).is_live or timed_out:
+                db.execute(
+                    "UPDATE threads SET status = ?, due_at = ?, updated_at = ? WHERE thread_id = ?",
+                    (Status.RUNNING.value, now + ttl, now, thread_id),
+                )
+            return token
+
+    def _do_renew(self, thread_id: str, owner: str, token: int, ttl: float) -> None:
+        if not self._do_renew_many([Renewal(thread_id, owner, token, ttl)])[0]:
+            raise LeaseLost(
+                f"the lease of {owner!r} with token {token} expired or passed to another "
+                "worker; stop driving this thread, its new driver resumes it",
+                thread_id=thread_id,
+            )
+
+    def _do_renew_many(self, leases: Sequence[Renewal]) -> list[bool]:
+        with self._conn.write() as db:  # one transaction, one fsync, for all of them
+            now = time.time()
+            return [
+                db.execute(
+                    "UPDATE threads SET lock_expires = ?1, due_at = CASE WHEN status = ?2 "
+                    "THEN ?1 ELSE due_at END WHERE thread_id = ?3 AND lock_owner = ?4 "
+                    "AND lock_token = ?5 AND lock_expires > ?6",
+                    (
+                        now + lease.ttl,
+                        Status.RUNNING.value,
+                        lease.thread_id,
+                        lease.owner,
+                        lease.token,
+                        now,
+                    ),
+                ).rowcount
+                == 1
+                for lease in leases
+            ]
+
+    def _do_release(self, thread_id: str, owner: str, token: int) -> bool:
+        with self._conn.write() as db:
+            return release_lease(db, thread_id, owner, token, live_at=time.time())
+
+    # -- recovery ------------------------------------------------------------------------
+
+    def due(self, *, limit: int = 100) -> list[tuple[str, float]]:
+        with self._conn.locked() as db:
+            return due_rows(db, time.time(), limit)
+
+    def claim_due(self, *, hold: float, limit: int = 100) -> list[str]:
+        with self._conn.write() as db:
+            now = time.time()
+            ids = [thread_id for thread_id, _ in due_rows(db, now, limit)]
+            db.execute(
+                f"UPDATE threads SET due_at = ? WHERE thread_id IN ({marks(ids)})",
+                (now + hold, *ids),
+            )
+        return ids
+
+    def _do_lease_sweeper(self, owner: str, ttl: float) -> bool:
+        with self._conn.write() as db:
+            now = time.time()
+            row = db.execute("SELECT owner, expires FROM leases WHERE name = 'sweeper'").fetchone()
+            if row is not None and row["owner"] != owner and row["expires"] > now:
+                return False
+            db.execute(
+                "INSERT OR REPLACE INTO leases (name, owner, expires) VALUES ('sweeper', ?, ?)",
+                (owner, now + ttl),
+            )
+            return True

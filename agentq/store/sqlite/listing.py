@@ -1,0 +1,46 @@
+"""``Store.listing`` on SQLite: the page and the counts in one statement, so they come
+from one snapshot of the table."""
+
+from __future__ import annotations
+
+import time
+from typing import Final
+
+from agentq.records import Listing, Status
+from agentq.store.listing import listed_thread
+from agentq.store.sqlite.connection import SharedConnection
+
+_COLUMNS: Final = (
+    "thread_id, status, step, node, task, attempts, crashes, updated_at, error, cancel, "
+    "CASE status WHEN 'waiting' THEN interrupt WHEN 'done' THEN result END, "
+    "CASE WHEN status = 'running' AND lock_expires > ? THEN lock_owner END"
+)
+# The page's rows come first (part 0, in the order of threads()), then one row per status
+# present with its count in the step column (part 1).
+_QUERY: Final = (
+    f"SELECT * FROM (SELECT 0 AS part, {_COLUMNS} FROM threads {{where}} "
+    "ORDER BY updated_at DESC, thread_id DESC LIMIT ? OFFSET ?) "
+    "UNION ALL SELECT 1, NULL, status, COUNT(*), NULL, NULL, NULL, NULL, NULL, NULL, NULL, "
+    "NULL, NULL FROM threads GROUP BY status ORDER BY part, updated_at DESC, thread_id DESC"
+)
+
+
+class ListingMixin:
+    """The listing of :class:`~agentq.store.sqlite.store.SQLiteStore`."""
+
+    _conn: SharedConnection
+
+    def listing(self, status: Status | None = None, *, limit: int = 50, offset: int = 0) -> Listing:
+        where, args = ("WHERE status = ?", [Status(status).value]) if status else ("", [])
+        with self._conn.locked() as db:
+            found = db.execute(
+                _QUERY.format(where=where), (time.time(), *args, limit, offset)
+            ).fetchall()
+        counts = dict.fromkeys(Status, 0)
+        rows = []
+        for part, thread_id, *fields, owner in found:
+            if part:
+                counts[Status(fields[0])] = fields[1]
+            else:
+                rows.append(listed_thread(thread_id, fields, owner))
+        return Listing(counts, rows)

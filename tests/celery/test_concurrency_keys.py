@@ -1,0 +1,206 @@
+"""Concurrency keys with real worker processes: a key's cap holds across processes, the
+waiting threads start in arrival order, a killed worker's slot comes back with its lease
+and starts the next waiter, a cancelled waiter leaves the queue."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+
+import agentq
+from agentq import Status
+from agentq.celery.task import KEY_HEADER
+from agentq.errors import LimitError
+from agentq.store.redis import RedisStore
+from tests.support.keyed_app import make_keyed_app
+from tests.support.redis_server import RedisServer, wait_until
+from tests.support.workers import WorkerProcess
+
+LEASE_TTL = 2.0
+
+
+class Setup:
+    def __init__(self, broker: str, server: RedisServer) -> None:
+        self.prefix = f"key{uuid.uuid4().hex[:8]}:"
+        self.ns = self.prefix.rstrip(":")
+        self.env = {
+            "AGENTQ_TEST_BROKER": broker,
+            "AGENTQ_TEST_STORE": server.url,
+            "AGENTQ_TEST_PREFIX": self.prefix,
+            "AGENTQ_TEST_QUEUE": f"agentq-keys-{self.prefix}",
+            "AGENTQ_TEST_LEASE_TTL": str(LEASE_TTL),
+        }
+        self.app: Celery = make_keyed_app(
+            broker=broker,
+            store=server.url,
+            prefix=self.prefix,
+            queue=self.env["AGENTQ_TEST_QUEUE"],
+            lease_ttl=LEASE_TTL,
+        )
+        self.agent: Any = self.app.tasks["tests.keyed_agent"]
+        self.ledger = redis.Redis.from_url(server.url)
+        self.store = RedisStore.from_url(server.url, prefix=self.prefix)
+
+    def started(self) -> list[str]:
+        return [each.decode() for each in self.ledger.lrange(f"{self.ns}:started", 0, -1)]
+
+    def peaks(self) -> list[int]:
+        return [int(each) for each in self.ledger.lrange(f"{self.ns}:peaks", 0, -1)]
+
+    def waiting(self, key: str) -> list[str]:
+        states = {state.key: state for state in self.store.key_states()}
+        return [w.thread_id for w in states[key].waiting] if key in states else []
+
+    def send(self, thread_id: str, key: str, **input: Any) -> None:
+        self.agent.apply_async((thread_id,), input, concurrency_key=key)
+
+    def go(self) -> None:
+        self.ledger.set(f"{self.ns}:go", 1)
+
+
+@pytest.fixture
+def setup(redis_broker: str, redis_server: RedisServer) -> Iterator[Setup]:
+    made = Setup(redis_broker, redis_server)
+    yield made
+    made.store.close()
+    made.app._agentq_runtime.store.close()
+    made.app.close()
+
+
+@pytest.fixture
+def worker(setup: Setup, tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
+    started: list[WorkerProcess] = []
+
+    def start(concurrency: int = 4) -> WorkerProcess:
+        process = WorkerProcess(
+            setup.app,
+            setup.env,
+            tmp_path,
+            concurrency=concurrency,
+            pool="threads",
+            app_module="tests.support.keyed_app",
+        )
+        started.append(process)
+        return process.start()
+
+    yield start
+    for process in started:
+        process.stop()
+
+
+def test_a_cap_of_two_holds_across_two_workers_with_six_threads(setup: Setup, worker: Any) -> None:
+    worker()
+    worker()
+    ids = [f"capped-{i}" for i in range(6)]
+    for thread_id in ids:
+        setup.send(thread_id, "tenant:42", work=0.3)
+    for thread_id in ids:
+        assert setup.agent.wait(thread_id, timeout=60) == thread_id
+    assert sorted(setup.started()) == ids  # each ran once, from its first step
+    assert max(setup.peaks()) == 2  # 8 pool slots, yet never more than 2 at once
+
+
+def _park(setup: Setup, thread_id: str, key: str, position: int) -> None:
+    setup.send(thread_id, key, block=True)
+    wait_until(
+        lambda: setup.waiting(key)[position - 1 : position] == [thread_id],
+        timeout=30,
+        what=f"{thread_id} parked at position {position}",
+    )
+
+
+def test_waiting_threads_start_in_arrival_order(setup: Setup, worker: Any) -> None:
+    worker()
+    setup.send("holder", "tenant:solo", block=True)
+    wait_until(lambda: setup.started() == ["holder"], timeout=30, what="the holder running")
+    waiters = [f"waiter-{i}" for i in range(4)]
+    for position, thread_id in enumerate(waiters, start=1):
+        _park(setup, thread_id, "tenant:solo", position)
+    meta = setup.store.meta("waiter-0")
+    assert meta is not None and meta.status == Status.QUEUED
+    assert setup.store.schedules(["waiter-0"])[0].due_at is None  # nothing polls it
+    setup.go()
+    for thread_id in ["holder", *waiters]:
+        setup.agent.wait(thread_id, timeout=60)
+    assert setup.started() == ["holder", *waiters]
+    assert setup.store.key_states() == []  # nobody holds or waits: the key is forgotten
+
+
+def test_a_killed_workers_slot_comes_back_within_its_lease_and_the_next_waiter_starts(
+    setup: Setup, worker: Any
+) -> None:
+    doomed = worker(concurrency=1)
+    setup.send("doomed", "tenant:solo", block=True)
+    wait_until(lambda: setup.started() == ["doomed"], timeout=30, what="the slot held")
+    worker()
+    setup.send("next", "tenant:solo", work=0.0)
+    wait_until(lambda: setup.waiting("tenant:solo") == ["next"], timeout=30, what="a waiter")
+    doomed.kill()
+    wait_until(
+        lambda: "next" in setup.started(),
+        timeout=LEASE_TTL + 5,
+        what="the next waiter started on the reclaimed slot",
+    )
+    assert setup.agent.wait("next", timeout=30) == "next"
+    setup.go()
+    # The killed thread itself came back behind it and finished.
+    assert setup.agent.wait("doomed", timeout=60) == "doomed"
+    assert setup.started() == ["doomed", "next", "doomed"]
+
+
+def test_cancelling_a_parked_thread_takes_it_out_of_the_queue(setup: Setup, worker: Any) -> None:
+    worker()
+    setup.send("holder", "tenant:solo", block=True)
+    wait_until(lambda: setup.started() == ["holder"], timeout=30, what="the holder running")
+    _park(setup, "dropped", "tenant:solo", 1)
+    _park(setup, "kept", "tenant:solo", 2)
+    assert setup.agent.cancel("dropped") == Status.CANCELLED
+    assert setup.waiting("tenant:solo") == ["kept"]
+    setup.go()
+    assert setup.agent.wait("kept", timeout=60) == "kept"
+    assert setup.started() == ["holder", "kept"]
+    assert setup.agent.thread("dropped").status == Status.CANCELLED
+
+
+@pytest.mark.parametrize(
+    ("key", "words"),
+    [
+        ("nobody:1", "no limit is declared for 'nobody:1'"),
+        ("calls-only", "caps no threads"),
+        ("tenant:{tenant_id}", "must be 1-200 letters"),
+    ],
+)
+def test_a_concurrency_key_nothing_caps_is_refused_when_sent(
+    setup: Setup, key: str, words: str
+) -> None:
+    with pytest.raises(LimitError, match=words) as refused:
+        setup.send("refused", key)
+    assert "thread refused" in str(refused.value)
+    assert setup.store.meta("refused") is None  # nothing stored, nothing sent
+
+
+@pytest.mark.parametrize("threads", [0, -2, 1.5])
+def test_a_thread_cap_below_one_is_refused_when_declared(threads: Any) -> None:
+    with pytest.raises(LimitError, match="threads must be a whole number of at least 1"):
+        agentq.limit("tenant:{tenant_id}", threads=threads)
+
+
+def test_a_thread_whose_key_lost_its_declaration_since_it_was_sent_runs_uncapped(
+    setup: Setup, caplog: pytest.LogCaptureFixture
+) -> None:
+    meta, _ = setup.store.open_thread(
+        "orphan", task=setup.agent.name, options={"headers": {KEY_HEADER: "dropped:1"}}
+    )
+    assert setup.agent._seat_of(meta) is None
+    assert "no limit is declared for 'dropped:1'" in caplog.text
+    meta, _ = setup.store.open_thread(
+        "kept", task=setup.agent.name, options={"headers": {KEY_HEADER: "tenant:9"}}
+    )
+    seat = setup.agent._seat_of(meta)
+    assert (seat.key, seat.cap) == ("tenant:9", 2)

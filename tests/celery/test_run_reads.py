@@ -1,0 +1,56 @@
+"""What a task run reads from the store, counted by the store's own server."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+
+import agentq
+from agentq import AgentTask, Done, Run, Status
+from agentq.store.redis.store import RedisStore
+from tests.support.redis_server import RedisServer
+
+
+class TwoSteps(AgentTask):
+    name = "tests.reads.two_steps"
+
+    def start(self, run: Run) -> str:
+        run.state["n"] = 1
+        return "finish"
+
+    def finish(self, run: Run) -> Any:
+        return Done(run.state["n"] + 1)
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[RedisServer]:
+    server = RedisServer(tmp_path / "store").start()
+    yield server
+    server.stop()
+
+
+def test_a_run_that_finishes_its_thread_reads_the_meta_only_to_start(server: RedisServer) -> None:
+    store = RedisStore(redis.Redis(port=server.port))
+    app = Celery("reads", broker="memory://", set_as_current=False)
+    agentq.init_app(app, store=store)
+    agent: TwoSteps = app.register_task(TwoSteps())
+    counter = redis.Redis(port=server.port)
+    try:
+        store.open_thread("t1", task=agent.name)
+        counter.config_resetstat()
+        assert agent.run("t1") == 2
+        reads = counter.info("commandstats").get("cmdstat_hgetall", {}).get("calls", 0)
+        # One look before taking the lease, one after it: the end needs none, the driver
+        # knows what its last commit wrote.
+        assert reads == 2
+        meta = store.meta("t1")
+        assert meta is not None and meta.status == Status.DONE and meta.result == 2
+    finally:
+        counter.close()
+        store.close()
+        app.close()

@@ -1,0 +1,137 @@
+"""Concurrency keys, the same on every backend: at most cap threads hold a key's slots,
+the others wait parked in arrival order, slots die with their lease."""
+
+from __future__ import annotations
+
+import pytest
+
+from agentq import Status
+from agentq.errors import LimitError, StaleToken, StoreConfigError
+from agentq.store.contract import Store
+from tests.support.redis_server import wait_until
+
+TTL = 30.0
+
+
+@pytest.fixture
+def keys_store(store: Store) -> Store:
+    if getattr(store, "cluster", False):
+        pytest.skip("concurrency keys need a single Redis server")
+    return store
+
+
+def _leased(store: Store, thread_id: str, ttl: float = TTL) -> int:
+    store.open_thread(thread_id, task="t", start_grace=60)
+    return store.acquire(thread_id, f"owner-{thread_id}", ttl)
+
+
+def _enter(store: Store, thread_id: str, cap: int = 1, ttl: float = TTL) -> int:
+    token = _leased(store, thread_id, ttl)
+    return store.enter_key(thread_id, f"owner-{thread_id}", token, "tenant:1", cap)
+
+
+def _state(store: Store) -> tuple[list[str], list[str]]:
+    (state,) = store.key_states()
+    return state.running, [waiter.thread_id for waiter in state.waiting]
+
+
+def test_a_full_key_parks_the_thread_queued_without_a_due_time_or_lease(
+    keys_store: Store,
+) -> None:
+    store = keys_store
+    assert _enter(store, "a", cap=2) == 0
+    assert _enter(store, "b", cap=2) == 0
+    assert _enter(store, "c", cap=2) == 1
+    meta = store.meta("c")
+    assert meta is not None and meta.status == Status.QUEUED
+    (schedule,) = store.schedules(["c"])
+    assert schedule.due_at is None and schedule.owner is None
+    assert _state(store) == (["a", "b"], ["c"])
+    (state,) = store.key_states()
+    assert state.cap == 2 and state.waiting[0].position == 1 and state.waiting[0].since > 0
+
+
+def test_waiters_start_in_arrival_order_and_a_newcomer_does_not_jump_a_woken_one(
+    keys_store: Store,
+) -> None:
+    store = keys_store
+    token = _leased(store, "first")
+    assert store.enter_key("first", "owner-first", token, "tenant:1", 1) == 0
+    assert [_enter(store, name) for name in ("w1", "w2", "w3")] == [1, 2, 3]
+    assert store.leave_key("first", token, "tenant:1", start_grace=5) == ["w1"]
+    (schedule,) = store.schedules(["w1"])
+    assert schedule.due_at is not None  # recovery sends it if its message is lost
+    assert _enter(store, "late") == 3  # w1's slot is reserved for it
+    token = store.acquire("w1", "owner-w1", TTL)
+    assert store.enter_key("w1", "owner-w1", token, "tenant:1", 1) == 0
+    assert store.leave_key("w1", token, "tenant:1", start_grace=5) == ["w2"]
+    assert _state(store) == (["w2"], ["w3", "late"])
+
+
+def test_a_parked_thread_sent_again_keeps_its_place(keys_store: Store) -> None:
+    store = keys_store
+    assert [_enter(store, name) for name in ("a", "b", "c")] == [0, 1, 2]
+    token = store.acquire("b", "owner-b", TTL)
+    assert store.enter_key("b", "owner-b", token, "tenant:1", 1) == 1
+    assert _state(store) == (["a"], ["b", "c"])
+
+
+def test_a_slot_dies_with_its_lease_and_the_sweep_wakes_the_next(keys_store: Store) -> None:
+    store = keys_store
+    assert _enter(store, "dies", ttl=0.2) == 0
+    assert _enter(store, "next") == 1
+    woken: list[str] = []
+    wait_until(lambda: woken.extend(store.wake_keys()) or woken, timeout=5, what="the wake")
+    assert woken == ["next"]
+    assert dict(store.due(limit=10)).keys() >= {"next"}
+    assert _state(store) == (["next"], [])
+
+
+def test_only_the_owning_token_gives_a_slot_back(keys_store: Store) -> None:
+    store = keys_store
+    token = _leased(store, "a")
+    assert store.enter_key("a", "owner-a", token, "tenant:1", 1) == 0
+    assert _enter(store, "b") == 1
+    assert store.leave_key("a", token - 1, "tenant:1", start_grace=5) == []
+    assert _state(store) == (["a"], ["b"])
+
+
+def test_cancelling_a_parked_thread_takes_it_out_of_the_queue(keys_store: Store) -> None:
+    store = keys_store
+    token = _leased(store, "a")
+    store.enter_key("a", "owner-a", token, "tenant:1", 1)
+    assert [_enter(store, name) for name in ("b", "c")] == [1, 2]
+    assert store.request_cancel("b") == Status.CANCELLED
+    assert _state(store) == (["a"], ["c"])
+    assert store.leave_key("a", token, "tenant:1", start_grace=5) == ["c"]
+
+
+def test_deleting_a_parked_thread_takes_it_out_of_the_queue(keys_store: Store) -> None:
+    store = keys_store
+    assert [_enter(store, name) for name in ("a", "b")] == [0, 1]
+    assert store.delete_thread("b")
+    assert _state(store) == (["a"], [])
+
+
+def test_a_stale_token_cannot_enter(keys_store: Store) -> None:
+    store = keys_store
+    token = _leased(store, "a")
+    store.acquire("a", "owner-a", TTL)
+    with pytest.raises(StaleToken):
+        store.enter_key("a", "owner-a", token, "tenant:1", 1)
+
+
+@pytest.mark.parametrize("cap", [0, -1, 1.5, True])
+def test_a_cap_below_one_is_refused(keys_store: Store, cap: object) -> None:
+    token = _leased(keys_store, "a")
+    with pytest.raises(LimitError, match="at least 1"):
+        keys_store.enter_key("a", "owner-a", token, "tenant:1", cap)  # type: ignore[arg-type]
+
+
+def test_redis_cluster_refuses_concurrency_keys_and_finds_none(store: Store) -> None:
+    if not getattr(store, "cluster", False):
+        pytest.skip("a Redis Cluster refusal")
+    token = _leased(store, "a")
+    with pytest.raises(StoreConfigError, match="single Redis server"):
+        store.enter_key("a", "owner-a", token, "tenant:1", 1)
+    assert store.wake_keys() == [] and store.key_states() == []

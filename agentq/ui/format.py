@@ -26,6 +26,7 @@ def until(timestamp: float | None) -> str:
 
 
 def span(seconds: float) -> str:
+    """A duration in its largest whole unit: ``2h``, ``5m``, ``0s``."""
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
         if seconds >= size:
             return f"{int(seconds // size)}{unit}"
@@ -71,6 +72,7 @@ FILTERS: Final[dict[str, Callable[..., Any]]] = {
     "ago": ago,
     "until": until,
     "took": took,
+    "span": span,
     "when": when,
     "size": size,
     "short": short,

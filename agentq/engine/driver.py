@@ -124,9 +124,7 @@ class Driver:
         try:
             with keeper.hold(thread_id, self.owner, token, self.settings.lease_ttl) as lease:
                 self._calls.lease = lease
-                with seated(self._calls, self.owner, token, self.seat_of(meta)) as waiting:
-                    self.waiting_for = waiting
-                    return None if waiting else self._resume(token, crashed, lease)
+                return self._resume(token, crashed, lease)
         except FencingError as exc:
             metrics.lease_lost()
             logger.warning("thread %s: stopped, another worker drives it now (%s)", thread_id, exc)
@@ -143,6 +141,12 @@ class Driver:
             return self._stop_early(token, meta)
         if crashed and not self._count_crash(token, meta):
             return None
+        # Only now the key: a thread it parks is queued when woken, its crash already counted.
+        with seated(self._calls, self.owner, token, self.seat_of(meta)) as waiting:
+            self.waiting_for = waiting
+            return None if waiting else self._steps(token, meta, lease)
+
+    def _steps(self, token: int, meta: ThreadMeta, lease: Lease) -> Any:
         latest = self._latest(token, meta)
         if latest is not None and latest.node is None:
             # Finished at its latest checkpoint but not marked so (a fork of a final step
@@ -249,16 +253,11 @@ class Driver:
         logger.info("thread %s: handed over before step %d (worker stopping)", self.thread_id, step)
 
     def _run(self, token: int, pos: _Position) -> Run:
-        store, thread_id, settings, lease = (
-            self.store,
-            self.thread_id,
-            self.settings,
-            self._calls.lease,
-        )
+        store, settings, lease = self.store, self.settings, self._calls.lease
         assert lease is not None  # steps run only under a lease
         return Run(
             store=store,
-            thread_id=thread_id,
+            thread_id=self.thread_id,
             step=pos.step,
             node=pos.node,
             token=token,
@@ -272,7 +271,7 @@ class Driver:
                 self._calls, "confirming the lease", confirm, store, lease
             ),
             retryable=self.task.should_retry,
-            take_limits=limiter(store, settings, thread_id, pos.step, lease),
+            take_limits=limiter(store, settings, self.thread_id, pos.step, lease),
         )
 
     @instrument.step
@@ -338,12 +337,7 @@ class Driver:
             logger.info("thread %s: cancelled after step %d", thread_id, step)
             return None
         assert checkpoint.node is not None
-        pos.step, pos.node, pos.attempts, pos.resume_value = (
-            step + 1,
-            checkpoint.node,
-            0,
-            NO_VALUE,
-        )
+        pos.step, pos.node, pos.attempts, pos.resume_value = step + 1, checkpoint.node, 0, NO_VALUE
         pos.state, pos.pending, pos.cursors = run.state, run.pending, run.cursors
         return _CONTINUE
 

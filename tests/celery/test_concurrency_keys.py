@@ -1,6 +1,7 @@
 """Concurrency keys with real worker processes: a key's cap holds across processes, the
 waiting threads start in arrival order, a killed worker's slot comes back with its lease
-and starts the next waiter, a cancelled waiter leaves the queue."""
+and starts the next waiter, a cancelled waiter leaves the queue, a crashed thread is
+counted as crashed before a full key parks it."""
 
 from __future__ import annotations
 
@@ -204,3 +205,24 @@ def test_a_thread_whose_key_lost_its_declaration_since_it_was_sent_runs_uncapped
     )
     seat = setup.agent._seat_of(meta)
     assert (seat.key, seat.cap) == ("tenant:9", 2)
+
+
+def test_a_crashed_thread_that_finds_its_key_full_is_counted_as_crashed_before_it_parks(
+    setup: Setup, worker: Any
+) -> None:
+    worker()
+    setup.send("holder", "tenant:solo", block=True)
+    wait_until(lambda: setup.started() == ["holder"], timeout=30, what="the holder running")
+    # A worker died driving it: running, under a lease nobody renews.
+    setup.store.open_thread(
+        "crashed", task=setup.agent.name, options={"headers": {KEY_HEADER: "tenant:solo"}}
+    )
+    setup.store.acquire("crashed", "dead-worker", 0.5)
+    wait_until(
+        lambda: setup.waiting("tenant:solo") == ["crashed"],
+        timeout=30,
+        what="the crashed thread sent again by the sweep and parked",
+    )
+    assert setup.agent.thread("crashed").crashes == 1
+    setup.go()
+    assert setup.agent.wait("crashed", timeout=60) == "crashed"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from agentq import Status
-from agentq.errors import LimitError, StaleToken, StoreConfigError
+from agentq.errors import LimitError, StaleToken, StoreConfigError, ThreadStateError
 from agentq.store.contract import Store
 from tests.support.redis_server import wait_until
 
@@ -119,6 +119,19 @@ def test_a_stale_token_cannot_enter(keys_store: Store) -> None:
     store.acquire("a", "owner-a", TTL)
     with pytest.raises(StaleToken):
         store.enter_key("a", "owner-a", token, "tenant:1", 1)
+
+
+@pytest.mark.parametrize("stopped", [Status.CANCELLED, Status.DONE, Status.WAITING])
+def test_a_thread_that_stopped_is_not_parked(keys_store: Store, stopped: Status) -> None:
+    store = keys_store
+    assert _enter(store, "a") == 0
+    token = _leased(store, "b")
+    store.set_status("b", token, stopped)  # since its driver read it, before the key
+    with pytest.raises(ThreadStateError, match=f"the thread is {stopped.value}"):
+        store.enter_key("b", "owner-b", token, "tenant:1", 1)
+    meta = store.meta("b")
+    assert meta is not None and meta.status == stopped
+    assert _state(store) == (["a"], [])
 
 
 @pytest.mark.parametrize("cap", [0, -1, 1.5, True])

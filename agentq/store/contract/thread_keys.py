@@ -72,7 +72,9 @@ class ThreadKeysContract(ABC):
         returned: it becomes ``queued`` without a due time, its lease is released, and it
         joins the end of the key's queue (or keeps its place there). Slots whose lease
         expired are reclaimed first. Raises :class:`~agentq.errors.StaleToken` for a
-        token that is not the thread's latest. Atomic."""
+        token that is not the thread's latest, and
+        :class:`~agentq.errors.ThreadStateError` unless the thread is ``running`` (one
+        that stopped, e.g. was cancelled, is never queued again). Atomic."""
         validate_thread_id(thread_id)
         _check_cap(thread_id, key, cap)
         return self._do_enter_key(thread_id, owner, token, key, cap)

@@ -6,10 +6,11 @@ from __future__ import annotations
 import sqlite3
 import time
 
+from agentq.errors import ThreadStateError
 from agentq.records import LIVE, Status
 from agentq.store.contract.thread_keys import KeyState, KeyWaiter
 from agentq.store.sqlite.connection import SharedConnection
-from agentq.store.sqlite.queries import fenced, marks, release_lease, update
+from agentq.store.sqlite.queries import fenced, marks, release_lease, status_of, update
 
 _LIVE = sorted(status.value for status in LIVE)
 
@@ -79,6 +80,14 @@ class ThreadKeysMixin:
         with self._conn.write() as db:
             now = time.time()
             fenced(db, thread_id, token)
+            status = status_of(db, thread_id)
+            if status != Status.RUNNING:  # parking a stopped thread would queue it again
+                raise ThreadStateError(
+                    f"the thread is {status.value}, which does not allow this; see it with "
+                    f"'agentq show {thread_id}' (task.thread in code)",
+                    thread_id=thread_id,
+                    status=status.value,
+                )
             db.execute('INSERT OR REPLACE INTO key_caps ("key", cap) VALUES (?, ?)', (key, cap))
             seat = ('INSERT OR REPLACE INTO key_slots ("key", thread_id, token) VALUES (?, ?, ?)',)
             held = db.execute(

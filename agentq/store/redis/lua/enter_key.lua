@@ -6,12 +6,17 @@
 -- [6] cap, [7] the key's name, [8] 'parked', [9] the queue's key name.
 -- Returns {1, 0, 0} when seated; {1, position, ops} when parked (the thread is queued,
 -- out of the due index, its lease released); {STALE_TOKEN, fence, 0};
--- {THREAD_NOT_FOUND, 0, 0}.
+-- {STATUS_REFUSED, status, 0} unless the thread is running; {THREAD_NOT_FOUND, 0, 0}.
 local holders, queue, state, active, meta, lock = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local id, token, cap = ARGV[3], ARGV[4], tonumber(ARGV[6])
 local refused = refuse_stale(meta, token)
 if refused then
   return refused
+end
+-- Only a thread about to run may wait: parking one that stopped would queue it again.
+local status = redis.call('HGET', meta, 'status')
+if status ~= STATUS.RUNNING then
+  return {REFUSAL.STATUS_REFUSED, status, 0}
 end
 redis.call('HSET', state, 'cap', cap)
 redis.call('SADD', active, ARGV[7])

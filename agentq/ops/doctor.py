@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from agentq.errors import LimitError
-from agentq.limits import Limits
+from agentq.limits import Limit, Limits
 from agentq.records import Finding
 from agentq.settings import Settings
 
@@ -102,23 +102,33 @@ def celery_findings(app: Any, settings: Settings) -> list[Finding]:
 
 
 def unused_limits(limits: Limits, takes: Mapping[str, int]) -> list[Finding]:
-    """The declared limits that no key taken from in the store (``takes``, as
-    :meth:`~agentq.store.contract.Store.limit_takes` counts them) falls under."""
+    """The declared limits that no key taken from or entered as a concurrency key in the
+    store (``takes``, as :meth:`~agentq.store.contract.Store.limit_takes` counts them)
+    falls under."""
     used = set()
     for key in takes:
         try:
             used.add(limits.of(key).name)
         except LimitError:  # taken under a declaration the app has dropped since
             continue
-    return [
-        Finding(
-            f"limit {name!r}",
-            "0 takes",
-            "declared, but no call has taken from it in this store: nothing names it in "
-            "limit=, so it caps nothing.",
-            f"name it in the calls it should cap (run.tool(..., limit={name!r})), or drop "
-            "the declaration",
+    return [_unused(name, limit) for name, limit in limits.declared().items() if name not in used]
+
+
+def _unused(name: str, limit: Limit) -> Finding:
+    calls = (limit.requests_per_minute, limit.tokens_per_minute, limit.concurrency) != (None,) * 3
+    named, fixes = [], []
+    if calls:
+        named.append("no call has taken from it in this store (nothing names it in limit=)")
+        fixes.append(f"name it in the calls it should cap (run.tool(..., limit={name!r}))")
+    if limit.threads is not None:
+        named.append("no thread has run under it as a concurrency key")
+        fixes.append(
+            f"send the threads it should cap with a key it matches (apply_async(..., "
+            f"concurrency_key={name!r}) or the task's concurrency_key)"
         )
-        for name in limits.declared()
-        if name not in used
-    ]
+    return Finding(
+        f"limit {name!r}",
+        "0 takes",
+        f"declared, but {' and '.join(named)}, so it caps nothing.",
+        f"{' or '.join(fixes)}, or drop the declaration",
+    )

@@ -27,6 +27,8 @@ LIMITS = [
     agentq.limit("tenant:{{tenant}}", requests_per_minute=6),
     agentq.limit("tenant:acme", requests_per_minute=18),
     agentq.limit("unused", concurrency=3),
+    agentq.limit("seat:{{tenant}}", threads=3),
+    agentq.limit("seat-unused", threads=1),
 ]
 agentq.init_app(app, store="{url}", prefix="{prefix}", limits=LIMITS)
 """
@@ -47,14 +49,20 @@ def test_doctor_lists_the_limits_no_call_took_from(
             Take("tenant:7", limits.of("tenant:7"), 0),
         ]
         assert store.take_limits(takes, "call-1", 60) == 0
+        # A thread ran under a threads-only limit: it is used, though no call takes from it.
+        store.open_thread("keyed", task="t")
+        token = store.acquire("keyed", "worker", 60)
+        assert store.enter_key("keyed", "worker", token, "seat:7", 3) == 0
 
     result = CliRunner().invoke(cli, ["-A", f"{module}:app", "doctor", "--json"])
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     unused = {f["setting"]: f for f in report["unused_limits"]}
     # tenant:7 is the family's; the override for acme caps nothing yet.
-    assert set(unused) == {"limit 'tenant:acme'", "limit 'unused'"}
+    assert set(unused) == {"limit 'tenant:acme'", "limit 'unused'", "limit 'seat-unused'"}
     assert "limit='unused'" in unused["limit 'unused'"]["fix"]
+    seat = unused["limit 'seat-unused'"]
+    assert "concurrency_key='seat-unused'" in seat["fix"] and "limit=" not in seat["fix"]
 
     text = CliRunner().invoke(cli, ["-A", f"{module}:app", "doctor"])
     assert "limit 'unused'" in text.stdout and "caps nothing" in text.stdout

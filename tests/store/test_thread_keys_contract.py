@@ -121,6 +121,12 @@ def test_a_stale_token_cannot_enter(keys_store: Store) -> None:
         store.enter_key("a", "owner-a", token, "tenant:1", 1)
 
 
+def test_each_entry_counts_as_a_take_of_the_key(keys_store: Store) -> None:
+    store = keys_store
+    assert [_enter(store, name) for name in ("a", "b")] == [0, 1]
+    assert store.limit_takes() == {"tenant:1": 2}  # what doctor judges a limit used by
+
+
 @pytest.mark.parametrize("stopped", [Status.CANCELLED, Status.DONE, Status.WAITING])
 def test_a_thread_that_stopped_is_not_parked(keys_store: Store, stopped: Status) -> None:
     store = keys_store

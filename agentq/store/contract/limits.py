@@ -84,4 +84,5 @@ class LimitsContract(ABC):
 
     @abstractmethod
     def limit_takes(self) -> dict[str, int]:
-        """How many takes each limit key has granted since the store began. Read-only."""
+        """How many takes each limit key has granted since the store began, counting each
+        time a thread entered it as its concurrency key (:meth:`enter_key`). Read-only."""

@@ -52,7 +52,9 @@ class RedisThreadKeys(RedisBase):
         keys = [*self._parts(key), self.keys.meta(thread_id), self.keys.lock(thread_id)]
         queue = self.keys.thread_key(key, "queue")
         code, value, _ = self._key_run(
-            "enter_key", keys, [thread_id, token, owner, cap, key, "parked", queue]
+            "enter_key",
+            keys,
+            [thread_id, token, owner, cap, key, self.keys.limit(key), "parked", queue],
         )
         raise_refusal(code, value, thread_id=thread_id, token=token)
         return int(value)

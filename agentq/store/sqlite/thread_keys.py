@@ -89,6 +89,11 @@ class ThreadKeysMixin:
                     status=status.value,
                 )
             db.execute('INSERT OR REPLACE INTO key_caps ("key", cap) VALUES (?, ?)', (key, cap))
+            db.execute(  # counted with the key's takes: doctor sees a threads-only limit used
+                'INSERT INTO limit_takes ("key", takes) VALUES (?, 1) '
+                'ON CONFLICT("key") DO UPDATE SET takes = takes + 1',
+                (key,),
+            )
             seat = ('INSERT OR REPLACE INTO key_slots ("key", thread_id, token) VALUES (?, ?, ?)',)
             held = db.execute(
                 'SELECT 1 FROM key_slots WHERE "key" = ? AND thread_id = ?', (key, thread_id)

@@ -3,7 +3,8 @@
 -- KEYS[1]: the key's slots hash, [2] its queue zset, [3] its state hash (cap, last),
 -- [4] the set of active keys, [5] the thread's meta, [6] its lock, [due index].
 -- ARGV[1]: status prefix, [2] thread key prefix, [3] thread id, [4] token, [5] owner,
--- [6] cap, [7] the key's name, [8] 'parked', [9] the queue's key name.
+-- [6] cap, [7] the key's name, [8] its limit hash (whose 'takes' counts entries),
+-- [9] 'parked', [10] the queue's key name.
 -- Returns {1, 0, 0} when seated; {1, position, ops} when parked (the thread is queued,
 -- out of the due index, its lease released); {STALE_TOKEN, fence, 0};
 -- {STATUS_REFUSED, status, 0} unless the thread is running; {THREAD_NOT_FOUND, 0, 0}.
@@ -18,6 +19,8 @@ local status = redis.call('HGET', meta, 'status')
 if status ~= STATUS.RUNNING then
   return {REFUSAL.STATUS_REFUSED, status, 0}
 end
+-- Counted with the key's takes, so doctor sees a threads-only limit in use.
+redis.call('HINCRBY', ARGV[8], 'takes', 1)
 redis.call('HSET', state, 'cap', cap)
 redis.call('SADD', active, ARGV[7])
 -- A slot of this thread's (reserved, or its previous lease's) stays its own.
@@ -42,5 +45,5 @@ if not rank then
   redis.call('ZADD', queue, at, id)
   rank = redis.call('ZCARD', queue) - 1
 end
-local ops = update_thread(meta, lock, id, STATUS.QUEUED, '', token .. ':' .. ARGV[5], 8)
+local ops = update_thread(meta, lock, id, STATUS.QUEUED, '', token .. ':' .. ARGV[5], 9)
 return {1, rank + 1, ops}

@@ -24,6 +24,8 @@ from tests.support.redis_server import RedisServer, wait_until
 from tests.support.workers import WorkerProcess
 
 LEASE_TTL = 2.0
+SLOW_SWEEP = 600.0
+"""A sweep interval no test outlasts: what happens, the leaving threads did."""
 
 
 class Setup:
@@ -78,10 +80,10 @@ def setup(redis_broker: str, redis_server: RedisServer) -> Iterator[Setup]:
 def worker(setup: Setup, tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
     started: list[WorkerProcess] = []
 
-    def start(concurrency: int = 4) -> WorkerProcess:
+    def start(concurrency: int = 4, sweep_interval: float = 0.2) -> WorkerProcess:
         process = WorkerProcess(
             setup.app,
-            setup.env,
+            {**setup.env, "AGENTQ_TEST_SWEEP_INTERVAL": str(sweep_interval)},
             tmp_path,
             concurrency=concurrency,
             pool="threads",
@@ -96,8 +98,9 @@ def worker(setup: Setup, tmp_path: Path) -> Iterator[Callable[..., WorkerProcess
 
 
 def test_a_cap_of_two_holds_across_two_workers_with_six_threads(setup: Setup, worker: Any) -> None:
-    worker()
-    worker()
+    # No sweep runs during the test: each waiter starts because a thread left its slot.
+    worker(sweep_interval=SLOW_SWEEP)
+    worker(sweep_interval=SLOW_SWEEP)
     ids = [f"capped-{i}" for i in range(6)]
     for thread_id in ids:
         setup.send(thread_id, "tenant:42", work=0.3)
@@ -117,7 +120,7 @@ def _park(setup: Setup, thread_id: str, key: str, position: int) -> None:
 
 
 def test_waiting_threads_start_in_arrival_order(setup: Setup, worker: Any) -> None:
-    worker()
+    worker(sweep_interval=SLOW_SWEEP)  # woken by the slots freed, not by a sweep
     setup.send("holder", "tenant:solo", block=True)
     wait_until(lambda: setup.started() == ["holder"], timeout=30, what="the holder running")
     waiters = [f"waiter-{i}" for i in range(4)]

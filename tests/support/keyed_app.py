@@ -72,5 +72,6 @@ if "AGENTQ_TEST_PREFIX" in os.environ:
         prefix=os.environ["AGENTQ_TEST_PREFIX"],
         queue=os.environ["AGENTQ_TEST_QUEUE"],
         lease_ttl=float(os.environ["AGENTQ_TEST_LEASE_TTL"]),
-        sweep_interval=0.2,
+        # A test may make the sweep too rare to wake anyone: a freed slot must do it.
+        sweep_interval=float(os.environ.get("AGENTQ_TEST_SWEEP_INTERVAL", "0.2")),
     )

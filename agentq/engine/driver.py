@@ -18,7 +18,7 @@ from agentq.engine.lease import Lease, confirm, keeper_for
 from agentq.engine.limits import limiter
 from agentq.engine.run import NO_VALUE, Run, TimedOut
 from agentq.engine.store_retry import RetriedCalls, give_back
-from agentq.engine.thread_keys import KeySeat, KeyWait, seated
+from agentq.engine.thread_keys import KeySeat, KeyWait, leave, seated
 from agentq.engine.transition import checkpoint_after, checkpoint_lost, error_text, meta_after
 from agentq.errors import (
     AgentqError,
@@ -345,6 +345,8 @@ class Driver:
         """The thread changed between our first look and the lease: honour what it is."""
         if meta.cancel_requested and meta.status == Status.RUNNING:
             self._settle("cancelling", token, Status.CANCELLED)
+            if seat := self.seat_of(meta):  # the slot it may have been woken to is free
+                leave(self._calls, token, seat)
         else:
             self._calls(
                 "releasing the lease", self.store.release, self.thread_id, self.owner, token

@@ -69,10 +69,12 @@ def seated(
     try:
         yield None
     finally:
-        _leave(calls, token, seat)
+        leave(calls, token, seat)
 
 
-def _leave(calls: RetriedCalls, token: int, seat: KeySeat) -> None:
+def leave(calls: RetriedCalls, token: int, seat: KeySeat) -> None:
+    """Give back the slot ``token`` holds, if any, and send the waiters the slots freed
+    (one reserved for a thread that stopped before entering is free by then) let start."""
     store, thread_id = calls.store, calls.thread_id
     try:
         woken = calls(

@@ -229,3 +229,26 @@ def test_a_crashed_thread_that_finds_its_key_full_is_counted_as_crashed_before_i
     assert setup.agent.thread("crashed").crashes == 1
     setup.go()
     assert setup.agent.wait("crashed", timeout=60) == "crashed"
+
+
+def test_a_woken_thread_cancelled_before_its_first_step_starts_the_next_waiter(
+    setup: Setup, worker: Any
+) -> None:
+    store, key = setup.store, "tenant:solo"
+    for thread_id in ("holder", "cancelled", "next"):
+        store.open_thread(thread_id, task=setup.agent.name, options={"headers": {KEY_HEADER: key}})
+    holder = store.acquire("holder", "elsewhere", 60)
+    assert store.enter_key("holder", "elsewhere", holder, key, 1) == 0
+    for position, thread_id in enumerate(("cancelled", "next"), start=1):
+        token = store.acquire(thread_id, "elsewhere", 60)
+        assert store.enter_key(thread_id, "elsewhere", token, key, 1) == position
+    assert store.leave_key("holder", holder, key, start_grace=60) == ["cancelled"]
+    # Woken, taken by a driver, cancelled before its first step, the driver then gone.
+    token = store.acquire("cancelled", "elsewhere", 60)
+    assert store.request_cancel("cancelled") == Status.RUNNING
+    store.release("cancelled", "elsewhere", token)
+    worker(sweep_interval=SLOW_SWEEP)  # the slot it was woken to must start the next
+    setup.agent.enqueue("cancelled")
+    assert setup.agent.wait("next", timeout=60) == "next"
+    assert setup.agent.thread("cancelled").status == Status.CANCELLED
+    assert setup.started() == ["next"]

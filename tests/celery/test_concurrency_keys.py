@@ -1,7 +1,8 @@
-"""Concurrency keys with real worker processes: a key's cap holds across processes, the
-waiting threads start in arrival order, a killed worker's slot comes back with its lease
-and starts the next waiter, a cancelled waiter leaves the queue, a crashed thread is
-counted as crashed before a full key parks it."""
+"""Concurrency keys with real worker processes, on each store: a key's cap holds across
+processes, the waiting threads start in arrival order, a killed worker's slot comes back
+with its lease and starts the next waiter, a cancelled waiter leaves the queue, a crashed
+thread is counted as crashed before a full key parks it, a woken thread cancelled before
+its first step starts the next waiter."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import agentq
 from agentq import Status
 from agentq.celery.task import KEY_HEADER
 from agentq.errors import LimitError
-from agentq.store.redis import RedisStore
+from agentq.store import open_store
 from tests.support.keyed_app import make_keyed_app
 from tests.support.redis_server import RedisServer, wait_until
 from tests.support.workers import WorkerProcess
@@ -29,26 +30,28 @@ SLOW_SWEEP = 600.0
 
 
 class Setup:
-    def __init__(self, broker: str, server: RedisServer) -> None:
+    def __init__(self, broker: str, server: RedisServer, store: str) -> None:
         self.prefix = f"key{uuid.uuid4().hex[:8]}:"
         self.ns = self.prefix.rstrip(":")
         self.env = {
             "AGENTQ_TEST_BROKER": broker,
-            "AGENTQ_TEST_STORE": server.url,
+            "AGENTQ_TEST_STORE": store,
+            "AGENTQ_TEST_LEDGER": server.url,
             "AGENTQ_TEST_PREFIX": self.prefix,
             "AGENTQ_TEST_QUEUE": f"agentq-keys-{self.prefix}",
             "AGENTQ_TEST_LEASE_TTL": str(LEASE_TTL),
         }
         self.app: Celery = make_keyed_app(
             broker=broker,
-            store=server.url,
+            store=store,
+            ledger=server.url,
             prefix=self.prefix,
             queue=self.env["AGENTQ_TEST_QUEUE"],
             lease_ttl=LEASE_TTL,
         )
         self.agent: Any = self.app.tasks["tests.keyed_agent"]
         self.ledger = redis.Redis.from_url(server.url)
-        self.store = RedisStore.from_url(server.url, prefix=self.prefix)
+        self.store = open_store(store, prefix=self.prefix)
 
     def started(self) -> list[str]:
         return [each.decode() for each in self.ledger.lrange(f"{self.ns}:started", 0, -1)]
@@ -67,9 +70,12 @@ class Setup:
         self.ledger.set(f"{self.ns}:go", 1)
 
 
-@pytest.fixture
-def setup(redis_broker: str, redis_server: RedisServer) -> Iterator[Setup]:
-    made = Setup(redis_broker, redis_server)
+@pytest.fixture(params=["redis", "sqlite"])
+def setup(
+    redis_broker: str, redis_server: RedisServer, tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[Setup]:
+    store = redis_server.url if request.param == "redis" else f"sqlite:///{tmp_path / 'keys.db'}"
+    made = Setup(redis_broker, redis_server, store)
     yield made
     made.store.close()
     made.app._agentq_runtime.store.close()

@@ -1,5 +1,6 @@
 """The Celery app the concurrency-key tests' worker subprocesses load (``-A``): one agent
-of two steps that logs, in Redis, when each thread starts and how many run at once.
+of two steps that logs, in Redis (whichever store it runs on), when each thread starts
+and how many run at once.
 
 Configured from the environment by ``tests.celery.test_concurrency_keys``.
 """
@@ -50,14 +51,16 @@ class KeyedAgent(AgentTask):
         return Done(run.thread_id)
 
 
-def make_keyed_app(*, broker: str, store: str, prefix: str, queue: str, **settings: Any) -> Celery:
+def make_keyed_app(
+    *, broker: str, store: str, ledger: str, prefix: str, queue: str, **settings: Any
+) -> Celery:
     app = Celery("agentq-key-tests", broker=broker, set_as_current=False)
     app.conf.update(
         task_default_queue=queue,
         broker_connection_retry_on_startup=True,
         worker_hijack_root_logger=False,
         worker_prefetch_multiplier=1,
-        test_ledger_url=store,
+        test_ledger_url=ledger,
         test_ledger_ns=prefix.rstrip(":"),
     )
     agentq.init_app(app, store=store, prefix=prefix, limits=LIMITS, **settings)
@@ -69,6 +72,7 @@ if "AGENTQ_TEST_PREFIX" in os.environ:
     app = make_keyed_app(
         broker=os.environ["AGENTQ_TEST_BROKER"],
         store=os.environ["AGENTQ_TEST_STORE"],
+        ledger=os.environ["AGENTQ_TEST_LEDGER"],
         prefix=os.environ["AGENTQ_TEST_PREFIX"],
         queue=os.environ["AGENTQ_TEST_QUEUE"],
         lease_ttl=float(os.environ["AGENTQ_TEST_LEASE_TTL"]),

@@ -20,7 +20,7 @@ from agentq.celery.runtime import Runtime, runtime_of
 from agentq.engine import tracing
 from agentq.engine.driver import Driver
 from agentq.engine.store_retry import RetriedCalls
-from agentq.engine.thread_keys import KeySeat
+from agentq.engine.thread_keys import KeySeat, give_back
 from agentq.errors import (
     InvalidArgument,
     InvalidInput,
@@ -399,7 +399,12 @@ class AgentTask(Task):  # type: ignore[misc]
             validate_thread_id(thread_id),
         )
         if status == Status.CANCELLED:  # no task runs to say so: the first one is revoked
-            task_outcome.cancelled(self, self.thread(thread_id))
+            meta = self.thread(thread_id)
+            task_outcome.cancelled(self, meta)
+            if seat := self._seat_of(meta):  # a slot reserved for it starts the next now
+                self._store_call(
+                    "waking its key", thread_id, give_back, self.agentq.store, meta, seat
+                )
         return status
 
     def wait(self, thread_id: str, timeout: float | None = None, interval: float = 0.1) -> Any:

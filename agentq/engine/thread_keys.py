@@ -18,6 +18,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from agentq.engine.store_retry import RetriedCalls
+from agentq.records import ThreadMeta
+from agentq.store.contract import Store
 
 logger = logging.getLogger("agentq")
 
@@ -99,4 +101,13 @@ def leave(calls: RetriedCalls, token: int, seat: KeySeat) -> None:
         return
     if woken:
         logger.info("thread %s: concurrency key %s starts %s", thread_id, seat.key, woken)
+        seat.wake(woken)
+
+
+def give_back(store: Store, meta: ThreadMeta, seat: KeySeat) -> None:
+    """Send the waiters that the slot of a thread that stopped outside a drive (cancelled
+    while queued, perhaps woken with a slot reserved) lets start, rather than leave them
+    to the next sweep."""
+    woken = store.leave_key(meta.thread_id, meta.fence, seat.key, start_grace=seat.start_grace)
+    if woken:
         seat.wake(woken)

@@ -258,3 +258,22 @@ def test_a_woken_thread_cancelled_before_its_first_step_starts_the_next_waiter(
     assert setup.agent.wait("next", timeout=60) == "next"
     assert setup.agent.thread("cancelled").status == Status.CANCELLED
     assert setup.started() == ["next"]
+
+
+def test_cancelling_a_woken_thread_that_has_not_started_starts_the_next_waiter(
+    setup: Setup, worker: Any
+) -> None:
+    store, key = setup.store, "tenant:solo"
+    for thread_id in ("holder", "woken", "next"):
+        store.open_thread(thread_id, task=setup.agent.name, options={"headers": {KEY_HEADER: key}})
+    holder = store.acquire("holder", "elsewhere", 60)
+    assert store.enter_key("holder", "elsewhere", holder, key, 1) == 0
+    for position, thread_id in enumerate(("woken", "next"), start=1):
+        token = store.acquire(thread_id, "elsewhere", 60)
+        assert store.enter_key(thread_id, "elsewhere", token, key, 1) == position
+    # Woken with a slot reserved, its message not delivered yet.
+    assert store.leave_key("holder", holder, key, start_grace=60) == ["woken"]
+    worker(sweep_interval=SLOW_SWEEP)
+    assert setup.agent.cancel("woken") == Status.CANCELLED
+    assert setup.agent.wait("next", timeout=60) == "next"
+    assert setup.started() == ["next"]

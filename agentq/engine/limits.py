@@ -119,14 +119,24 @@ def take(
     holder = f"{thread_id}:{uuid.uuid4().hex}"
     deadline, waited = time.monotonic() + wait, 0.0
     while True:
-        seconds = store.take_limits(takes, holder, ttl)
-        if seconds <= 0:
+        # A wait on the rate within what is left of ``wait`` is reserved by the store: the
+        # call starts after it without taking again, and later callers queue behind it.
+        granted = store.take_limits(takes, holder, ttl, max(deadline - time.monotonic(), 0))
+        if granted.taken:
             where = f"thread {thread_id} step {step}"
-            return Held(store, tuple(takes), holder, waited=waited, lease=lease, where=where)
-        if time.monotonic() + seconds > deadline:
-            raise LimitWait(keys, seconds)
-        time.sleep(seconds)
-        waited += seconds
+            held = Held(store, tuple(takes), holder, waited=waited, lease=lease, where=where)
+            if granted.wait > 0:
+                try:
+                    time.sleep(granted.wait)
+                except BaseException:
+                    held.release()  # the slot, not the rate: that reservation is spent
+                    raise
+                held.waited += granted.wait
+            return held
+        if time.monotonic() + granted.wait > deadline:
+            raise LimitWait(keys, granted.wait)
+        time.sleep(granted.wait)
+        waited += granted.wait
 
 
 def limiter(

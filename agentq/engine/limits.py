@@ -11,6 +11,7 @@ real token usage afterwards settles the difference from what it took.
 from __future__ import annotations
 
 import functools
+import random
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -134,7 +135,10 @@ def take(
                 held.waited += granted.wait
             return held
         if time.monotonic() + granted.wait > deadline:
-            raise LimitWait(keys, granted.wait)
+            # Callers refused together meet the same wait (the queue's length) and would
+            # come back together, each time all but a few refused again: up to 10% more
+            # spreads them, and the queue waiting in place keeps the rate busy meanwhile.
+            raise LimitWait(keys, granted.wait * (1 + random.random() * 0.1))
         time.sleep(granted.wait)
         waited += granted.wait
 

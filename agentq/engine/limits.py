@@ -1,6 +1,7 @@
 """Taking a tool call's share of fleet-wide limits before it runs, and a 429's pause after.
 
-A wait up to ``limit_wait`` happens in place; a longer one raises
+A wait up to ``limit_wait`` happens in place (reserved by the store when only the rate
+is in the way, so waiters queue rather than poll); a longer one raises
 :class:`~agentq.outcomes.LimitWait`, so the step ends as ``retrying`` and frees its pool
 slot instead of sleeping on the budget. Concurrency slots are owned by one call (a
 holder id) and expire with the lease TTL, renewed with the lease while the call runs, so a

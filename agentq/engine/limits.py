@@ -1,6 +1,7 @@
 """Taking a tool call's share of fleet-wide limits before it runs, and a 429's pause after.
 
-A wait up to ``limit_wait`` happens in place; a longer one raises
+A wait up to ``limit_wait`` happens in place (reserved by the store when only the rate
+is in the way, so waiters queue rather than poll); a longer one raises
 :class:`~agentq.outcomes.LimitWait`, so the step ends as ``retrying`` and frees its pool
 slot instead of sleeping on the budget. Concurrency slots are owned by one call (a
 holder id) and expire with the lease TTL, renewed with the lease while the call runs, so a
@@ -11,6 +12,7 @@ real token usage afterwards settles the difference from what it took.
 from __future__ import annotations
 
 import functools
+import random
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -119,14 +121,27 @@ def take(
     holder = f"{thread_id}:{uuid.uuid4().hex}"
     deadline, waited = time.monotonic() + wait, 0.0
     while True:
-        seconds = store.take_limits(takes, holder, ttl)
-        if seconds <= 0:
+        # A wait on the rate within what is left of ``wait`` is reserved by the store: the
+        # call starts after it without taking again, and later callers queue behind it.
+        granted = store.take_limits(takes, holder, ttl, max(deadline - time.monotonic(), 0))
+        if granted.taken:
             where = f"thread {thread_id} step {step}"
-            return Held(store, tuple(takes), holder, waited=waited, lease=lease, where=where)
-        if time.monotonic() + seconds > deadline:
-            raise LimitWait(keys, seconds)
-        time.sleep(seconds)
-        waited += seconds
+            held = Held(store, tuple(takes), holder, waited=waited, lease=lease, where=where)
+            if granted.wait > 0:
+                try:
+                    time.sleep(granted.wait)
+                except BaseException:
+                    held.release()  # the slot, not the rate: that reservation is spent
+                    raise
+                held.waited += granted.wait
+            return held
+        if time.monotonic() + granted.wait > deadline:
+            # Callers refused together meet the same wait (the queue's length) and would
+            # come back together, each time all but a few refused again: up to 10% more
+            # spreads them, and the queue waiting in place keeps the rate busy meanwhile.
+            raise LimitWait(keys, granted.wait * (1 + random.random() * 0.1))
+        time.sleep(granted.wait)
+        waited += granted.wait
 
 
 def limiter(

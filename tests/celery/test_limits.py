@@ -58,7 +58,7 @@ class Setup:
         """The wait a take of ``key`` by another holder meets now (0: it got it, and gave
         it straight back)."""
         holder = f"probe-{uuid.uuid4().hex}"
-        waited = self.store.take_limits([Take(key, LIMITS_BY_NAME[key], 0)], holder, 60)
+        waited = self.store.take_limits([Take(key, LIMITS_BY_NAME[key], 0)], holder, 60).wait
         self.store.release_limits([key], holder)
         return waited
 

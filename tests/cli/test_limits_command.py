@@ -46,7 +46,7 @@ def test_limits_shows_budgets_use_slots_and_pauses(
         Take("openai", declared.of("openai"), 400),
         Take("tenant:7", declared.of("tenant:7"), 0),
     ]
-    assert store.take_limits(takes, "call-1", 60) == 0
+    assert store.take_limits(takes, "call-1", 60).taken
     store.pause_limit("tenant:7", 30)
     store.close()
 

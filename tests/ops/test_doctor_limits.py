@@ -48,7 +48,7 @@ def test_doctor_lists_the_limits_no_call_took_from(
             Take("openai", limits.of("openai"), 10),
             Take("tenant:7", limits.of("tenant:7"), 0),
         ]
-        assert store.take_limits(takes, "call-1", 60) == 0
+        assert store.take_limits(takes, "call-1", 60).taken
         # A thread ran under a threads-only limit: it is used, though no call takes from it.
         store.open_thread("keyed", task="t")
         token = store.acquire("keyed", "worker", 60)

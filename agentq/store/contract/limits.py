@@ -24,6 +24,15 @@ class Slot(NamedTuple):
     ttl: float
 
 
+class Grant(NamedTuple):
+    """A take's answer. ``taken``: committed, and the call may start in ``wait`` seconds
+    (0, or its place in the queue of a reservation). Not ``taken``: nothing committed, and
+    ``wait`` is the seconds until it could be."""
+
+    taken: bool
+    wait: float
+
+
 class LimitState(NamedTuple):
     """What the store holds of one limit key, read at ``now`` on its clock."""
 
@@ -52,10 +61,19 @@ class LimitsContract(ABC):
     GCRA (the time the budget is next fully spent up to) on the store's clock."""
 
     @abstractmethod
-    def take_limits(self, takes: list[Take], holder: str, ttl: float) -> float:
+    def take_limits(
+        self, takes: list[Take], holder: str, ttl: float, reserve_within: float = 0
+    ) -> Grant:
         """Take one request, ``cost`` tokens and, where the limit caps concurrency, a slot
         owned by ``holder`` for ``ttl`` seconds, from every key of ``takes`` — all or none.
-        Returns 0 when taken, else the seconds until it could be (nothing taken). Atomic."""
+        Atomic.
+
+        When only the request or token rate is in the way and the take conforms within
+        ``reserve_within`` seconds, it is reserved: committed now as if granted, answered
+        ``Grant(True, wait)``, and the caller starts ``wait`` seconds later without taking
+        again. Waiters thus queue in the rate (the k-th is k intervals away) instead of
+        polling for each free slot. A pause or a full concurrency cap is never reserved:
+        ``Grant(False, wait)`` with nothing committed."""
 
     @abstractmethod
     def release_limits(self, keys: list[str], holder: str) -> None:

@@ -4,16 +4,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from agentq.store.contract.limits import LimitState, Slot, Take
+from agentq.store.contract.limits import Grant, LimitState, Slot, Take
 from agentq.store.redis.base import RedisBase
 
 
 class RedisLimits(RedisBase):
     """The limit operations of :class:`~agentq.store.redis.store.RedisStore`."""
 
-    def take_limits(self, takes: list[Take], holder: str, ttl: float) -> float:
+    def take_limits(
+        self, takes: list[Take], holder: str, ttl: float, reserve_within: float = 0
+    ) -> Grant:
         keys: list[str] = []
-        args: list[Any] = [holder, max(1, int(ttl * 1000))]
+        args: list[Any] = [holder, max(1, int(ttl * 1000)), repr(float(reserve_within))]
         for take in takes:
             limit = take.limit
             keys += [self.keys.limit(take.key), self.keys.limit_holders(take.key)]
@@ -27,8 +29,8 @@ class RedisLimits(RedisBase):
                 repr(float(take.cost)),
                 limit.concurrency or 0,
             ]
-        waited = self._scripts["take_limits"](keys=keys, args=args)
-        return int(waited) / 1000
+        taken, ms = self._scripts["take_limits"](keys=keys, args=args)
+        return Grant(bool(taken), int(ms) / 1000)
 
     def release_limits(self, keys: list[str], holder: str) -> None:
         pipe = self.client.pipeline(transaction=False)

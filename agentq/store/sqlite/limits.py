@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from agentq.store.contract.limits import LimitState, Slot, Take
+from agentq.store.contract.limits import Grant, LimitState, Slot, Take
 from agentq.store.sqlite.connection import SharedConnection
 
 
@@ -13,17 +13,20 @@ class LimitsMixin:
 
     _conn: SharedConnection
 
-    def take_limits(self, takes: list[Take], holder: str, ttl: float) -> float:
+    def take_limits(
+        self, takes: list[Take], holder: str, ttl: float, reserve_within: float = 0
+    ) -> Grant:
         with self._conn.write() as db:
             now = time.time()
-            wait, plans = 0.0, []
+            # As in Redis: a wait on the rate alone may be reserved, a pause or a full cap not.
+            wait, blocked, plans = 0.0, 0.0, []
             for take in takes:
                 limit = take.limit
                 row = db.execute(
                     'SELECT req_tat, tok_tat, paused FROM limits WHERE "key" = ?', (take.key,)
                 ).fetchone()
                 req_tat, tok_tat, paused = row if row is not None else (0.0, 0.0, 0.0)
-                wait = max(wait, paused - now)
+                blocked = max(blocked, paused - now)
                 rpm, tpm = limit.requests_per_minute, limit.tokens_per_minute
                 if rpm:
                     interval = 60 / rpm
@@ -43,10 +46,10 @@ class LimitsMixin:
                         (take.key, holder),
                     ).fetchone()
                     if held >= limit.concurrency:
-                        wait = max(wait, 0.05)
+                        blocked = max(blocked, 0.05)
                 plans.append((take, req_tat, tok_tat, paused))
-            if wait > 1e-9:
-                return wait
+            if blocked > 1e-9 or wait > reserve_within + 1e-9:
+                return Grant(False, max(wait, blocked))
             for take, req_tat, tok_tat, paused in plans:
                 db.execute(
                     'INSERT OR REPLACE INTO limits ("key", req_tat, tok_tat, paused) '
@@ -64,7 +67,7 @@ class LimitsMixin:
                     'ON CONFLICT("key") DO UPDATE SET takes = takes + 1',
                     (take.key,),
                 )
-            return 0.0
+            return Grant(True, wait)
 
     def release_limits(self, keys: list[str], holder: str) -> None:
         with self._conn.write() as db:

@@ -76,10 +76,11 @@ def setup(redis_broker: str, redis_server: RedisServer) -> Iterator[Setup]:
 def worker(setup: Setup, tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
     started: list[WorkerProcess] = []
 
-    def start(concurrency: int = 2) -> WorkerProcess:
+    def start(concurrency: int = 2, queue: str | None = None) -> WorkerProcess:
+        env = setup.env if queue is None else {**setup.env, "AGENTQ_TEST_QUEUE": queue}
         process = WorkerProcess(
             setup.app,
-            setup.env,
+            env,
             tmp_path,
             concurrency=concurrency,
             pool="threads",
@@ -149,6 +150,8 @@ def test_a_killed_workers_concurrency_slot_comes_back_within_the_lease_ttl(
 
 def test_a_429_pauses_the_key_for_every_worker(setup: Setup, worker: Any) -> None:
     worker()
+    elsewhere = f"{setup.env['AGENTQ_TEST_QUEUE']}-elsewhere"
+    worker(queue=elsewhere)  # another process, which only the store tells of the 429
     setup.agent.delay("refused", calls=1, limit="provider", refuse=6)
     wait_until(
         lambda: setup.ledger.get(f"{setup.ns}:refused"),
@@ -160,7 +163,7 @@ def test_a_429_pauses_the_key_for_every_worker(setup: Setup, worker: Any) -> Non
         timeout=10,
         what="the key paused for another holder",
     )
-    setup.agent.delay("other", calls=1, limit="provider")
+    setup.agent.apply_async(("other",), {"calls": 1, "limit": "provider"}, queue=elsewhere)
     wait_until(
         lambda: (meta := setup.store.meta("other")) is not None and meta.status == Status.RETRYING,
         timeout=30,

@@ -49,14 +49,18 @@ class Held:
         self.waited = waited
         self._lease = lease
         self._where = where
-        slotted = tuple(take.key for take in takes if take.limit.concurrency)
-        if lease is not None and slotted:
-            lease.hold_slots(holder, slotted)
+        self._slotted = tuple(take.key for take in takes if take.limit.concurrency)
+        if lease is not None and self._slotted:
+            lease.hold_slots(holder, self._slotted)
 
     def release(self) -> None:
+        """Give back the call's concurrency slots: a rate-only limit holds none, and costs
+        no round trip here."""
+        if not self._slotted:
+            return
         if self._lease is not None:
             self._lease.drop_slots(self.holder)
-        self.store.release_limits(list(self.keys), self.holder)
+        self.store.release_limits(list(self._slotted), self.holder)
 
     def settle(self, actual_cost: Callable[[Any], float], result: Any) -> None:
         """Charge or refund the difference between the tokens taken and

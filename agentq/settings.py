@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from functools import cached_property
 from typing import Any, Final
 
 from agentq.errors import SettingsError
@@ -83,7 +84,7 @@ class Settings:
         if self.limit_wait < 0:
             raise SettingsError("agentq setting limit_wait must not be negative")
         object.__setattr__(self, "limits", tuple(self.limits))
-        Limits(self.limits)  # refuses bad declarations when the app is set up
+        self.declared_limits  # noqa: B018  # built now: bad declarations fail at setup
         if self.max_attempts < 1 or self.max_crashes < 1:
             raise SettingsError("agentq settings max_attempts and max_crashes must be >= 1")
         if self.backoff_base > self.backoff_max:
@@ -91,6 +92,11 @@ class Settings:
                 f"agentq setting backoff_base ({self.backoff_base}) exceeds backoff_max "
                 f"({self.backoff_max})"
             )
+
+    @cached_property
+    def declared_limits(self) -> Limits:
+        """:attr:`limits` looked up by the key a call or a thread names, built once."""
+        return Limits(self.limits)
 
     @classmethod
     def names(cls) -> list[str]:

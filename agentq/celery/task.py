@@ -31,7 +31,6 @@ from agentq.errors import (
     WaitTimeout,
 )
 from agentq.ids import validate_thread_id
-from agentq.limits import Limits
 from agentq.records import Status, ThreadMeta
 from agentq.store.contract import UNSET
 
@@ -206,7 +205,7 @@ class AgentTask(Task):  # type: ignore[misc]
         key = given if given is not None else self.concurrency_key_of(thread_id, input)
         if key is not None:
             try:
-                Limits(self.agentq.settings.limits).thread_cap(key)
+                self.agentq.settings.declared_limits.thread_cap(key)
             except LimitError as exc:
                 raise LimitError(f"thread {thread_id}: {exc}") from None
         return key
@@ -221,7 +220,7 @@ class AgentTask(Task):  # type: ignore[misc]
             return None
         settings = self.agentq.settings
         try:
-            cap = Limits(settings.limits).thread_cap(key)
+            cap = settings.declared_limits.thread_cap(key)
         except LimitError as exc:
             # Sent while the key was declared (apply_async checked it): the cap was
             # dropped since. Failing here would leave the thread running until its lease

@@ -60,7 +60,7 @@ def _row(key: str, declared: str, limits: Limits, state: LimitState | None) -> d
 
 
 def _rows(session: Session) -> list[dict[str, Any]]:
-    declared = Limits(session.settings.limits)
+    declared = session.settings.declared_limits
     states = session.store.limit_states()
     keyed = {state.key: state for state in session.store.key_states()}
     now = time.time()

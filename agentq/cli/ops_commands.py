@@ -161,7 +161,6 @@ def doctor(session: Session, as_json: bool) -> None:
     """Check the store's durability and eviction settings, its round-trip latency, and
     (with -A) the Celery settings that recovery depends on. Exits 1 if anything needs a
     fix."""
-    from agentq.limits import Limits
     from agentq.ops.doctor import celery_findings, unused_limits
 
     store = session.open_store(check=False)
@@ -176,7 +175,7 @@ def doctor(session: Session, as_json: bool) -> None:
             raise
     app = session.app
     app_findings = celery_findings(app, session.settings) if app is not None else None
-    limits = Limits(session.settings.limits)
+    limits = session.settings.declared_limits
     # Not a failure: a fleet that has made no calls yet has used none of its limits.
     unused = unused_limits(limits, store.limit_takes()) if app is not None and limits else None
     healthy = not store_findings and not app_findings and latency_error is None

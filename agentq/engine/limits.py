@@ -158,7 +158,7 @@ def limiter(
     return functools.partial(
         take,
         store,
-        Limits(settings.limits),
+        settings.declared_limits,
         ttl=settings.lease_ttl,
         wait=settings.limit_wait,
         thread_id=thread_id,

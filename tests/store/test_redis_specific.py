@@ -23,9 +23,10 @@ import pytest
 import redis
 from redis.connection import AbstractConnection
 
-from agentq.errors import LeaseHeld, StepConflict, StoreConfigError
+from agentq.errors import LeaseHeld, StaleToken, StepConflict, StoreConfigError
 from agentq.records import Checkpoint, Effect, Status
 from agentq.store.contract import Renewal
+from agentq.store.redis.checkpoints import INLINE_SNAPSHOT_BYTES
 from agentq.store.redis.store import RedisStore
 from tests.store.raw import snapshot
 from tests.support.redis_server import RedisServer, wait_until
@@ -600,28 +601,34 @@ def writes(monkeypatch: pytest.MonkeyPatch) -> Callable[[str], int]:
     return lambda name: sent.count(name)
 
 
+@pytest.mark.parametrize("staged", [False, True], ids=["small", "large"])
 def test_one_commit_is_one_round_trip(
-    logging_server: RedisServer, writes: Callable[[str], int]
+    logging_server: RedisServer, writes: Callable[[str], int], staged: bool
 ) -> None:
-    """MULTI, SET of the snapshot to the staged key, EVALSHA of commit.lua, EXEC: in one
-    write, so the snapshot never passes through Lua and the commit is still atomic."""
+    """A small snapshot goes to commit.lua as an argument: one EVALSHA. A large one is
+    staged: MULTI, SET of the snapshot to the staged key, EVALSHA, EXEC, in one write, so
+    its bytes never pass through Lua and the commit is still atomic."""
     name = "store-under-test"
+    extra = {"big": b"x" * (INLINE_SNAPSHOT_BYTES + 1)} if staged else {}
     with (
         redis_store(f"{logging_server.url}?client_name={name}") as store,
         admin_client(logging_server) as admin,
     ):
         store.open_thread("t1", task="agent")
         token = store.acquire("t1", "w1", TTL)
-        store.commit("t1", token, checkpoint(0, token))  # loads the script on first use
+        store.commit("t1", token, checkpoint(0, token, **extra))  # loads the script
         sha = store._scripts["commit"].sha.encode()
-        staged = store.keys.staged("t1").encode()
+        staged_key = store.keys.staged("t1").encode()
         # The slow log leaves out EXEC itself and shows the commands it ran.
-        expected = [[b"MULTI"], [b"SET", staged], [b"EVALSHA", sha]]
+        expected = (
+            [[b"MULTI"], [b"SET", staged_key], [b"EVALSHA", sha]] if staged else [[b"EVALSHA", sha]]
+        )
+        framing = {"exec": 1} if staged else {"exec": 0}
 
         for step, options in enumerate(COMMIT_VARIANTS, start=1):
             admin.slowlog_reset()
             before, sent = command_calls(admin), writes(name)
-            store.commit("t1", token, checkpoint(step, token), **options)
+            store.commit("t1", token, checkpoint(step, token, **extra), **options)
             after = command_calls(admin)
 
             assert writes(name) - sent == 1
@@ -630,24 +637,47 @@ def test_one_commit_is_one_round_trip(
                 c: after.get(c, 0) - before.get(c, 0)
                 for c in ("exec", "evalsha", "script|load", "script|exists")
             }
-            assert delta == {"exec": 1, "evalsha": 1, "script|load": 0, "script|exists": 0}
-        assert store.latest("t1") == checkpoint(len(COMMIT_VARIANTS), token)
-        assert not admin.exists(staged)
+            assert delta == {**framing, "evalsha": 1, "script|load": 0, "script|exists": 0}
+        last = len(COMMIT_VARIANTS)
+        assert store.latest("t1") == checkpoint(last, token, **extra)
+        assert not admin.exists(staged_key)
 
         # A server that lost its scripts costs the commit two more round trips, once.
         admin.script_flush()
         admin.slowlog_reset()
         sent = writes(name)
-        step = len(COMMIT_VARIANTS) + 1
-        store.commit("t1", token, checkpoint(step, token))
+        store.commit("t1", token, checkpoint(last + 1, token, **extra))
         assert writes(name) - sent == 3
         assert [command[:2] for command in store_commands(admin, name)] == [
             *expected,
             [b"SCRIPT", b"LOAD"],
             *expected,
         ]
-        assert store.latest("t1") == checkpoint(step, token)
-        assert not admin.exists(staged)
+        assert store.latest("t1") == checkpoint(last + 1, token, **extra)
+        assert not admin.exists(staged_key)
+
+
+@pytest.mark.parametrize("staged", [False, True], ids=["small", "large"])
+def test_a_refused_or_resent_commit_changes_nothing(start_redis: StartRedis, staged: bool) -> None:
+    """Whether the snapshot came as an argument or staged: a resent commit is recognised
+    as done, a different one at the same step and a stale token's are refused, and none
+    of them leaves a staged key or moves the thread."""
+    extra = {"big": b"y" * (INLINE_SNAPSHOT_BYTES + 1)} if staged else {}
+    server = start_redis()
+    with redis_store(server.url) as store, admin_client(server) as admin:
+        store.open_thread("t1", task="agent")
+        token = store.acquire("t1", "w1", TTL)
+        first = checkpoint(0, token, **extra)
+        store.commit("t1", token, first)
+        before = snapshot(store)
+        store.commit("t1", token, first)
+        with pytest.raises(StepConflict):
+            store.commit("t1", token, checkpoint(0, token, other=1, **extra))
+        with pytest.raises(StaleToken):
+            store.commit("t1", token - 1, checkpoint(1, token - 1, **extra))
+        assert snapshot(store) == before
+        assert not admin.exists(store.keys.staged("t1"))
+        assert store.latest("t1") == first
 
 
 def test_latest_is_one_round_trip(

@@ -1,11 +1,13 @@
 """Checkpoints on Redis: the fenced commit, status changes, and the reads.
 
 The two hot paths keep large values out of Lua, where every kilobyte costs time both
-ways: ``commit`` sends ``MULTI``, a plain ``SET`` of the snapshot to the thread's staged
-key, the commit script (which checks the fence and the step, then renames the staged key
-into place) and ``EXEC``, in one write; ``latest`` reads the pointer and the snapshot
-it names with one ``MGET`` when it knows the step to expect (from this store's last
-commit, ``meta()`` or ``latest()`` of the thread), and falls back to a script otherwise.
+ways: ``commit`` sends a snapshot of up to :data:`INLINE_SNAPSHOT_BYTES` to the commit
+script as an argument (one command), a larger one as ``MULTI``, a plain ``SET`` of the
+snapshot to the thread's staged key, the commit script (which checks the fence and the
+step, then renames the staged key into place) and ``EXEC``, in one write; ``latest``
+reads the pointer and the snapshot it names with one ``MGET`` when it knows the step to
+expect (from this store's last commit, ``meta()`` or ``latest()`` of the thread), and
+falls back to a script otherwise.
 """
 
 from __future__ import annotations
@@ -26,7 +28,11 @@ from agentq.records import Checkpoint, Status
 from agentq.store.contract import UNSET, _Unset
 from agentq.store.redis.base import RedisBase
 from agentq.store.redis.decode import blob, log_fields, pairs, raise_refusal, text
-from agentq.store.redis.wire import stage_and_run
+from agentq.store.redis.wire import run_script
+
+INLINE_SNAPSHOT_BYTES = 16 * 1024
+"""Up to this size a snapshot goes to the commit script as an argument; a larger one is
+staged, since copying it into Lua and out again would cost more than the extra commands."""
 
 
 def due_arg(due_in: float | _Unset | None) -> EncodableT:
@@ -67,12 +73,11 @@ class RedisCheckpoints(RedisBase):
             log_args += [field, (logs or {})[field], len(items), *items]
         base = self.keys.thread(thread_id)
         staged = self.keys.staged(thread_id)
+        inline = len(encoded.snapshot) <= INLINE_SNAPSHOT_BYTES
         script = self._scripts["commit"]
         index_keys, index_args = self._index_keys()
-        reply = stage_and_run(
+        reply = run_script(
             self.client,
-            staged,
-            encoded.snapshot,
             script.sha,
             script.script,
             [
@@ -94,8 +99,10 @@ class RedisCheckpoints(RedisBase):
                 checkpoint.node or "",
                 *blobs,
                 log_fields(logs or {}),
+                encoded.snapshot if inline else b"",
                 *log_args,
             ],
+            stage=None if inline else (staged, encoded.snapshot),
         )
         self._apply_index_ops(reply)
         code, value, _ = reply

@@ -73,25 +73,26 @@ def send(client: RedisClient, commands: Sequence[Command], *, transaction: bool)
     return executed
 
 
-def stage_and_run(
+def run_script(
     client: RedisClient,
-    staged: str,
-    snapshot: bytes,
     sha: str,
     source: ScriptTextT,
     keys: Sequence[str],
     args: Sequence[EncodableT],
+    *,
+    stage: tuple[str, bytes] | None = None,
 ) -> list[Any]:
-    """``MULTI``, ``SET`` the snapshot to the staged key, ``EVALSHA`` the script (which
-    moves it into place or deletes it), ``EXEC``: one round trip, and the snapshot's bytes
-    never pass through Lua. A server that lost the script gets it loaded, then the whole
-    transaction again (the staged key is simply overwritten)."""
-    stage = ("SET", staged, snapshot)
+    """``EVALSHA`` the script in one round trip, without redis-py's per-command machinery.
+    With ``stage`` (a key and its bytes): ``MULTI``, ``SET`` the bytes to that key,
+    ``EVALSHA``, ``EXEC``, so that a large value never passes through Lua (the script
+    moves it into place or deletes it). A server that lost the script gets it loaded, then
+    the whole call again (a staged key is simply overwritten)."""
     run = ("EVALSHA", sha, len(keys), *keys, *args)
+    commands: list[Command] = [run] if stage is None else [("SET", *stage), run]
     for attempt in range(2):
-        stored, reply = send(client, [stage, run], transaction=True)
-        if isinstance(stored, Exception):
-            raise stored
+        *staged, reply = send(client, commands, transaction=stage is not None)
+        if staged and isinstance(staged[0], Exception):
+            raise staged[0]
         if isinstance(reply, NoScriptError) and attempt == 0:
             client.script_load(source)
             continue

@@ -1,60 +1,70 @@
 --!df flags=allow-undeclared-keys
 -- Writes checkpoint n if the token is current and the latest step is n-1.
--- The snapshot is not an argument: the caller SETs it to the staged key first, in the same
--- MULTI, so its bytes never pass through Lua. This script moves it into place with RENAME,
--- or deletes it on any refusal. Every write here is also appended to the AOF, where with
--- appendfsync always its bytes cost time: a step writes nothing it does not have to.
+-- A small snapshot comes as ARGV[12] and is SET in place. A large one's bytes are kept out
+-- of Lua: the caller SETs it to the staged key first, in the same MULTI, and passes
+-- ARGV[12] = ''; this script moves it into place with RENAME, or deletes it on any
+-- refusal. Every write here is also appended to the AOF, where with appendfsync always
+-- its bytes cost time, and every redis.call costs more than its command: a step writes
+-- nothing it does not have to, and reads the latest step from the meta, where the commit
+-- that wrote it put it.
 -- KEYS[1]: meta, [2]: latest, [3]: checkpoint n, [4]: lock, [5]: staged snapshot,
 -- [due index].
 -- ARGV[1]: status prefix or '', [2] token, [3] n, [4] status, [5] due in seconds ('' for
 -- none, 'keep' to leave it), [6] '<token>:<owner>' to release or '', [7] keep_last,
 -- [8] node ('' for none), [9] result (msgpack; '' leaves it as it is), [10] interrupt
 -- (msgpack; '' removes it; with status 'waiting' and a due time, a wait that times out),
--- [11] the names of the append-only fields (msgpack; '' for none), [12] how many logs
--- follow, each as (field, length before, count, count items).
+-- [11] the names of the append-only fields (msgpack; '' for none), [12] the snapshot, or
+-- '' when it is staged, [13] how many logs follow, each as (field, length before, count,
+-- count items).
 -- The thread id and key prefix are read from KEYS[1].
 -- Returns {1, cancel requested 0|1, ops}; {STALE_TOKEN, current fence, 0};
 -- {STEP_CONFLICT, latest, 0}; {THREAD_NOT_FOUND, 0, 0}; {LOG_CONFLICT, field, 0} when a
 -- log's length is not the one the checkpoint extends. A refusal changes no key:
 -- it deletes the staged snapshot its own transaction wrote.
-local meta, staged = KEYS[1], KEYS[5]
+local meta, staged, inline = KEYS[1], KEYS[5], ARGV[12]
+local function drop_staged()
+  if inline == '' then
+    redis.call('DEL', staged)
+  end
+end
+local function refuse(code, value)
+  drop_staged()
+  return {code, value, 0}
+end
 local current = redis.call('HMGET', meta, 'fence', 'first', 'cancel', 'status', 'attempts',
-  'crashes', 'resume', 'node', 'interrupt', 'log_fields', 'error', 'timeout', 'timed_out')
+  'crashes', 'resume', 'node', 'interrupt', 'log_fields', 'error', 'timeout', 'timed_out',
+  'step')
 local fence = tonumber(current[1])
 if not fence then
-  redis.call('DEL', staged)
-  return {REFUSAL.THREAD_NOT_FOUND, 0, 0}
+  return refuse(REFUSAL.THREAD_NOT_FOUND, 0)
 end
 if fence ~= tonumber(ARGV[2]) then
-  redis.call('DEL', staged)
-  return {REFUSAL.STALE_TOKEN, fence, 0}
+  return refuse(REFUSAL.STALE_TOKEN, fence)
 end
 local cancel = current[3] == '1' and 1 or 0
 local step = tonumber(ARGV[3])
-local latest = tonumber(redis.call('GET', KEYS[2]) or '-1')
+local latest = tonumber(current[14] or '-1')
 if latest == step then
   -- A client that resends after a lost reply finds its own write: report it as done. Only
-  -- this rare case reads the snapshot bytes into Lua.
-  local same = redis.call('GET', KEYS[3]) == redis.call('GET', staged)
-  redis.call('DEL', staged)
-  if same then
-    return {1, cancel, 0}
+  -- this rare case reads a staged snapshot's bytes into Lua.
+  local same = redis.call('GET', KEYS[3]) == (inline ~= '' and inline or redis.call('GET', staged))
+  if not same then
+    return refuse(REFUSAL.STEP_CONFLICT, latest)
   end
-  return {REFUSAL.STEP_CONFLICT, latest, 0}
+  drop_staged()
+  return {1, cancel, 0}
 end
 if latest ~= step - 1 then
-  redis.call('DEL', staged)
-  return {REFUSAL.STEP_CONFLICT, latest, 0}
+  return refuse(REFUSAL.STEP_CONFLICT, latest)
 end
 local base = string.sub(meta, 1, -5)
 local logs = {}
-local i = 13
-for _ = 1, tonumber(ARGV[12]) do
+local i = 14
+for _ = 1, tonumber(ARGV[13]) do
   local log = {key = base .. 'log:' .. ARGV[i], field = ARGV[i],
                before = tonumber(ARGV[i + 1]), first = i + 3, count = tonumber(ARGV[i + 2])}
   if redis.call('LLEN', log.key) ~= log.before then
-    redis.call('DEL', staged)
-    return {REFUSAL.LOG_CONFLICT, log.field, 0}
+    return refuse(REFUSAL.LOG_CONFLICT, log.field)
   end
   logs[#logs + 1] = log
   i = log.first + log.count
@@ -66,7 +76,11 @@ for _, log in ipairs(logs) do
     redis.call('SADD', base .. 'logs', log.field)
   end
 end
-redis.call('RENAME', staged, KEYS[3])
+if inline == '' then
+  redis.call('RENAME', staged, KEYS[3])
+else
+  redis.call('SET', KEYS[3], inline)
+end
 redis.call('SET', KEYS[2], step)
 for _, log in ipairs(logs) do
   -- unpack() is bounded by Lua's stack, so long appends go in slices.

@@ -7,7 +7,8 @@ sweeper's re-sends after a crash, which have no caller), else one derived from t
 id, which every worker computes alike without asking anyone. Node spans are children of
 that context; tool-call spans are children of their node's span.
 
-Without opentelemetry every hook returns at once and nothing is imported.
+Without opentelemetry, or with no tracer provider set (spans would record nothing), every
+hook returns at once.
 """
 
 from __future__ import annotations
@@ -42,6 +43,15 @@ def sending_headers() -> dict[str, str]:
     return carrier
 
 
+def _tracing() -> bool:
+    """Whether a span would record anything: opentelemetry is installed and a tracer
+    provider other than the API's placeholders is set (checked every time: one may be set
+    while threads run)."""
+    return trace is not None and not isinstance(
+        trace.get_tracer_provider(), (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
+    )
+
+
 def _thread_context(thread_id: str, options: Mapping[str, Any]) -> Any:
     headers = options.get("headers")
     if isinstance(headers, Mapping) and headers.get(TRACEPARENT):
@@ -61,7 +71,7 @@ def node_span(
 ) -> AbstractContextManager[None]:
     """The span of one node run, current for its duration; its outcome is set by
     :func:`outcome` (or ``error`` if the run raised before one was)."""
-    if trace is None:
+    if not _tracing():
         return nullcontext()
     return _node_span(thread_id, options, step, node, attempt, token)
 
@@ -111,7 +121,7 @@ def outcome(thread_id: str, what: str) -> None:
 def tool_span(thread_id: str, step: int, tool: str, token: int) -> AbstractContextManager[Any]:
     """The span of one tool call, a child of its node's span; yields a setter of its
     effect key and outcome."""
-    if trace is None:
+    if not _tracing():
         return nullcontext(_ignore)
     return _tool_span(thread_id, step, tool, token)
 

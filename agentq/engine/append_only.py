@@ -8,6 +8,22 @@ from typing import Any
 
 from agentq.errors import AppendOnlyViolation
 
+_ATOMS = frozenset({str, int, float, bool, bytes, type(None)})
+
+
+def _private(value: Any) -> Any:
+    """A copy of ``value`` that no later edit of it can reach: ``copy.deepcopy``, with the
+    lists, dicts and immutable scalars that make up most state (model messages) copied
+    here without its memo and dispatch, in a fraction of its time."""
+    kind = type(value)
+    if kind in _ATOMS:
+        return value
+    if kind is dict:
+        return {key: _private(item) for key, item in value.items()}
+    if kind is list:
+        return [_private(item) for item in value]
+    return copy.deepcopy(value)
+
 
 class AppendOnlyFields:
     """Remembers the committed items of each append-only field of one thread.
@@ -32,8 +48,7 @@ class AppendOnlyFields:
     ) -> None:
         self.thread_id = thread_id
         self._committed = {
-            field: copy.deepcopy(state.get(field, [])) if field in logged else []
-            for field in fields
+            field: _private(state.get(field, [])) if field in logged else [] for field in fields
         }
 
     def lengths(self, step: int, state: dict[str, Any]) -> dict[str, int]:
@@ -62,4 +77,4 @@ class AppendOnlyFields:
     def committed(self, state: dict[str, Any]) -> None:
         """Record that ``state``'s fields are now stored."""
         for field, committed in self._committed.items():
-            committed.extend(copy.deepcopy(state[field][len(committed) :]))
+            committed.extend(_private(state[field][len(committed) :]))

@@ -13,8 +13,8 @@ After the table, one ``ratio <name> <value>`` / ``figure <name> <value>`` line p
 The benchmarks (each also runs alone as ``python -m bench.<name> [--quick]``):
 
 - ``store``: commit ÷ raw SET, resume ÷ raw GET at 1/10/100 KB (:mod:`bench.store`);
-- ``wire``: the commit encoded by redis-py's ``pack_commands`` against a hand-written
-  encoder and a redis-py pipeline (:mod:`bench.wire`);
+- ``wire``: the commit encoded by hiredis against redis-py's ``pack_commands``, and
+  committed through a redis-py pipeline against the pooled path (:mod:`bench.wire`);
 - ``steps``: per-step latency and bytes written against conversation length;
 - ``agent``: agent steps/s ÷ a raw SET loop ÷ bare Celery, and per-step overhead;
 - ``storage``: store size of a finished 200-step thread ÷ its final state, and LangGraph's;

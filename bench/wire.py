@@ -1,64 +1,38 @@
-"""What the commit's encoding costs: redis-py's ``pack_commands`` (what the store uses)
-against a hand-written RESP encoder and against a redis-py transactional pipeline, for the
-same fenced commit at 1/10/100 KB.
+"""What the commit's encoding costs: hiredis' ``pack_command`` (what the store uses)
+against redis-py's ``pack_commands``, and the pooled commit against one driven through a
+redis-py transactional pipeline, at 1/10/100 KB.
 
 Run from the repository root::
 
     python -m bench.wire [--quick]
 
-One private ``redis-server`` (see :mod:`bench.store`) serves three stores, each on a client
-of its own: a plain client (the store writes ``MULTI``/``SET``/``EVALSHA``/``EXEC`` itself,
-encoded by ``Connection.pack_commands``), a client whose connections encode with the
-hand-written encoder below, and a single-connection client (which the store drives through
-a redis-py pipeline). Each commits to its own thread; the timings alternate in blocks as in
-:mod:`bench.store`. ``ratio commit_<size>_<way>_over_pack_commands``: below 1 means that
-way is faster than ``pack_commands``.
+Encoding: the commands of one real commit at each size (captured from the store as it
+sends them: the commit script with the snapshot as an argument up to
+``INLINE_SNAPSHOT_BYTES``, else ``MULTI``/``SET``/``EVALSHA``/``EXEC``), packed into one
+buffer again and again by each encoder, no server involved: CPU time only.
+``ratio commit_<size>_hiredis_over_pack_commands`` below 1 means hiredis is faster.
+
+Round trip: one private ``redis-server`` (see :mod:`bench.store`) serves two stores, a
+plain client (commands packed as above on a pooled connection) and a single-connection
+client (which the store drives through a redis-py pipeline), each committing to its own
+thread, the timings alternating in blocks as in :mod:`bench.store`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
-from typing import cast
+import functools
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import redis
-from redis.typing import EncodableT
 
 from agentq.store.contract import UNSET
+from agentq.store.redis import checkpoints, wire
 from agentq.store.redis.store import RedisStore
 from bench._redis import PrivateRedis
 from bench._report import Result, exit_with, median, micros, standalone
 from bench.store import BLOCK, SIZES, _checkpoint, build_state, interleaved
-
-
-def hand_resp(commands: Iterable[Sequence[EncodableT]]) -> bytes:
-    """``commands`` in the Redis protocol as one buffer, with exact type checks (bytes
-    first): the encoder the commit path used before ``pack_commands`` (whose chunks the
-    store joins into one buffer too)."""
-    out: list[bytes] = []
-    append = out.append
-    for command in commands:
-        append(b"*%d\r\n" % len(command))
-        for arg in command:
-            if type(arg) is bytes:
-                data = arg
-            elif type(arg) is str:
-                data = arg.encode()
-            elif type(arg) is int:
-                data = b"%d" % arg
-            else:
-                data = repr(arg).encode()
-            append(b"$%d\r\n" % len(data))
-            append(data)
-            append(b"\r\n")
-    return b"".join(out)
-
-
-class HandEncoded(redis.Connection):
-    """A connection that packs commands with :func:`hand_resp`."""
-
-    def pack_commands(self, commands: Iterable[Iterable[EncodableT]]) -> list[bytes]:
-        # The store hands over tuples and lists: no copy, as before.
-        return [hand_resp(cast(Iterable[Sequence[EncodableT]], commands))]
 
 
 def _committer(client: redis.Redis, thread_id: str, size: int) -> Callable[[], None]:
@@ -76,15 +50,47 @@ def _committer(client: redis.Redis, thread_id: str, size: int) -> Callable[[], N
     return commit
 
 
+def _commands_of(commit: Callable[[], None]) -> list[Sequence[Any]]:
+    """The commands one call of ``commit`` sends, MULTI and EXEC included."""
+    sent: list[Sequence[Any]] = []
+    real = wire.send
+
+    def capture(client: Any, commands: Sequence[Any], *, transaction: bool) -> list[Any]:
+        sent.extend([("MULTI",), *commands, ("EXEC",)] if transaction else commands)
+        return real(client, commands, transaction=transaction)
+
+    wire.send = capture  # run_script looks send up in its module at each call
+    try:
+        commit()
+    finally:
+        wire.send = real
+    return sent
+
+
+def _cpu_per_call(
+    pack: Callable[[Sequence[Sequence[Any]]], object], commands: Sequence[Sequence[Any]], calls: int
+) -> float:
+    """Seconds of CPU per ``pack(commands)``, the best of five runs of ``calls``."""
+    best = float("inf")
+    for _ in range(5):
+        started = time.process_time()
+        for _ in range(calls):
+            pack(commands)
+        best = min(best, (time.process_time() - started) / calls)
+    return best
+
+
 def run(quick: bool) -> list[Result]:
-    samples, warmup = (300, 50) if quick else (3000, 300)
+    samples, warmup, calls = (300, 50, 200) if quick else (3000, 300, 2000)
     results = []
+    connection = redis.Connection()  # only packs: never connected
+
+    def redis_py(commands: Sequence[Sequence[Any]]) -> bytes:
+        return b"".join(connection.pack_commands(commands))  # as the store joined them
+
     with PrivateRedis() as server:
         clients: dict[str, redis.Redis] = {
-            "pack_commands": redis.Redis(port=server.port),
-            "private": redis.Redis(
-                connection_pool=redis.ConnectionPool(port=server.port, connection_class=HandEncoded)
-            ),
+            "pooled": redis.Redis(port=server.port),
             "pipeline": redis.Redis(port=server.port, single_connection_client=True),
         }
         try:
@@ -93,21 +99,35 @@ def run(quick: bool) -> list[Result]:
                     way: _committer(client, f"wire-{way}-{label}", size)
                     for way, client in clients.items()
                 }
-                for way in ("private", "pipeline"):
-                    base_ns, way_ns = interleaved(
-                        commits["pack_commands"], commits[way], samples, warmup, BLOCK
+                commands = _commands_of(commits["pooled"])
+                ours = _cpu_per_call(functools.partial(wire.pack, connection), commands, calls)
+                theirs = _cpu_per_call(redis_py, commands, calls)
+                inline = size <= checkpoints.INLINE_SNAPSHOT_BYTES
+                results.append(
+                    Result(
+                        "ratio",
+                        f"commit_{label}_hiredis_over_pack_commands",
+                        ours / theirs,
+                        f"encoding a commit ({'one command' if inline else 'staged'}), "
+                        f"hiredis ÷ pack_commands, {label}",
+                        micros(ours),
+                        micros(theirs),
                     )
-                    base, measured = median(base_ns) / 1e9, median(way_ns) / 1e9
-                    results.append(
-                        Result(
-                            "ratio",
-                            f"commit_{label}_{way}_over_pack_commands",
-                            measured / base,
-                            f"commit via {way} ÷ via pack_commands, {label}",
-                            micros(measured),
-                            micros(base),
-                        )
+                )
+                base_ns, way_ns = interleaved(
+                    commits["pooled"], commits["pipeline"], samples, warmup, BLOCK
+                )
+                base, measured = median(base_ns) / 1e9, median(way_ns) / 1e9
+                results.append(
+                    Result(
+                        "ratio",
+                        f"commit_{label}_pipeline_over_pooled",
+                        measured / base,
+                        f"commit via a redis-py pipeline ÷ pooled, {label}",
+                        micros(measured),
+                        micros(base),
                     )
+                )
         finally:
             for client in clients.values():
                 client.close()

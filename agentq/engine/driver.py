@@ -175,12 +175,15 @@ class Driver:
 
     def _latest(self, token: int, meta: ThreadMeta) -> Checkpoint | None:
         """The latest checkpoint; one the store lost stops the thread in needs_attention
-        (:class:`~agentq.errors.CheckpointLost`) rather than start it again from step 0."""
+        (:class:`~agentq.errors.CheckpointLost`) rather than start it again from step 0.
+        A thread whose meta (read under this lease) names no step has none to read."""
+        if meta.step < 0:
+            return None
         try:
             latest = self._calls("reading the checkpoint", self.store.latest, self.thread_id)
         except CheckpointNotFound as exc:
             self._report_loss(token, meta, f"its latest checkpoint is gone ({exc})")
-        if latest is None and meta.step >= 0:
+        if latest is None:
             self._report_loss(token, meta, "the store holds no checkpoint of it")
         return latest
 

@@ -309,9 +309,10 @@ class AgentTask(Task):  # type: ignore[misc]
             "thread %s: step %d (%s) committed, next %s", thread_id, step, node, next_node or "-"
         )
         fields = {"thread_id": thread_id, "step": step, "node": node, "next": next_node}
-        if self.request.id and not isinstance(self.backend, DisabledBackend):
+        request = self.request  # a lookup in Celery's thread-local stack each time
+        if request.id and not isinstance(self.backend, DisabledBackend):
             self.update_state(state="PROGRESS", meta=fields)
-        if self.app.conf.worker_send_task_events and self.request.hostname:
+        if request.hostname and self.app.conf.worker_send_task_events:
             self.send_event("task-progress", **fields, limit_waits=list(limit_waits))
 
     def on_limit_wait(

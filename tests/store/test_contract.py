@@ -860,6 +860,33 @@ def test_a_log_that_does_not_end_where_the_commit_continues_is_refused(store: St
     assert store.latest("t1").state["messages"] == ["a", "b", "c"]  # type: ignore[union-attr]
 
 
+@pytest.mark.parametrize("long", [False, True], ids=["short", "2500 items"])
+def test_a_conflict_in_a_later_log_leaves_every_log_as_it_was(store: Store, long: bool) -> None:
+    """The first log's items, however many, and a log the refused commit would have
+    created go again with the refusal."""
+    token = started(store)
+    store.commit("t1", token, cp(0, token, a=["a0"], b=["b0", "b1"]), logs={"a": 0, "b": 0})
+    before = snapshot(store)
+    grown = ["a0", *(f"a{i}" for i in range(1, 2501 if long else 3))]
+    with pytest.raises(LogConflict):
+        store.commit(
+            "t1",
+            token,
+            cp(1, token, a=grown, b=["b0", "b1", "b2"], c=["c0"]),
+            logs={"a": 1, "b": 1, "c": 0},
+        )
+    assert snapshot(store) == before
+    store.commit(
+        "t1",
+        token,
+        cp(1, token, a=grown, b=["b0", "b1", "b2"], c=["c0"]),
+        logs={"a": 1, "b": 2, "c": 0},
+    )
+    latest = store.latest("t1")
+    assert latest is not None
+    assert latest.state["a"] == grown and latest.state["c"] == ["c0"]
+
+
 def test_fork_and_delete_cover_the_logs(store: Store) -> None:
     empty = snapshot(store)
     token = started(store)

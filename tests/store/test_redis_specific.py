@@ -680,6 +680,49 @@ def test_a_refused_or_resent_commit_changes_nothing(start_redis: StartRedis, sta
         assert store.latest("t1") == first
 
 
+@pytest.mark.parametrize("staged", [False, True], ids=["small", "large"])
+@pytest.mark.parametrize("appended", [["b0"], []], ids=["appended to", "unchanged"])
+def test_a_log_of_another_type_refuses_the_commit_and_changes_nothing(
+    start_redis: StartRedis, staged: bool, appended: list[str]
+) -> None:
+    extra = {"big": b"z" * (INLINE_SNAPSHOT_BYTES + 1)} if staged else {}
+    server = start_redis()
+    with redis_store(server.url) as store, admin_client(server) as admin:
+        store.open_thread("t1", task="agent")
+        token = store.acquire("t1", "w1", TTL)
+        store.commit("t1", token, checkpoint(0, token, a=["a0"], **extra), logs={"a": 0})
+        admin.set(store.keys.log("t1", "b"), "not a list")
+        before = snapshot(store)
+        with pytest.raises(redis.ResponseError, match="WRONGTYPE"):
+            store.commit(
+                "t1",
+                token,
+                checkpoint(1, token, a=["a0", "a1"], b=appended, **extra),
+                logs={"a": 1, "b": 0},
+            )
+        assert snapshot(store) == before
+
+
+@pytest.mark.parametrize("staged", [False, True], ids=["small", "large"])
+def test_a_checkpoint_already_there_is_not_overwritten(
+    start_redis: StartRedis, staged: bool
+) -> None:
+    """A checkpoint n the store holds while its latest step is n-1 (written by hand, or
+    left by an older version) refuses commit n rather than be replaced, or deleted by a
+    refusal."""
+    extra = {"big": b"w" * (INLINE_SNAPSHOT_BYTES + 1)} if staged else {}
+    server = start_redis()
+    with redis_store(server.url) as store, admin_client(server) as admin:
+        store.open_thread("t1", task="agent")
+        token = store.acquire("t1", "w1", TTL)
+        store.commit("t1", token, checkpoint(0, token, a=["a0"], **extra), logs={"a": 0})
+        admin.set(store.keys.checkpoint("t1", 1), b"already here")
+        before = snapshot(store)
+        with pytest.raises(StepConflict):
+            store.commit("t1", token, checkpoint(1, token, a=["a0", "a1"], **extra), logs={"a": 1})
+        assert snapshot(store) == before
+
+
 def test_latest_is_one_round_trip(
     logging_server: RedisServer, writes: Callable[[str], int]
 ) -> None:

@@ -39,7 +39,8 @@ def due_arg(due_in: float | _Unset | None) -> EncodableT:
     """commit.lua's due argument: seconds, '' to clear, 'keep' to leave it."""
     if isinstance(due_in, _Unset):
         return "keep"
-    return "" if due_in is None else due_in
+    # As a float here: a number type Lua cannot read would fail the script midway.
+    return "" if due_in is None else float(due_in)
 
 
 class RedisCheckpoints(RedisBase):

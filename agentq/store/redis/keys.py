@@ -54,10 +54,10 @@ key                                        type    contents
 
 ``P`` is the configured prefix (``agentq:`` by default). Leases expire through ``PX`` on
 the lock keys; no other key has a Redis TTL: finished threads are removed by ``gc()``, which
-also keeps the indexes consistent. A staged snapshot (one over ``INLINE_SNAPSHOT_BYTES``; smaller
-ones go to the commit script as an argument) exists only within one MULTI, unless
-its script never ran (a server that lost its scripts and then the connection): the thread's
-next commit overwrites it, deleting the thread deletes it.
+also keeps the indexes consistent. A staged snapshot (one over ``INLINE_SNAPSHOT_BYTES``;
+smaller ones go to the commit script as an argument) exists only within one MULTI, unless
+its script never ran (a server that lost its scripts and then the connection): the
+thread's next staged commit overwrites it, deleting the thread deletes it.
 """
 
 from __future__ import annotations

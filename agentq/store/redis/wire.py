@@ -25,8 +25,9 @@ Command = Sequence[EncodableT]
 def pack(connection: Any, commands: Sequence[Command]) -> bytes:
     """``commands`` in the Redis protocol, as one buffer: one write, where
     ``pack_commands`` keeps a large argument (a snapshot) as a chunk of its own, each chunk
-    a system call. hiredis encodes text as UTF-8, as a connection does by default."""
-    if connection.encoder.encoding.lower().replace("-", "") == "utf8":
+    a system call. hiredis encodes text as strict UTF-8, as a connection does by default."""
+    encoder = connection.encoder
+    if encoder.encoding.lower().replace("-", "") == "utf8" and encoder.encoding_errors == "strict":
         try:
             # The stub types the argument as a 1-tuple; any length is packed.
             return b"".join([hiredis.pack_command(tuple(c)) for c in commands])  # type: ignore[arg-type]

@@ -19,8 +19,9 @@
 -- The thread id and key prefix are read from KEYS[1].
 -- Returns {1, cancel requested 0|1, ops}; {STALE_TOKEN, current fence, 0};
 -- {STEP_CONFLICT, latest, 0}; {THREAD_NOT_FOUND, 0, 0}; {LOG_CONFLICT, field, 0} when a
--- log's length is not the one the checkpoint extends. A refusal changes no key:
--- it deletes the staged snapshot its own transaction wrote.
+-- log's length is not the one the checkpoint extends; an error reply for a key of another
+-- type. A refusal or an error changes no key: it deletes the staged snapshot its own
+-- transaction wrote.
 local meta, staged, inline = KEYS[1], KEYS[5], ARGV[12]
 local function drop_staged()
   if inline == '' then
@@ -63,29 +64,73 @@ local i = 14
 for _ = 1, tonumber(ARGV[13]) do
   local log = {key = base .. 'log:' .. ARGV[i], field = ARGV[i],
                before = tonumber(ARGV[i + 1]), first = i + 3, count = tonumber(ARGV[i + 2])}
-  if redis.call('LLEN', log.key) ~= log.before then
-    return refuse(REFUSAL.LOG_CONFLICT, log.field)
+  -- A log that grows is checked by the length RPUSH returns, below; one that does not
+  -- is checked here.
+  if log.count == 0 then
+    local length = redis.pcall('LLEN', log.key)
+    if type(length) == 'table' then
+      drop_staged()
+      return length
+    end
+    if length ~= log.before then
+      return refuse(REFUSAL.LOG_CONFLICT, log.field)
+    end
   end
   logs[#logs + 1] = log
   i = log.first + log.count
 end
--- The writes that can fail (a key of another type, a missing staged snapshot) come first,
--- so that a failure leaves nothing half-written: Lua does not roll back.
+-- The snapshot goes first: only a script's first write can be refused (out of memory),
+-- and a checkpoint n that already exists (the latest step is n-1) is left alone.
+local placed
+if inline == '' then
+  placed = redis.call('RENAMENX', staged, KEYS[3]) == 1
+else
+  placed = redis.call('SET', KEYS[3], inline, 'NX')
+end
+if not placed then
+  return refuse(REFUSAL.STEP_CONFLICT, latest)
+end
+-- Then each log's new items. A log that did not end where the checkpoint extends it (or
+-- a key of another type) is refused, and what this script wrote goes again: Lua does not
+-- roll back.
+local function undo(reply)
+  for _, log in ipairs(logs) do
+    if log.pushed and log.pushed > 0 then
+      local kept = log.length - log.pushed
+      if kept == 0 then
+        redis.call('DEL', log.key)
+      else
+        redis.call('LTRIM', log.key, 0, kept - 1)
+      end
+    end
+    if log.added then
+      redis.call('SREM', base .. 'logs', log.field)
+    end
+  end
+  redis.call('DEL', KEYS[3])
+  return reply
+end
 for _, log in ipairs(logs) do
   if log.before == 0 then
-    redis.call('SADD', base .. 'logs', log.field)
+    local added = redis.pcall('SADD', base .. 'logs', log.field)
+    if type(added) == 'table' then
+      return undo(added)
+    end
+    log.added = added == 1
   end
-end
-if inline == '' then
-  redis.call('RENAME', staged, KEYS[3])
-else
-  redis.call('SET', KEYS[3], inline)
-end
-redis.call('SET', KEYS[2], step)
-for _, log in ipairs(logs) do
+  log.pushed = 0
+  local last = log.first + log.count - 1
   -- unpack() is bounded by Lua's stack, so long appends go in slices.
-  for from = log.first, log.first + log.count - 1, 1000 do
-    redis.call('RPUSH', log.key, unpack(ARGV, from, math.min(from + 999, log.first + log.count - 1)))
+  for from = log.first, last, 1000 do
+    local upto = math.min(from + 999, last)
+    local length = redis.pcall('RPUSH', log.key, unpack(ARGV, from, upto))
+    if type(length) == 'table' then
+      return undo(length)
+    end
+    log.pushed, log.length = log.pushed + upto - from + 1, length
+  end
+  if log.count > 0 and log.length ~= log.before + log.count then
+    return undo({REFUSAL.LOG_CONFLICT, log.field, 0})
   end
 end
 local now = now_seconds()
@@ -145,6 +190,7 @@ elseif ARGV[5] ~= '' then
   end
 end
 redis.call('HSET', unpack(set))
+redis.call('SET', KEYS[2], step)
 if ARGV[6] ~= '' and redis.call('GET', KEYS[4]) == ARGV[6] then
   redis.call('DEL', KEYS[4])
 end

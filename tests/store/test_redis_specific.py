@@ -609,7 +609,7 @@ def test_one_commit_is_one_round_trip(
     staged: MULTI, SET of the snapshot to the staged key, EVALSHA, EXEC, in one write, so
     its bytes never pass through Lua and the commit is still atomic."""
     name = "store-under-test"
-    extra = {"big": b"x" * (INLINE_SNAPSHOT_BYTES + 1)} if staged else {}
+    extra = large(staged)
     with (
         redis_store(f"{logging_server.url}?client_name={name}") as store,
         admin_client(logging_server) as admin,
@@ -657,18 +657,36 @@ def test_one_commit_is_one_round_trip(
         assert not admin.exists(staged_key)
 
 
+def large(staged: bool) -> dict[str, bytes]:
+    """State that makes a snapshot go staged rather than as the script's argument."""
+    return {"big": b"y" * (INLINE_SNAPSHOT_BYTES + 1)} if staged else {}
+
+
+@contextlib.contextmanager
+def committed_once(
+    start_redis: StartRedis, first: Callable[[int], Checkpoint], logs: dict[str, int] | None
+) -> Iterator[tuple[RedisStore, redis.Redis, int]]:
+    """A store on a server of its own, thread t1 leased and ``first(token)`` committed."""
+    server = start_redis()
+    with redis_store(server.url) as store, admin_client(server) as admin:
+        store.open_thread("t1", task="agent")
+        token = store.acquire("t1", "w1", TTL)
+        store.commit("t1", token, first(token), logs=logs)
+        yield store, admin, token
+
+
 @pytest.mark.parametrize("staged", [False, True], ids=["small", "large"])
 def test_a_refused_or_resent_commit_changes_nothing(start_redis: StartRedis, staged: bool) -> None:
     """Whether the snapshot came as an argument or staged: a resent commit is recognised
     as done, a different one at the same step and a stale token's are refused, and none
     of them leaves a staged key or moves the thread."""
-    extra = {"big": b"y" * (INLINE_SNAPSHOT_BYTES + 1)} if staged else {}
-    server = start_redis()
-    with redis_store(server.url) as store, admin_client(server) as admin:
-        store.open_thread("t1", task="agent")
-        token = store.acquire("t1", "w1", TTL)
+    extra = large(staged)
+    with committed_once(start_redis, lambda t: checkpoint(0, t, **extra), None) as (
+        store,
+        admin,
+        token,
+    ):
         first = checkpoint(0, token, **extra)
-        store.commit("t1", token, first)
         before = snapshot(store)
         store.commit("t1", token, first)
         with pytest.raises(StepConflict):
@@ -685,12 +703,12 @@ def test_a_refused_or_resent_commit_changes_nothing(start_redis: StartRedis, sta
 def test_a_log_of_another_type_refuses_the_commit_and_changes_nothing(
     start_redis: StartRedis, staged: bool, appended: list[str]
 ) -> None:
-    extra = {"big": b"z" * (INLINE_SNAPSHOT_BYTES + 1)} if staged else {}
-    server = start_redis()
-    with redis_store(server.url) as store, admin_client(server) as admin:
-        store.open_thread("t1", task="agent")
-        token = store.acquire("t1", "w1", TTL)
-        store.commit("t1", token, checkpoint(0, token, a=["a0"], **extra), logs={"a": 0})
+    extra = large(staged)
+    with committed_once(start_redis, lambda t: checkpoint(0, t, a=["a0"], **extra), {"a": 0}) as (
+        store,
+        admin,
+        token,
+    ):
         admin.set(store.keys.log("t1", "b"), "not a list")
         before = snapshot(store)
         with pytest.raises(redis.ResponseError, match="WRONGTYPE"):
@@ -710,12 +728,12 @@ def test_a_checkpoint_already_there_is_not_overwritten(
     """A checkpoint n the store holds while its latest step is n-1 (written by hand, or
     left by an older version) refuses commit n rather than be replaced, or deleted by a
     refusal."""
-    extra = {"big": b"w" * (INLINE_SNAPSHOT_BYTES + 1)} if staged else {}
-    server = start_redis()
-    with redis_store(server.url) as store, admin_client(server) as admin:
-        store.open_thread("t1", task="agent")
-        token = store.acquire("t1", "w1", TTL)
-        store.commit("t1", token, checkpoint(0, token, a=["a0"], **extra), logs={"a": 0})
+    extra = large(staged)
+    with committed_once(start_redis, lambda t: checkpoint(0, t, a=["a0"], **extra), {"a": 0}) as (
+        store,
+        admin,
+        token,
+    ):
         admin.set(store.keys.checkpoint("t1", 1), b"already here")
         before = snapshot(store)
         with pytest.raises(StepConflict):

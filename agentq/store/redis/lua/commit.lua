@@ -62,7 +62,7 @@ local base = string.sub(meta, 1, -5)
 local logs = {}
 local i = 14
 for _ = 1, tonumber(ARGV[13]) do
-  local log = {key = base .. 'log:' .. ARGV[i], field = ARGV[i],
+  local log = {key = base .. 'log:' .. ARGV[i], field = ARGV[i], pushed = 0,
                before = tonumber(ARGV[i + 1]), first = i + 3, count = tonumber(ARGV[i + 2])}
   -- A log that grows is checked by the length RPUSH returns, below; one that does not
   -- is checked here.
@@ -95,7 +95,7 @@ end
 -- roll back.
 local function undo(reply)
   for _, log in ipairs(logs) do
-    if log.pushed and log.pushed > 0 then
+    if log.pushed > 0 then
       local kept = log.length - log.pushed
       if kept == 0 then
         redis.call('DEL', log.key)
@@ -118,7 +118,6 @@ for _, log in ipairs(logs) do
     end
     log.added = added == 1
   end
-  log.pushed = 0
   local last = log.first + log.count - 1
   -- unpack() is bounded by Lua's stack, so long appends go in slices.
   for from = log.first, last, 1000 do

@@ -17,10 +17,16 @@ _STATUSES: Final[dict[str | bytes, Status]] = {
 }
 
 
+_SET: Final = frozenset((b"1", "1", 1))
+
+
 def _text(value: Any) -> str | None:
     if not value:
         return None
     return value.decode() if value.__class__ is bytes else str(value)
+
+
+_make = ListedThread._make
 
 
 def listed_thread(thread_id: str, fields: Sequence[Any], owner: Any) -> ListedThread:
@@ -30,24 +36,29 @@ def listed_thread(thread_id: str, fields: Sequence[Any], owner: Any) -> ListedTh
     status, step, node, task, attempts, crashes, updated_at, error, cancel, note = fields
     state = _STATUSES.get(status, Status.QUEUED)
     interrupt = result = None
-    if note and state is Status.WAITING:
-        interrupt = decode_value(bytes(note), what="meta.interrupt", thread_id=thread_id, step=None)
-    elif note and state is Status.DONE:
-        result = decode_value(bytes(note), what="meta.result", thread_id=thread_id, step=None)
-    return ListedThread(
-        thread_id,
-        state,
-        int(step) if step.__class__ is int or step else -1,  # SQLite: 0; Redis: b"0"
-        _text(node),
-        _text(task) or "",
-        int(attempts or 0),
-        int(crashes or 0),
-        float(updated_at or 0),
-        _text(error),
-        cancel in (b"1", "1", 1),
-        interrupt,
-        result,
-        _text(owner),
+    if note:
+        if state is Status.WAITING:
+            interrupt = decode_value(
+                bytes(note), what="meta.interrupt", thread_id=thread_id, step=None
+            )
+        elif state is Status.DONE:
+            result = decode_value(bytes(note), what="meta.result", thread_id=thread_id, step=None)
+    return _make(
+        (
+            thread_id,
+            state,
+            int(step) if step.__class__ is int or step else -1,  # SQLite: 0; Redis: b"0"
+            _text(node),
+            _text(task) or "",
+            int(attempts) if attempts else 0,
+            int(crashes) if crashes else 0,
+            float(updated_at) if updated_at else 0.0,
+            _text(error),
+            cancel in _SET,
+            interrupt,
+            result,
+            _text(owner),
+        )
     )
 
 

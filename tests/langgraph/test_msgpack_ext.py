@@ -62,6 +62,14 @@ def test_the_bytes_are_langgraphs() -> None:
     assert AgentqSerializer().dumps_typed(state) == JsonPlusSerializer().dumps_typed(state)
 
 
+def test_a_serializer_revives_every_class_it_has_written_however_deep() -> None:
+    writer = AgentqSerializer()
+    typed = writer.dumps_typed(_state())
+    theirs = JsonPlusSerializer(allowed_msgpack_modules=[Refund, Inner, Case, Level])
+    assert writer.loads_typed(typed) == theirs.loads_typed(typed)
+    assert AgentqSerializer().loads_typed(typed) != theirs.loads_typed(typed)
+
+
 def test_reading_gives_what_langgraph_gives_under_the_same_allowlist() -> None:
     allowed = [Refund, Inner, Case, Level]
     typed = AgentqSerializer().dumps_typed(_state())

@@ -15,12 +15,18 @@ machine load.
 Targets: the page under 50 ms, and at most 3 times the baseline. Both sides read their
 replies with the client's parser: hiredis when it is installed, redis-py's own Python
 parser otherwise; the rows say which.
+
+Three more rows, in the same rotation, take the page apart, each ÷ the same baseline: the
+page's store call alone (``Store.listing``, decoded rows included); the least any page of
+50 threads' fields costs, one pipeline of 50 ``HMGET`` of the nine fields a row shows,
+without the index read before it; and rendering the page from rows already read.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from typing import Any
 
 from bench._redis import PrivateRedis
@@ -65,27 +71,45 @@ async def get(app: Any, path: str, query: str = "") -> float:
     return elapsed
 
 
-async def measure(app: Any, client: Any, index: str, samples: int) -> dict[str, list[float]]:
+FIELDS = ("status", "step", "node", "task", "attempts", "crashes", "updated_at", "error", "cancel")
+"""What a row of the page shows of a thread's meta."""
+
+
+def timed(call: Callable[[], Any]) -> float:
+    started = time.perf_counter()
+    call()
+    return time.perf_counter() - started
+
+
+async def measure(
+    app: Any, client: Any, index: str, samples: int, parts: dict[str, Callable[[], Any]]
+) -> dict[str, list[float]]:
+    """Seconds of each sample: both pages, the baseline and each of ``parts``."""
     times: dict[str, list[float]] = {"all": [], "queued": [], "zrevrange": []}
+    times.update({name: [] for name in parts})
     for warmup in (True, False):
         for _ in range(max(5, samples // 10) if warmup else samples):
-            page_all = await get(app, "/threads")
-            page_queued = await get(app, "/threads", "status=queued")
-            started = time.perf_counter()
-            client.zrevrange(index, 0, PAGE - 1, withscores=True)
-            baseline = time.perf_counter() - started
+            taken = {
+                "all": await get(app, "/threads"),
+                "queued": await get(app, "/threads", "status=queued"),
+                "zrevrange": timed(lambda: client.zrevrange(index, 0, PAGE - 1, withscores=True)),
+            }
+            taken.update({name: timed(part) for name, part in parts.items()})
             if not warmup:
-                times["all"].append(page_all)
-                times["queued"].append(page_queued)
-                times["zrevrange"].append(baseline)
+                for name, seconds in taken.items():
+                    times[name].append(seconds)
     return times
 
 
 def run(quick: bool) -> list[Result]:
     from redis.utils import HIREDIS_AVAILABLE
 
+    from agentq.records import Status
+    from agentq.store.redis import wire
     from agentq.store.redis.store import RedisStore
     from agentq.ui import create_app
+    from agentq.ui.routes import _query
+    from agentq.ui.views import Filter, threads_page
 
     count = THREADS[quick]
     # Filling the store is not what is measured: no fsync per thread for it.
@@ -98,9 +122,29 @@ def run(quick: bool) -> list[Result]:
                 if n % 10 == 0:
                     store.request_cancel(f"bench-{n:06d}")
             app = create_app(store)
-            times = asyncio.run(
-                measure(app, client, store.keys.status_index("queued"), SAMPLES[quick])
-            )
+            index = store.keys.status_index("queued")
+            metas = [store.keys.meta(t.decode()) for t in client.zrevrange(index, 0, PAGE - 1)]
+            wanted = Filter(Status.QUEUED)
+            page = threads_page(store, wanted, 0)
+            template = app.state.inspector.templates.get_template("threads.html")
+            context = {
+                "page": page,
+                "wanted": wanted,
+                "query": _query(wanted),
+                "live_query": _query(wanted),
+                "next_query": _query(wanted, offset=page.next_offset),
+                "first_query": None,
+                "read_only": False,
+                "csrf": "-",
+            }
+            parts: dict[str, Callable[[], Any]] = {
+                "store": lambda: store.listing(Status.QUEUED, limit=PAGE + 1),
+                "fields": lambda: wire.send(
+                    client, [("HMGET", meta, *FIELDS) for meta in metas], transaction=False
+                ),
+                "render": lambda: template.render(context),
+            }
+            times = asyncio.run(measure(app, client, index, SAMPLES[quick], parts))
         finally:
             client.close()
     base = median(times["zrevrange"])
@@ -124,6 +168,27 @@ def run(quick: bool) -> list[Result]:
             millis(queued),
             micros(base),
             RATIO_TARGET,
+        ),
+        *(
+            Result(
+                "ratio",
+                f"ui_{name}_over_zrevrange",
+                median(times[name]) / base,
+                what_part,
+                micros(median(times[name])),
+                micros(base),
+            )
+            for name, what_part in (
+                (
+                    "store",
+                    f"its store call (Store.listing, rows decoded) ÷ one ZREVRANGE page, {what}",
+                ),
+                (
+                    "fields",
+                    f"floor: 50 rows' fields, one pipeline of HMGETs ÷ one ZREVRANGE page, {what}",
+                ),
+                ("render", "its rendering from rows already read ÷ one ZREVRANGE page"),
+            )
         ),
     ]
 

@@ -108,7 +108,6 @@ def run(quick: bool) -> list[Result]:
     from agentq.store.redis import wire
     from agentq.store.redis.store import RedisStore
     from agentq.ui import create_app
-    from agentq.ui.routes import _query
     from agentq.ui.views import Filter, threads_page
 
     count = THREADS[quick]
@@ -130,9 +129,9 @@ def run(quick: bool) -> list[Result]:
             context = {
                 "page": page,
                 "wanted": wanted,
-                "query": _query(wanted),
-                "live_query": _query(wanted),
-                "next_query": _query(wanted, offset=page.next_offset),
+                "query": "status=queued",
+                "live_query": "status=queued",
+                "next_query": f"status=queued&offset={page.next_offset}",
                 "first_query": None,
                 "read_only": False,
                 "csrf": "-",

@@ -96,8 +96,9 @@ def run_script(
     args: Sequence[EncodableT],
     *,
     stage: tuple[str, bytes] | None = None,
-) -> list[Any]:
-    """``EVALSHA`` the script in one round trip, without redis-py's per-command machinery.
+) -> Any:
+    """``EVALSHA`` the script in one round trip, without redis-py's per-command machinery;
+    its reply as the parser gives it.
     With ``stage`` (a key and its bytes): ``MULTI``, ``SET`` the bytes to that key,
     ``EVALSHA``, ``EXEC``, so that a large value never passes through Lua (the script
     moves it into place or deletes it). A server that lost the script gets it loaded, then
@@ -113,5 +114,5 @@ def run_script(
             continue
         if isinstance(reply, Exception):
             raise reply
-        return list(reply)
+        return reply
     raise AssertionError("unreachable")

@@ -28,7 +28,6 @@ from agentq.records import Checkpoint, Status
 from agentq.store.contract import UNSET, _Unset
 from agentq.store.redis.base import RedisBase
 from agentq.store.redis.decode import blob, log_fields, pairs, raise_refusal, text
-from agentq.store.redis.wire import run_script
 
 INLINE_SNAPSHOT_BYTES = 16 * 1024
 """Up to this size a snapshot goes to the commit script as an argument; a larger one is
@@ -75,12 +74,8 @@ class RedisCheckpoints(RedisBase):
         base = self.keys.thread(thread_id)
         staged = self.keys.staged(thread_id)
         inline = len(encoded.snapshot) <= INLINE_SNAPSHOT_BYTES
-        script = self._scripts["commit"]
         index_keys, index_args = self._index_keys()
-        reply = run_script(
-            self.client,
-            script.sha,
-            script.script,
+        reply = self._scripts["commit"](
             [
                 f"{base}meta",
                 f"{base}latest",

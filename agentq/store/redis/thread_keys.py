@@ -11,13 +11,11 @@ from __future__ import annotations
 from functools import cached_property
 from typing import Any
 
-from redis.commands.core import Script
-
 from agentq.errors import StoreConfigError
 from agentq.store.contract.thread_keys import KeyState, KeyWaiter
 from agentq.store.redis.base import RedisBase
 from agentq.store.redis.decode import raise_refusal, text
-from agentq.store.redis.scripts import load_scripts
+from agentq.store.redis.scripts import StoreScript, load_scripts
 
 _SCRIPTS = ("enter_key", "leave_key", "wake_keys", "key_states")
 
@@ -26,7 +24,7 @@ class RedisThreadKeys(RedisBase):
     """The concurrency-key operations of :class:`~agentq.store.redis.store.RedisStore`."""
 
     @cached_property
-    def _key_scripts(self) -> dict[str, Script]:
+    def _key_scripts(self) -> dict[str, StoreScript]:
         if self.cluster:
             raise StoreConfigError(
                 "concurrency keys need a single Redis server (their scripts span several "

@@ -85,8 +85,9 @@ class StoreScript:
     """A script registered with the client, called as redis-py's ``Script`` is
     (``script(keys=..., args=...)``) but sent by
     :func:`~agentq.store.redis.wire.run_script`, which packs the call with hiredis and
-    skips redis-py's per-command layers: about 90 µs less client time a call here (a
-    page's listing 7% less in all). ``stage`` is run_script's."""
+    skips redis-py's per-command layers: a short script's call took 186 µs of client time
+    that way here, and takes 129 µs (a redis-py ``PING``: 122 µs). ``stage`` is
+    run_script's."""
 
     def __init__(self, client: RedisClient, source: str) -> None:
         self.client = client

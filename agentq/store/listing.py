@@ -17,7 +17,8 @@ _STATUSES: Final[dict[str | bytes, Status]] = {
 }
 
 
-_SET: Final = frozenset((b"1", "1", 1))
+_CANCEL_SET: Final = frozenset((b"1", "1", 1))
+"""How a requested cancellation is stored: Redis gives bytes, SQLite a number."""
 
 
 def _text(value: Any) -> str | None:
@@ -54,7 +55,7 @@ def listed_thread(thread_id: str, fields: Sequence[Any], owner: Any) -> ListedTh
             int(crashes) if crashes else 0,
             float(updated_at) if updated_at else 0.0,
             _text(error),
-            cancel in _SET,
+            cancel in _CANCEL_SET,
             interrupt,
             result,
             _text(owner),

@@ -10,11 +10,12 @@ from typing import Any, Final
 from agentq.ops.jsonable import short
 
 
-def ago(timestamp: float | None) -> str:
-    """How long ago a Unix time was, in the largest whole unit: ``42s ago``, ``3h ago``."""
+def ago(timestamp: float | None, now: float | None = None) -> str:
+    """How long before ``now`` (default: this moment) a Unix time was, in the largest
+    whole unit: ``42s ago``, ``3h ago``."""
     if not timestamp:
         return "-"
-    return span(max(0.0, time.time() - timestamp)) + " ago"
+    return span(max(0.0, (time.time() if now is None else now) - timestamp)) + " ago"
 
 
 def until(timestamp: float | None) -> str:

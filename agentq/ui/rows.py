@@ -21,7 +21,7 @@ from markupsafe import Markup
 
 from agentq.ops.jsonable import short
 from agentq.records import ListedThread, Status
-from agentq.ui.format import error_line, span, when
+from agentq.ui.format import ago, error_line, when
 
 _LOST: Final = ' <span class="warn" title="workers lost at this step">({} lost)</span>'
 _PLAIN: Final = re.compile(r"[A-Za-z0-9_.~/-]*")
@@ -47,7 +47,6 @@ def _row(row: ListedThread, now: float) -> str:
     status = row.status
     owner = f'<span class="owner">{_name(row.owner)}</span>' if row.owner else "-"
     updated = row.updated_at
-    age = f"{span(max(0.0, now - updated))} ago" if updated else "-"
     return (
         f'<tr data-thread="{shown}">\n'
         f'  <td class="id"><a href="/thread?id={link}">{shown}</a></td>\n'
@@ -55,7 +54,7 @@ def _row(row: ListedThread, now: float) -> str:
         f'  <td class="num">{row.step}</td>\n'
         f"  <td>{_name(row.node)}</td>\n"
         f"  <td>{_name(row.task)}</td>\n"
-        f'  <td title="{when(updated)}">{age}</td>\n'
+        f'  <td title="{when(updated)}">{ago(updated, now)}</td>\n'
         f'  <td class="num">{row.attempts}{_LOST.format(row.crashes) if row.crashes else ""}</td>\n'
         f"  <td>{owner}</td>\n"
         f'  <td class="note">{_note(row)}</td>\n'

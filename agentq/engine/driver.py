@@ -111,8 +111,12 @@ class Driver:
             return None
         crashed = meta.status == Status.RUNNING
         try:
-            token = self._calls(
-                "taking the lease", store.acquire, thread_id, self.owner, self.settings.lease_ttl
+            token, meta = self._calls(
+                "taking the lease",
+                store.acquire_meta,
+                thread_id,
+                self.owner,
+                self.settings.lease_ttl,
             )
         except LeaseHeld:
             logger.info("thread %s is driven by another worker; leaving it", thread_id)
@@ -124,7 +128,7 @@ class Driver:
         try:
             with keeper.hold(thread_id, self.owner, token, self.settings.lease_ttl) as lease:
                 self._calls.lease = lease
-                return self._resume(token, crashed, lease)
+                return self._resume(token, meta, crashed, lease)
         except FencingError as exc:
             metrics.lease_lost()
             logger.warning("thread %s: stopped, another worker drives it now (%s)", thread_id, exc)
@@ -134,9 +138,8 @@ class Driver:
                 give_back(store, thread_id, token, self.owner)
             raise
 
-    def _resume(self, token: int, crashed: bool, lease: Lease) -> Any:
-        meta = self._calls("reading the thread", self.store.meta, self.thread_id)
-        assert meta is not None
+    def _resume(self, token: int, meta: ThreadMeta, crashed: bool, lease: Lease) -> Any:
+        """Run from ``meta``, as taking the lease (``token``) left it."""
         if meta.status != Status.RUNNING or meta.cancel_requested:
             return self._stop_early(token, meta)
         if crashed and not self._count_crash(token, meta):

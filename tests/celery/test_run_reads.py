@@ -34,20 +34,37 @@ def server(tmp_path: Path) -> Iterator[RedisServer]:
     server.stop()
 
 
+class CountingConnection(redis.Connection):
+    """A connection that counts the requests it writes: one per round trip."""
+
+    sent = 0
+
+    def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        type(self).sent += 1
+        super().send_packed_command(command, check_health)
+
+
 def test_a_run_that_finishes_its_thread_reads_the_meta_only_to_start(server: RedisServer) -> None:
-    store = RedisStore(redis.Redis(port=server.port))
+    pool = redis.ConnectionPool(port=server.port, connection_class=CountingConnection)
+    store = RedisStore(redis.Redis(connection_pool=pool))
     app = Celery("reads", broker="memory://", set_as_current=False)
     agentq.init_app(app, store=store)
     agent: TwoSteps = app.register_task(TwoSteps())
     counter = redis.Redis(port=server.port)
     try:
-        store.open_thread("t1", task=agent.name)
+        for thread_id in ("t0", "t1"):
+            store.open_thread(thread_id, task=agent.name)
+        assert agent.run("t0") == 2  # loads the scripts
         counter.config_resetstat()
+        CountingConnection.sent = 0
         assert agent.run("t1") == 2
         reads = counter.info("commandstats").get("cmdstat_hgetall", {}).get("calls", 0)
-        # One look before taking the lease, one after it: the end needs none, the driver
-        # knows what its last commit wrote.
+        # One look before taking the lease, one in the script that takes it: the end needs
+        # none, the driver knows what its last commit wrote.
         assert reads == 2
+        # That look, taking the lease with the meta, and a commit per step (the last one
+        # also ends the thread and gives the lease up).
+        assert CountingConnection.sent == 4
         meta = store.meta("t1")
         assert meta is not None and meta.status == Status.DONE and meta.result == 2
     finally:

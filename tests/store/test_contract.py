@@ -183,6 +183,28 @@ def test_acquire_hands_out_increasing_tokens_and_marks_running(store: Store) -> 
     assert store.meta("t1").fence == second  # type: ignore[union-attr]
 
 
+def test_acquire_meta_reads_the_meta_the_new_lease_left(store: Store) -> None:
+    store.open_thread("t1", task="agent", input={"q": "hi"}, options={"queue": "gpu"})
+    token, meta = store.acquire_meta("t1", "w1", TTL)
+    assert (meta.status, meta.fence, meta.input) == (Status.RUNNING, token, {"q": "hi"})
+    assert meta == store.meta("t1")
+    store.commit("t1", token, cp(0, token, n=1))
+    assert store.release("t1", "w1", token)
+    again, meta = store.acquire_meta("t1", "w2", TTL)
+    assert again > token and (meta.fence, meta.step, meta.options) == (again, 0, {"queue": "gpu"})
+    assert meta == store.meta("t1")
+
+
+def test_acquire_meta_refuses_as_acquire_does_and_changes_nothing(store: Store) -> None:
+    with pytest.raises(ThreadNotFound, match="nobody"):
+        store.acquire_meta("nobody", "w1", TTL)
+    started(store)
+    before = snapshot(store)
+    with pytest.raises(LeaseHeld):
+        store.acquire_meta("t1", "w2", TTL)
+    assert snapshot(store) == before
+
+
 def test_acquire_refused_while_another_owner_holds_the_lease(store: Store) -> None:
     started(store)
     with pytest.raises(LeaseHeld) as info:

@@ -262,19 +262,28 @@ class RedisStore(RedisCheckpoints, RedisEffects, RedisLimits, RedisListing, Redi
         return removed
 
     def _do_acquire(self, thread_id: str, owner: str, ttl: float) -> int:
-        code, value, _ = self._run(
+        return int(self._acquire(thread_id, owner, ttl)[1])
+
+    def _do_acquire_meta(self, thread_id: str, owner: str, ttl: float) -> tuple[int, ThreadMeta]:
+        _, token, record, _ = self._acquire(thread_id, owner, ttl)
+        return int(token), self._meta(thread_id, hash_to_fields(record))
+
+    def _acquire(self, thread_id: str, owner: str, ttl: float) -> list[Any]:
+        """The acquire script's reply, its refusals raised: ``[1, token, meta, ops]``."""
+        reply: list[Any] = self._run(
             "acquire",
             [self.keys.lock(thread_id), self.keys.meta(thread_id)],
             [thread_id, owner, _millis(ttl)],
             indexed=True,
         )
+        code, value = reply[0], reply[1]
         if code == Refusal.THREAD_NOT_FOUND:
             raise ThreadNotFound(
                 "cannot lease an unknown thread; start it with .delay()/.apply_async() first",
                 thread_id=thread_id,
             )
         raise_refusal(code, value, thread_id=thread_id)
-        return int(value)
+        return reply
 
     def _do_renew(self, thread_id: str, owner: str, token: int, ttl: float) -> None:
         ok, _ = self._run(

@@ -4,14 +4,23 @@ and which threads are due (a lease run out, a retry's time, a wait's timeout).""
 from __future__ import annotations
 
 import math
+import sqlite3
 import time
 from collections.abc import Sequence
 
 from agentq.errors import LeaseHeld, LeaseLost, ThreadNotFound
-from agentq.records import Status
+from agentq.records import Status, ThreadMeta
 from agentq.store.contract import Renewal, retry_not_due
 from agentq.store.sqlite.connection import SharedConnection
-from agentq.store.sqlite.queries import NOT_FOUND, due_rows, encode, marks, release_lease, update
+from agentq.store.sqlite.queries import (
+    NOT_FOUND,
+    due_rows,
+    encode,
+    marks,
+    read_meta,
+    release_lease,
+    update,
+)
 
 
 class LeasesMixin:
@@ -23,43 +32,14 @@ class LeasesMixin:
 
     def _do_acquire(self, thread_id: str, owner: str, ttl: float) -> int:
         with self._conn.write() as db:
-            now = time.time()
-            row = db.execute(
-                "SELECT status, fence, lock_owner, lock_expires, retry_at, timeout_at, "
-                "interrupt FROM threads WHERE thread_id = ?",
-                (thread_id,),
-            ).fetchone()
-            if row is None:
-                raise ThreadNotFound(NOT_FOUND, thread_id=thread_id)
-            if row["status"] == Status.RETRYING.value and (row["retry_at"] or 0) > now:
-                raise retry_not_due(thread_id, row["retry_at"] - now)
-            timed_out = row["status"] == Status.WAITING.value and row["timeout_at"] is not None
-            if timed_out and row["timeout_at"] > now:
-                raise retry_not_due(thread_id, row["timeout_at"] - now)
-            expires = row["lock_expires"]
-            if row["lock_owner"] not in (None, owner) and expires is not None and expires > now:
-                ttl_ms = max(1, math.ceil((expires - now) * 1000))
-                raise LeaseHeld(
-                    f"leased by {row['lock_owner']!r} for another {ttl_ms} ms; another worker "
-                    "drives this thread: leave it, recovery re-sends it if that worker dies",
-                    thread_id=thread_id,
-                    ttl_ms=ttl_ms,
-                )
-            token: int = row["fence"] + 1
-            db.execute(
-                "UPDATE threads SET fence = ?, lock_owner = ?, lock_token = ?, lock_expires = ? "
-                "WHERE thread_id = ?",
-                (token, owner, token, now + ttl, thread_id),
-            )
-            if timed_out:  # the node that runs next gets the unanswered question
-                asked = row["interrupt"] or encode(None, "interrupt", thread_id, None)
-                update(db, thread_id, now, timeout_at=None, timed_out=asked)
-            if Status(row["status"]).is_live or timed_out:
-                db.execute(
-                    "UPDATE threads SET status = ?, due_at = ?, updated_at = ? WHERE thread_id = ?",
-                    (Status.RUNNING.value, now + ttl, now, thread_id),
-                )
-            return token
+            return _acquire(db, thread_id, owner, ttl)
+
+    def _do_acquire_meta(self, thread_id: str, owner: str, ttl: float) -> tuple[int, ThreadMeta]:
+        with self._conn.write() as db:
+            token = _acquire(db, thread_id, owner, ttl)
+            meta = read_meta(db, thread_id)
+        assert meta is not None  # the transaction that leased it holds it
+        return token, meta
 
     def _do_renew(self, thread_id: str, owner: str, token: int, ttl: float) -> None:
         if not self._do_renew_many([Renewal(thread_id, owner, token, ttl)])[0]:
@@ -121,3 +101,44 @@ class LeasesMixin:
                 (owner, now + ttl),
             )
             return True
+
+
+def _acquire(db: sqlite3.Connection, thread_id: str, owner: str, ttl: float) -> int:
+    """Take the lease inside the caller's write transaction; the new token."""
+    now = time.time()
+    row = db.execute(
+        "SELECT status, fence, lock_owner, lock_expires, retry_at, timeout_at, "
+        "interrupt FROM threads WHERE thread_id = ?",
+        (thread_id,),
+    ).fetchone()
+    if row is None:
+        raise ThreadNotFound(NOT_FOUND, thread_id=thread_id)
+    if row["status"] == Status.RETRYING.value and (row["retry_at"] or 0) > now:
+        raise retry_not_due(thread_id, row["retry_at"] - now)
+    timed_out = row["status"] == Status.WAITING.value and row["timeout_at"] is not None
+    if timed_out and row["timeout_at"] > now:
+        raise retry_not_due(thread_id, row["timeout_at"] - now)
+    expires = row["lock_expires"]
+    if row["lock_owner"] not in (None, owner) and expires is not None and expires > now:
+        ttl_ms = max(1, math.ceil((expires - now) * 1000))
+        raise LeaseHeld(
+            f"leased by {row['lock_owner']!r} for another {ttl_ms} ms; another worker "
+            "drives this thread: leave it, recovery re-sends it if that worker dies",
+            thread_id=thread_id,
+            ttl_ms=ttl_ms,
+        )
+    token: int = row["fence"] + 1
+    db.execute(
+        "UPDATE threads SET fence = ?, lock_owner = ?, lock_token = ?, lock_expires = ? "
+        "WHERE thread_id = ?",
+        (token, owner, token, now + ttl, thread_id),
+    )
+    if timed_out:  # the node that runs next gets the unanswered question
+        asked = row["interrupt"] or encode(None, "interrupt", thread_id, None)
+        update(db, thread_id, now, timeout_at=None, timed_out=asked)
+    if Status(row["status"]).is_live or timed_out:
+        db.execute(
+            "UPDATE threads SET status = ?, due_at = ?, updated_at = ? WHERE thread_id = ?",
+            (Status.RUNNING.value, now + ttl, now, thread_id),
+        )
+    return token

@@ -4,10 +4,11 @@
 -- ARGV[1]: status prefix or '', [2] thread id, [3] owner, [4] ttl in ms.
 -- A waiting thread whose timeout passed becomes running, its question copied to
 -- 'timed_out' for the node that runs next; before then it is refused like an early retry.
--- Returns {1, token, ops}; {LEASE_HELD, remaining ms, 0} while another owner holds it;
--- {THREAD_NOT_FOUND, 0, 0}; {RETRY_NOT_DUE, ms until its retry time, ops} for a retrying
--- thread sent early, whose due time goes back to its retry time (on Redis Cluster the
--- sweeper claimed it on another node's clock, and pushed it a start grace ahead).
+-- Returns {1, token, the meta as HGETALL gives it, ops}; {LEASE_HELD, remaining ms, 0}
+-- while another owner holds it; {THREAD_NOT_FOUND, 0, 0}; {RETRY_NOT_DUE, ms until its
+-- retry time, ops} for a retrying thread sent early, whose due time goes back to its
+-- retry time (on Redis Cluster the sweeper claimed it on another node's clock, and pushed
+-- it a start grace ahead).
 local status, retry_at, timeout_at = unpack(redis.call('HMGET', KEYS[2], 'status', 'retry_at',
   'timeout_at'))
 if not status then
@@ -43,4 +44,4 @@ if LIVE[status] or timed_out then
   redis.call('HSET', KEYS[2], 'status', STATUS.RUNNING, 'updated_at', tostring(now))
   ops = index(ARGV[2], status, STATUS.RUNNING, now + tonumber(ARGV[4]) / 1000, now)
 end
-return {1, token, ops}
+return {1, token, redis.call('HGETALL', KEYS[2]), ops}

@@ -70,3 +70,38 @@ def test_input_is_checked_against_a_function_agents_entry_node(app: Celery) -> N
         notes.delay("t2", frist="a")
     notes.delay("t2", first="a")
     assert app._agentq_runtime.store.meta("t2") is not None
+
+
+def test_a_node_added_after_the_first_delay_checks_the_next_one(app: Celery) -> None:
+    """A function agent may be sent to before the module defining its nodes is imported:
+    that first send is not checked, the ones after the node exists are."""
+    late = agentq.agent(app, f"tests.fn_{uuid.uuid4().hex[:6]}")
+    late.delay("t3", question="hi")
+
+    @late.node
+    def start(run: agentq.Run, question: str) -> str:
+        return "start"
+
+    with pytest.raises(InvalidInput, match="questoin"):
+        late.delay("t4", questoin="typo")
+    assert app._agentq_runtime.store.meta("t4") is None
+
+
+def test_a_redefined_entry_node_is_checked_by_its_new_signature(app: Celery) -> None:
+    """A node defined again (a notebook, a reload) is checked by the new definition."""
+    changing = agentq.agent(app, f"tests.fn_{uuid.uuid4().hex[:6]}")
+
+    def asks(run: agentq.Run, question: str) -> str:
+        return "start"
+
+    def tells(run: agentq.Run, topic: str) -> str:
+        return "start"
+
+    asks.__name__ = tells.__name__ = "start"
+    changing.node(asks)
+    changing.delay("t5", question="hi")
+    changing.node(tells)
+    changing.delay("t6", topic="a")
+    assert app._agentq_runtime.store.meta("t6") is not None
+    with pytest.raises(InvalidInput, match="question"):
+        changing.delay("t7", question="hi")

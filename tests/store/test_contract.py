@@ -29,7 +29,7 @@ from agentq.errors import (
     UnserializableState,
     UnsupportedVersion,
 )
-from agentq.records import Checkpoint, ListedThread, Listing, Status
+from agentq.records import Checkpoint, ListedThread, Listing, Status, ThreadMeta
 from agentq.store.contract import UNSET, Renewal, Store
 from tests.store.raw import overwrite_checkpoint, snapshot
 from tests.support.redis_server import wait_until
@@ -193,6 +193,34 @@ def test_acquire_meta_reads_the_meta_the_new_lease_left(store: Store) -> None:
     again, meta = store.acquire_meta("t1", "w2", TTL)
     assert again > token and (meta.fence, meta.step, meta.options) == (again, 0, {"queue": "gpu"})
     assert meta == store.meta("t1")
+
+
+def test_acquire_meta_reads_what_a_retry_a_cancel_and_a_takeover_left(store: Store) -> None:
+    token = started(store)
+    store.set_status(
+        "t1", token, Status.RETRYING, due_in=0, attempts=2, error="429", release_owner="w1"
+    )
+    again, meta = store.acquire_meta("t1", "w2", 0.05)
+    assert (meta.status, meta.fence, meta.attempts, meta.error) == (
+        Status.RUNNING,
+        again,
+        2,
+        "429",
+    )
+    assert meta == store.meta("t1")
+    store.request_cancel("t1")
+    # The lease runs out while the thread is running: the next owner takes it over.
+    taken = wait_until(lambda: _try_acquire_meta(store, "t1", "w3"), timeout=5, what="expiry")
+    assert taken[0] > again and taken[1] == store.meta("t1")
+    assert (taken[1].status, taken[1].fence) == (Status.RUNNING, taken[0])
+    assert taken[1].cancel_requested
+
+
+def _try_acquire_meta(store: Store, thread_id: str, owner: str) -> tuple[int, ThreadMeta] | None:
+    try:
+        return store.acquire_meta(thread_id, owner, TTL)
+    except LeaseHeld:
+        return None
 
 
 def test_acquire_meta_refuses_as_acquire_does_and_changes_nothing(store: Store) -> None:

@@ -301,3 +301,30 @@ def test_close_then_use_reconnects(tmp_path: Path) -> None:
     assert store.meta("t1") is not None
     store.close()
     assert os.path.exists(tmp_path / "agentq.db")
+
+
+def test_a_locked_database_is_transient_and_a_read_only_one_is_not(tmp_path: Path) -> None:
+    """A write that waited out another process's lock is retried; one the file refuses
+    every time fails the thread with its error instead of being retried for ever."""
+    path = tmp_path / "agentq.db"
+    store = SQLiteStore(path)
+    store.open_thread("t1", task="agent")
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    waiting = sqlite3.connect(path, timeout=0, isolation_level=None)
+    with pytest.raises(sqlite3.OperationalError) as locked:
+        waiting.execute("BEGIN IMMEDIATE")
+    assert store.is_transient(locked.value)
+    holder.execute("ROLLBACK")
+    holder.close()
+    waiting.close()
+    read_only = sqlite3.connect(path)
+    read_only.execute("PRAGMA query_only=ON")
+    with pytest.raises(sqlite3.OperationalError, match="readonly") as refused:
+        read_only.execute("DELETE FROM threads")
+    assert not store.is_transient(refused.value)
+    with pytest.raises(sqlite3.OperationalError, match="no such table") as missing:
+        read_only.execute("SELECT * FROM nothing_here")
+    assert not store.is_transient(missing.value)
+    read_only.close()
+    store.close()

@@ -49,6 +49,18 @@ _URL_PREFIX: Final = "sqlite:///"
 _GC_BATCH: Final = 500
 
 
+_PASSING_ERRORS: Final = frozenset(
+    {
+        sqlite3.SQLITE_BUSY,
+        sqlite3.SQLITE_LOCKED,
+        sqlite3.SQLITE_IOERR,
+        sqlite3.SQLITE_FULL,
+        sqlite3.SQLITE_CANTOPEN,
+    }
+)
+"""Primary result codes of errors that pass: another process's lock, the disk."""
+
+
 class SQLiteStore(
     CheckpointsMixin, EffectsMixin, LeasesMixin, LimitsMixin, ListingMixin, ThreadKeysMixin, Store
 ):
@@ -57,8 +69,16 @@ class SQLiteStore(
     One connection per store object and process, shared by its threads under a lock.
     """
 
-    # "database is locked" past the busy timeout, or the disk gone: retry later.
     transient_errors = (sqlite3.OperationalError,)
+
+    def is_transient(self, exc: BaseException) -> bool:
+        """ "database is locked" past the busy timeout, or the disk failing, full or gone:
+        retry later. A read-only file, a missing table or a bad statement fails the same
+        way every time, and retrying it would only keep the thread from failing."""
+        code = getattr(exc, "sqlite_errorcode", None)  # absent on one raised by hand
+        return isinstance(exc, sqlite3.OperationalError) and (
+            code is None or code & 0xFF in _PASSING_ERRORS
+        )
 
     def __init__(
         self,

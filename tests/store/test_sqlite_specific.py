@@ -75,6 +75,36 @@ print(store.latest("t1").step, store.checkpoint("t1", 1).node, flush=True)
 """
 
 
+FORK_WHILE_WRITING = """
+import os, sys, threading, time
+from agentq.records import Checkpoint
+from agentq.store.sqlite.store import SQLiteStore
+
+store = SQLiteStore(sys.argv[1])
+store.open_thread("t1", task="agent")
+token = store.acquire("t1", "w1", 60)
+inside, done = threading.Event(), threading.Event()
+
+def write():
+    with store._conn.write() as db:
+        db.execute("SELECT 1")
+        inside.set()
+        time.sleep(0.3)
+    done.set()
+
+threading.Thread(target=write).start()
+inside.wait()
+pid = os.fork()
+if pid == 0:
+    started = time.monotonic()
+    store.commit("t1", token, Checkpoint(step=0, node="child", token=token))
+    print(f"child wrote after {time.monotonic() - started:.1f} s", flush=True)
+    os._exit(0)
+_, status = os.waitpid(pid, 0)
+print("parent saw", os.waitstatus_to_exitcode(status), done.is_set(), flush=True)
+"""
+
+
 def _python(script: str, *args: object) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-c", script, *map(str, args)],
@@ -163,6 +193,24 @@ def test_fork_after_open_uses_a_fresh_connection(tmp_path: Path) -> None:
         check=True,
     )
     assert out.stdout.split() == ["2", "child"]
+
+
+def test_a_fork_while_a_thread_writes_leaves_the_child_a_usable_store(tmp_path: Path) -> None:
+    """Celery's prefork pool forks a new child while the sweeper thread may be writing:
+    the fork waits for that transaction, so the child is not left believing it holds
+    the database's write lock (every write would wait out the busy timeout)."""
+    out = subprocess.run(
+        [sys.executable, "-c", FORK_WHILE_WRITING, str(tmp_path / "agentq.db")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("child wrote after 0.")
+    assert lines[1] == "parent saw 0 True"
+    with SQLiteStore(tmp_path / "agentq.db") as store:
+        assert store.checkpoint("t1", 0).node == "child"  # type: ignore[union-attr]
 
 
 def test_heartbeat_thread_shares_the_store(tmp_path: Path) -> None:

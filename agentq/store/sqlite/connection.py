@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Final
@@ -37,6 +38,33 @@ def immediate_transaction(db: sqlite3.Connection) -> Iterator[None]:
         raise
 
 
+_shared: weakref.WeakSet[SharedConnection] = weakref.WeakSet()
+"""Every process's open connections, so that no fork lands inside one's transaction."""
+
+
+def _hold_for_fork() -> None:
+    # SQLite keeps the locks of a process's connections in the process: a child forked
+    # while a parent thread writes would believe it holds the write lock for good, and
+    # wait out the busy timeout on every write. Bounded, in case the forking thread is
+    # the one writing.
+    for shared in list(_shared):
+        shared.held_for_fork = shared._lock.acquire(timeout=BUSY_TIMEOUT)
+
+
+def _release_after_fork() -> None:
+    for shared in list(_shared):
+        if shared.held_for_fork:
+            shared.held_for_fork = False
+            shared._lock.release()
+
+
+os.register_at_fork(
+    before=_hold_for_fork,
+    after_in_parent=_release_after_fork,
+    after_in_child=_release_after_fork,  # held by the forking thread, the child's only one
+)
+
+
 class SharedConnection:
     """One connection to ``path``, shared by the threads of a process under a lock (a
     heartbeat thread renews the lease while the task commits). A process forked after
@@ -51,6 +79,8 @@ class SharedConnection:
         # Connections inherited through fork() are kept referenced, never closed: closing
         # one in the child could run SQLite's last-connection cleanup on the parent's WAL.
         self._inherited: list[sqlite3.Connection] = []
+        self.held_for_fork = False
+        _shared.add(self)
 
     @contextmanager
     def locked(self) -> Iterator[sqlite3.Connection]:
@@ -78,6 +108,7 @@ class SharedConnection:
         if self._pid != os.getpid():
             # The lock may have been held by a parent thread that does not exist here.
             self._lock = threading.Lock()
+            self.held_for_fork = False
             if self._db is not None:
                 self._inherited.append(self._db)
             self._db, self._pid = None, os.getpid()

@@ -12,6 +12,7 @@ real token usage afterwards settles the difference from what it took.
 from __future__ import annotations
 
 import functools
+import logging
 import random
 import time
 import uuid
@@ -26,6 +27,8 @@ from agentq.outcomes import LimitWait
 from agentq.settings import Settings
 from agentq.store.contract import Store
 from agentq.store.contract.limits import Take
+
+logger = logging.getLogger("agentq")
 
 
 class Held:
@@ -60,7 +63,21 @@ class Held:
             return
         if self._lease is not None:
             self._lease.drop_slots(self.holder)
-        self.store.release_limits(list(self._slotted), self.holder)
+        try:
+            self.store.release_limits(list(self._slotted), self.holder)
+        except Exception as exc:
+            # The call has run: a store that cannot answer now must not take its result
+            # (or its error) from the caller, which would leave its claim unrecorded.
+            # Its slots are no longer renewed, so they free themselves within a lease.
+            if not self.store.is_transient(exc):
+                raise
+            logger.warning(
+                "%s: could not give back the slots of %s now (%s); they free themselves "
+                "when their lease runs out",
+                self._where,
+                ", ".join(self._slotted),
+                exc,
+            )
 
     def settle(self, actual_cost: Callable[[Any], float], result: Any) -> None:
         """Charge or refund the difference between the tokens taken and

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import sqlite3
 import threading
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 import agentq
 from agentq.engine.limits import Held, take
@@ -46,3 +49,43 @@ def test_callers_waiting_on_the_rate_each_take_once_and_queue_behind_each_other(
         waits = sorted(h.waited for h in held)
         assert waits[0] == 0
         assert waits[-1] <= 0.4 + 1e-6, waits  # the last of five, four intervals of 0.1 s
+
+
+class StoreDownAtRelease(SQLiteStore):
+    """The embedded store, unable to answer when the slots are given back."""
+
+    def release_limits(self, keys: list[str], holder: str) -> None:
+        raise sqlite3.OperationalError("database is locked")
+
+
+def test_a_slot_the_store_cannot_take_back_now_frees_itself_within_its_ttl(
+    tmp_path: Path,
+) -> None:
+    """The call has run by the time its slot is given back: a store error there must not
+    replace the call's result, and the slot, no longer renewed, frees itself."""
+    limits = Limits([agentq.limit("gpu", concurrency=1)])
+    with StoreDownAtRelease(tmp_path / "agentq.db") as store:
+        held = take(store, limits, "gpu", 0, ttl=0.3, wait=0, thread_id="t1", step=0)
+        held.release()  # logged, not raised
+        again = take(store, limits, "gpu", 0, ttl=0.3, wait=5, thread_id="t2", step=0)
+        assert 0 < again.waited <= 5
+
+
+class StoreRefusingRelease(SQLiteStore):
+    """The embedded store, refusing every write when the slots are given back."""
+
+    def release_limits(self, keys: list[str], holder: str) -> None:
+        read_only = sqlite3.connect(self.path)
+        try:
+            read_only.execute("PRAGMA query_only=ON")
+            read_only.execute("DELETE FROM threads")
+        finally:
+            read_only.close()
+
+
+def test_a_store_error_that_will_not_pass_is_raised_at_release(tmp_path: Path) -> None:
+    limits = Limits([agentq.limit("gpu", concurrency=1)])
+    with StoreRefusingRelease(tmp_path / "agentq.db") as store:
+        held = take(store, limits, "gpu", 0, ttl=30, wait=0, thread_id="t1", step=0)
+        with pytest.raises(sqlite3.OperationalError, match="readonly"):
+            held.release()

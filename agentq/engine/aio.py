@@ -210,11 +210,23 @@ def _start_loop() -> asyncio.AbstractEventLoop:
         selector = get_original("selectors", "DefaultSelector")()
         loop: asyncio.AbstractEventLoop = asyncio.SelectorEventLoop(selector)
         loop.set_default_executor(_SlotExecutor())
-        get_original("_thread", "start_new_thread")(loop.run_forever, ())
+        get_original("_thread", "start_new_thread")(_serve, (loop,))
     else:
         loop = asyncio.new_event_loop()
-        threading.Thread(target=loop.run_forever, name="agentq-asyncio", daemon=True).start()
+        threading.Thread(target=_serve, args=(loop,), name="agentq-asyncio", daemon=True).start()
     return loop
+
+
+def _serve(loop: asyncio.AbstractEventLoop) -> None:
+    """Runs ``loop`` for the life of the process. asyncio lets a node's ``SystemExit`` or
+    ``KeyboardInterrupt`` out of the loop: it goes on, so that the node's slot gets it as
+    a sync node's caller would, and every other node keeps its loop."""
+    while True:
+        try:
+            loop.run_forever()
+            return
+        except (SystemExit, KeyboardInterrupt):
+            continue
 
 
 def _gevent_patched() -> bool:

@@ -104,6 +104,42 @@ def test_a_forked_child_gets_a_loop_of_its_own() -> None:
     assert run_coroutine(loop_thread()) == parent  # the parent's loop is untouched
 
 
+NODE_EXITS = """
+import sys, threading
+from agentq.engine.aio import run_coroutine
+
+async def loop_thread():
+    return threading.get_native_id()
+
+async def leaves():
+    sys.exit(3)
+
+first = run_coroutine(loop_thread())
+try:
+    run_coroutine(leaves())
+except SystemExit as exc:
+    print("the node's slot got SystemExit", exc.code)
+print("the next node runs on the same loop:", run_coroutine(loop_thread()) == first)
+"""
+
+
+def test_a_node_calling_sys_exit_ends_its_slot_not_the_loop() -> None:
+    """asyncio lets SystemExit out of the loop's thread: the slot waiting for that node
+    gets it, as a sync node's caller would, and later nodes still find their loop
+    (before, both waited for ever)."""
+    out = subprocess.run(
+        [sys.executable, "-c", NODE_EXITS],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd=ROOT,
+    )
+    assert out.stdout.splitlines() == [
+        "the node's slot got SystemExit 3",
+        "the next node runs on the same loop: True",
+    ], out.stderr
+
+
 def test_a_coroutine_on_the_loop_cannot_wait_for_the_loop() -> None:
     async def inner() -> None:
         pass

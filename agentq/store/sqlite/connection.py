@@ -40,6 +40,7 @@ def immediate_transaction(db: sqlite3.Connection) -> Iterator[None]:
 
 _shared: weakref.WeakSet[SharedConnection] = weakref.WeakSet()
 """Every process's open connections, so that no fork lands inside one's transaction."""
+_held_for_fork: list[threading.Lock] = []
 
 
 def _hold_for_fork() -> None:
@@ -48,14 +49,13 @@ def _hold_for_fork() -> None:
     # wait out the busy timeout on every write. Bounded, in case the forking thread is
     # the one writing.
     for shared in list(_shared):
-        shared.held_for_fork = shared._lock.acquire(timeout=BUSY_TIMEOUT)
+        if shared._lock.acquire(timeout=BUSY_TIMEOUT):
+            _held_for_fork.append(shared._lock)
 
 
 def _release_after_fork() -> None:
-    for shared in list(_shared):
-        if shared.held_for_fork:
-            shared.held_for_fork = False
-            shared._lock.release()
+    while _held_for_fork:
+        _held_for_fork.pop().release()
 
 
 os.register_at_fork(
@@ -79,7 +79,6 @@ class SharedConnection:
         # Connections inherited through fork() are kept referenced, never closed: closing
         # one in the child could run SQLite's last-connection cleanup on the parent's WAL.
         self._inherited: list[sqlite3.Connection] = []
-        self.held_for_fork = False
         _shared.add(self)
 
     @contextmanager
@@ -108,7 +107,6 @@ class SharedConnection:
         if self._pid != os.getpid():
             # The lock may have been held by a parent thread that does not exist here.
             self._lock = threading.Lock()
-            self.held_for_fork = False
             if self._db is not None:
                 self._inherited.append(self._db)
             self._db, self._pid = None, os.getpid()

@@ -142,7 +142,7 @@ class AgentTask(Task):  # type: ignore[misc]
         try:
             driver.drive()
         except Exception as exc:
-            if not runtime.store.is_transient(exc):
+            if not driver.store_unreachable(exc):
                 task_outcome.failed(
                     self, calls("reading the thread", runtime.store.meta, thread_id), exc
                 )

@@ -134,9 +134,14 @@ class Driver:
             logger.warning("thread %s: stopped, another worker drives it now (%s)", thread_id, exc)
             return None
         except Exception as exc:
-            if store.is_transient(exc):
+            if self.store_unreachable(exc):
                 give_back(store, thread_id, token, self.owner)
             raise
+
+    def store_unreachable(self, exc: BaseException) -> bool:
+        """Whether ``exc`` ended the drive because the store stayed out for longer than
+        its calls could wait: the thread is given back, not failed."""
+        return self._calls.gave_up_on(exc)
 
     def _resume(self, token: int, meta: ThreadMeta, crashed: bool, lease: Lease) -> Any:
         """Run from ``meta``, as taking the lease (``token``) left it."""
@@ -277,7 +282,7 @@ class Driver:
                 self._calls, "confirming the lease", confirm, store, lease
             ),
             retryable=self.task.should_retry,
-            take_limits=limiter(store, settings, self.thread_id, pos.step, lease),
+            take_limits=limiter(self._calls, settings, pos.step, lease),
         )
 
     @instrument.step
@@ -307,7 +312,7 @@ class Driver:
         except FencingError:
             raise
         except Exception as exc:
-            if store.is_transient(exc):  # longer than the node's store calls could wait
+            if self.store_unreachable(exc):
                 logger.warning(
                     "thread %s: store unreachable at step %d; given back", thread_id, step
                 )

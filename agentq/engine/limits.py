@@ -21,11 +21,11 @@ from typing import Any
 
 from agentq.engine.backoff import retry_after
 from agentq.engine.lease import Lease
+from agentq.engine.store_retry import RetriedCalls
 from agentq.errors import LimitError
 from agentq.limits import Limits
 from agentq.outcomes import LimitWait
 from agentq.settings import Settings
-from agentq.store.contract import Store
 from agentq.store.contract.limits import Take
 
 logger = logging.getLogger("agentq")
@@ -37,7 +37,7 @@ class Held:
 
     def __init__(
         self,
-        store: Store,
+        calls: RetriedCalls,
         takes: tuple[Take, ...],
         holder: str,
         *,
@@ -45,7 +45,8 @@ class Held:
         lease: Lease | None,
         where: str,
     ) -> None:
-        self.store = store
+        self.calls = calls
+        self.store = calls.store
         self.takes = takes
         self.keys = tuple(take.key for take in takes)
         self.holder = holder
@@ -96,30 +97,35 @@ class Held:
             )
         taken = self.takes[0].cost
         if cost != taken:
-            self.store.settle_limits([take._replace(cost=cost - taken) for take in self.takes])
+            self.calls(
+                "settling a limit's tokens",
+                self.store.settle_limits,
+                [take._replace(cost=cost - taken) for take in self.takes],
+            )
 
     def refused(self, exc: BaseException) -> None:
         """A provider's refusal with Retry-After pauses every key for the whole fleet."""
         seconds = retry_after(exc)
         if seconds is not None and seconds > 0:
             for key in self.keys:
-                self.store.pause_limit(key, seconds)
+                self.calls("pausing a limit", self.store.pause_limit, key, seconds)
 
 
 def take(
-    store: Store,
+    calls: RetriedCalls,
     limits: Limits,
     names: str | Sequence[str],
     cost: float,
     *,
     ttl: float,
     wait: float,
-    thread_id: str,
     step: int,
     lease: Lease | None = None,
 ) -> Held:
-    """Take one request and ``cost`` tokens of each key in ``names``, waiting up to
-    ``wait`` seconds in place; :class:`~agentq.outcomes.LimitWait` past that."""
+    """Take one request and ``cost`` tokens of each key in ``names`` for ``calls``'s
+    thread, waiting up to ``wait`` seconds in place; :class:`~agentq.outcomes.LimitWait`
+    past that."""
+    thread_id = calls.thread_id
     keys = (names,) if isinstance(names, str) else tuple(names)
     if cost < 0:
         raise LimitError(
@@ -144,10 +150,18 @@ def take(
     while True:
         # A wait on the rate within what is left of ``wait`` is reserved by the store: the
         # call starts after it without taking again, and later callers queue behind it.
-        granted = store.take_limits(takes, holder, ttl, max(deadline - time.monotonic(), 0))
+        # Resent after a lost reply, a take may charge the rate twice: the budget errs low.
+        granted = calls(
+            "taking a limit",
+            calls.store.take_limits,
+            takes,
+            holder,
+            ttl,
+            max(deadline - time.monotonic(), 0),
+        )
         if granted.taken:
             where = f"thread {thread_id} step {step}"
-            held = Held(store, tuple(takes), holder, waited=waited, lease=lease, where=where)
+            held = Held(calls, tuple(takes), holder, waited=waited, lease=lease, where=where)
             if granted.wait > 0:
                 try:
                     time.sleep(granted.wait)
@@ -166,19 +180,18 @@ def take(
 
 
 def limiter(
-    store: Store, settings: Settings, thread_id: str, step: int, lease: Lease | None = None
+    calls: RetriedCalls, settings: Settings, step: int, lease: Lease | None = None
 ) -> Callable[..., Held] | None:
-    """``take`` bound to one step's store, settings and lease (which renews the slots its
-    calls hold); ``None`` if no limit is declared."""
+    """``take`` bound to one step's store calls, settings and lease (which renews the
+    slots its calls hold); ``None`` if no limit is declared."""
     if not settings.limits:
         return None
     return functools.partial(
         take,
-        store,
+        calls,
         settings.declared_limits,
         ttl=settings.lease_ttl,
         wait=settings.limit_wait,
-        thread_id=thread_id,
         step=step,
         lease=lease,
     )

@@ -11,9 +11,14 @@ import pytest
 
 import agentq
 from agentq.engine.limits import Held, take
+from agentq.engine.store_retry import RetriedCalls
 from agentq.limits import Limits
 from agentq.store.contract.limits import Grant, Take
 from agentq.store.sqlite.store import SQLiteStore
+
+
+def _calls(store: SQLiteStore, thread_id: str) -> RetriedCalls:
+    return RetriedCalls(store, thread_id, lease_ttl=30)
 
 
 class CountingStore(SQLiteStore):
@@ -38,7 +43,7 @@ def test_callers_waiting_on_the_rate_each_take_once_and_queue_behind_each_other(
         held: list[Held] = []
 
         def call(i: int) -> None:
-            held.append(take(store, limits, "api", 0, ttl=30, wait=5, thread_id=f"t{i}", step=0))
+            held.append(take(_calls(store, f"t{i}"), limits, "api", 0, ttl=30, wait=5, step=0))
 
         callers = [threading.Thread(target=call, args=(i,)) for i in range(5)]
         for caller in callers:
@@ -65,9 +70,9 @@ def test_a_slot_the_store_cannot_take_back_now_frees_itself_within_its_ttl(
     replace the call's result, and the slot, no longer renewed, frees itself."""
     limits = Limits([agentq.limit("gpu", concurrency=1)])
     with StoreDownAtRelease(tmp_path / "agentq.db") as store:
-        held = take(store, limits, "gpu", 0, ttl=0.3, wait=0, thread_id="t1", step=0)
+        held = take(_calls(store, "t1"), limits, "gpu", 0, ttl=0.3, wait=0, step=0)
         held.release()  # logged, not raised
-        again = take(store, limits, "gpu", 0, ttl=0.3, wait=5, thread_id="t2", step=0)
+        again = take(_calls(store, "t2"), limits, "gpu", 0, ttl=0.3, wait=5, step=0)
         assert 0 < again.waited <= 5
 
 
@@ -86,6 +91,29 @@ class StoreRefusingRelease(SQLiteStore):
 def test_a_store_error_that_will_not_pass_is_raised_at_release(tmp_path: Path) -> None:
     limits = Limits([agentq.limit("gpu", concurrency=1)])
     with StoreRefusingRelease(tmp_path / "agentq.db") as store:
-        held = take(store, limits, "gpu", 0, ttl=30, wait=0, thread_id="t1", step=0)
+        held = take(_calls(store, "t1"), limits, "gpu", 0, ttl=30, wait=0, step=0)
         with pytest.raises(sqlite3.OperationalError, match="readonly"):
             held.release()
+
+
+class LockedAtFirstTake(SQLiteStore):
+    """The embedded store, locked by another process at the first take."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.refused = 0
+
+    def take_limits(self, takes: list[Take], holder: str, ttl: float, *args: Any) -> Grant:
+        if not self.refused:
+            self.refused += 1
+            raise sqlite3.OperationalError("database is locked")
+        return super().take_limits(takes, holder, ttl, *args)
+
+
+def test_a_take_the_store_refuses_for_a_moment_is_tried_again(tmp_path: Path) -> None:
+    limits = Limits([agentq.limit("gpu", concurrency=1)])
+    with LockedAtFirstTake(tmp_path / "agentq.db") as store:
+        held = take(_calls(store, "t1"), limits, "gpu", 0, ttl=30, wait=0, step=0)
+        assert store.refused == 1
+        assert held.keys == ("gpu",)
+        held.release()

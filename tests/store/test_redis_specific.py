@@ -721,6 +721,23 @@ def test_a_log_of_another_type_refuses_the_commit_and_changes_nothing(
         assert snapshot(store) == before
 
 
+def test_a_lease_whose_keys_cannot_be_read_loses_only_itself(start_redis: StartRedis) -> None:
+    """One thread's meta overwritten with a key of another type makes its renewal an
+    error reply: that lease is lost, the others in the same batch are renewed."""
+    server = start_redis()
+    with redis_store(server.url) as store, admin_client(server) as admin:
+        tokens = {}
+        for thread_id in ("t1", "t2", "t3"):
+            store.open_thread(thread_id, task="agent")
+            tokens[thread_id] = store.acquire(thread_id, "w1", TTL)
+        admin.delete(store.keys.meta("t2"))
+        admin.set(store.keys.meta("t2"), "not a hash")
+        admin.pexpire(store.keys.lock("t1"), 1000)
+        renewed = store.renew_many([Renewal(t, "w1", token, TTL) for t, token in tokens.items()])
+        assert renewed == [True, False, True]
+        assert admin.pttl(store.keys.lock("t1")) > 1000  # renewed, not only answered
+
+
 @pytest.mark.parametrize("staged", [False, True], ids=["small", "large"])
 def test_a_checkpoint_already_there_is_not_overwritten(
     start_redis: StartRedis, staged: bool

@@ -124,9 +124,18 @@ class RedisBase(Store):
         return reply
 
     def _run_many(self, name: str, calls: Sequence[tuple[list[str], list[Any]]]) -> list[Any]:
+        """:meth:`_send_many`, raising the first error reply."""
+        replies = self._send_many(name, calls)
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
+        return replies
+
+    def _send_many(self, name: str, calls: Sequence[tuple[list[str], list[Any]]]) -> list[Any]:
         """Script ``name`` once per ``(keys, args)`` in one round trip (one per node on
-        Cluster); the replies in order. Each call must be safe to send twice: a server
-        that lost the script gets it loaded and the whole batch again."""
+        Cluster); the replies in order, an error reply as the exception in its place.
+        Each call must be safe to send twice: a server that lost the script gets it
+        loaded and the whole batch again."""
         if not calls:
             return []
         script = self._scripts[name]
@@ -135,9 +144,6 @@ class RedisBase(Store):
         if any(isinstance(reply, NoScriptError) for reply in replies):
             self.client.script_load(script.script)
             replies = self._send(commands, transaction=False)
-        for reply in replies:
-            if isinstance(reply, Exception):
-                raise reply
         return replies
 
     def _apply_index_ops(self, reply: Any) -> None:

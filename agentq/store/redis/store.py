@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import heapq
+import logging
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
@@ -36,6 +37,9 @@ from agentq.store.redis.limits import RedisLimits
 from agentq.store.redis.listing import RedisListing
 from agentq.store.redis.refusal import Refusal
 from agentq.store.redis.thread_keys import RedisThreadKeys
+from agentq.store.redis.transient import is_transient
+
+logger = logging.getLogger(__name__)
 
 
 def _millis(ttl: float) -> int:
@@ -303,7 +307,7 @@ class RedisStore(RedisCheckpoints, RedisEffects, RedisLimits, RedisListing, Redi
         if not leases:
             return []
         index_keys, index_args = self._index_keys()
-        replies = self._run_many(
+        replies = self._send_many(
             "renew",
             [
                 (
@@ -318,13 +322,26 @@ class RedisStore(RedisCheckpoints, RedisEffects, RedisLimits, RedisListing, Redi
                 for lease in leases
             ],
         )
+        renewed = []
+        for lease, reply in zip(leases, replies, strict=True):
+            if isinstance(reply, Exception):
+                if is_transient(reply):
+                    raise reply
+                # One thread's keys the script cannot read (a key of another type written
+                # under the prefix) lose that lease, not every lease of the process.
+                logger.error("thread %s: lease not renewable: %s", lease.thread_id, reply)
+            renewed.append(not isinstance(reply, Exception) and bool(reply[0]))
         if self.cluster:
-            ops = [reply[-1] for reply in replies if isinstance(reply[-1], list)]
+            ops = [
+                reply[-1]
+                for reply in replies
+                if not isinstance(reply, Exception) and isinstance(reply[-1], list)
+            ]
             self._run_many(
                 "index",
                 [([self.keys.due()], [self.keys.status_index_prefix(), *op]) for op in ops],
             )
-        return [bool(reply[0]) for reply in replies]
+        return renewed
 
     def _do_release(self, thread_id: str, owner: str, token: int) -> bool:
         return bool(

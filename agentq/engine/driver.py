@@ -131,7 +131,10 @@ class Driver:
                 return self._resume(token, meta, crashed, lease)
         except FencingError as exc:
             metrics.lease_lost()
-            logger.warning("thread %s: stopped, another worker drives it now (%s)", thread_id, exc)
+            logger.warning(
+                "thread %s: stopped, another worker drives it now or may soon (%s)", thread_id, exc
+            )
+            give_back(store, thread_id, token, self.owner)  # unless another worker has it
             return None
         except Exception as exc:
             if self.store_unreachable(exc):
@@ -174,6 +177,7 @@ class Driver:
                 logger.warning(
                     "thread %s: lease lost before step %d; stopping", self.thread_id, pos.step
                 )
+                give_back(self.store, self.thread_id, token, self.owner)
                 return None
             if self.should_stop():
                 return self._hand_over(token, meta, pos.step)

@@ -86,15 +86,18 @@ class RetriedCalls:
 
 def give_back(store: Store, thread_id: str, token: int, owner: str) -> None:
     """After the store failed for longer than the lease (a SQLite database another
-    process kept locked, an outage): queue the still running thread again if the store
-    answers now, so that its next driver does not count the outage as a lost worker."""
+    process kept locked, an outage): queue the thread, still running under ``token``,
+    again if the store answers now, so that its next driver does not count the outage
+    as a lost worker. A thread another worker took over meanwhile is left to it."""
     try:
         meta = store.meta(thread_id)
         if meta is not None and meta.status == Status.RUNNING and meta.fence == token:
             store.set_status(thread_id, token, Status.QUEUED, due_in=0, release_owner=owner)
-            return
+        return
+    except FencingError:
+        return
     except Exception as exc:
-        if not store.is_transient(exc) and not isinstance(exc, FencingError):
+        if not store.is_transient(exc):
             raise
     logger.warning(
         "thread %s: the store is still unreachable; recovery resumes the thread once "

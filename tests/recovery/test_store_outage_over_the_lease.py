@@ -1,0 +1,112 @@
+"""A store down for longer than the lease, while a node runs, is an outage and not a lost
+worker: once it answers again, the driver gives the thread back (queued, no crash
+counted) unless another worker took it over meanwhile.
+
+The store is a private ``redis-server`` (AOF always) SIGKILLed from inside the node and
+started again on the same data; the driver runs in this process (``task.run``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from celery import Celery
+
+import agentq
+from agentq import AgentTask, Done, Run, Status
+from agentq.records import ThreadMeta
+from agentq.store.redis.store import RedisStore
+from tests.support.redis_server import RedisServer
+
+TTL = 1.0
+
+
+class LeaseLostLog(logging.Handler):
+    """Sets ``lost`` when the lease keeper reports that a lease ran out unrenewed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lost = threading.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "ran out unrenewed" in record.getMessage():
+            self.lost.set()
+
+
+class Env:
+    def __init__(self, server: RedisServer) -> None:
+        self.server = server
+        self.store = RedisStore.from_url(server.url, prefix="outage:")
+        self.app = Celery("outage", broker="memory://", set_as_current=False)
+        agentq.init_app(self.app, store=self.store, lease_ttl=TTL)
+        self.log = LeaseLostLog()
+
+    def outage(self) -> None:
+        """The store down for twice the lease, then back on the same data."""
+        self.server.restart(down=2 * TTL)
+
+    def run(self, agent: type[AgentTask]) -> ThreadMeta:
+        task = self.app.register_task(agent())
+        task.env = self  # type: ignore[attr-defined]
+        self.store.open_thread("t1", task=task.name)
+        with contextlib.suppress(Exception):  # the HANDED_OVER state, raised as Ignore
+            task.run("t1")
+        meta = self.store.meta("t1")
+        assert meta is not None
+        return meta
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> Iterator[Env]:
+    server = RedisServer(tmp_path / "store").start()
+    environment = Env(server)
+    keeper_log = logging.getLogger("agentq.engine.lease")
+    keeper_log.addHandler(environment.log)
+    try:
+        yield environment
+    finally:
+        keeper_log.removeHandler(environment.log)
+        environment.store.close()
+        environment.app.close()
+        server.stop()
+
+
+class ToolAfterOutage(AgentTask):
+    """Its tool call, made after the outage, finds the lease gone."""
+
+    name = "tests.outage.tool_after"
+
+    def start(self, run: Run) -> Any:
+        self.env.outage()  # type: ignore[attr-defined]
+        return Done(run.tool(self.send, key="send-1"))
+
+    def send(self) -> str:
+        raise AssertionError("the call ran without a lease")
+
+
+class StepAcrossOutage(AgentTask):
+    """Its first step ends after the outage, its lease lost meanwhile."""
+
+    name = "tests.outage.step_across"
+
+    def start(self, run: Run) -> Any:
+        self.env.outage()  # type: ignore[attr-defined]
+        assert self.env.log.lost.wait(10 * TTL)  # type: ignore[attr-defined]
+        return "finish"
+
+    def finish(self, run: Run) -> Any:
+        raise AssertionError("the next step ran without a lease")
+
+
+@pytest.mark.parametrize("agent", [ToolAfterOutage, StepAcrossOutage])
+def test_an_outage_longer_than_the_lease_gives_the_thread_back(
+    env: Env, agent: type[AgentTask]
+) -> None:
+    meta = env.run(agent)
+    assert (meta.status, meta.crashes, meta.attempts) == (Status.QUEUED, 0, 0), meta.error

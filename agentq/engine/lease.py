@@ -138,7 +138,11 @@ class LeaseKeeper:
                     self._changed.wait(due - time.monotonic())
                 leases = list(self._leases)
             beat = time.monotonic()
-            self._renew(leases)
+            try:
+                self._renew(leases)
+            except Exception:
+                # The only keeper of the process's leases must outlive a store's bad reply.
+                logger.exception("renewing %d leases failed; trying again next beat", len(leases))
 
     def _renew(self, leases: list[Lease]) -> None:
         started = time.monotonic()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -12,7 +12,7 @@ import pytest
 
 from agentq.engine.lease import LeaseKeeper, keeper_for
 from agentq.errors import LeaseHeld
-from agentq.store.contract import Store
+from agentq.store.contract import Renewal, Store
 from agentq.store.redis.store import RedisStore
 from agentq.store.sqlite.store import SQLiteStore
 from tests.support.redis_server import RedisServer, running_redis, wait_until
@@ -99,3 +99,27 @@ def test_keeper_for_gives_one_keeper_per_store(store: Store, tmp_path: Path) -> 
     assert keeper_for(store) is keeper_for(store)
     with SQLiteStore(tmp_path / "other.db") as other:
         assert keeper_for(other) is not keeper_for(store)
+
+
+class AnswersWrongOnce(SQLiteStore):
+    """The embedded store, its first batch of renewals answered with one flag too few."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.batches = 0
+
+    def _do_renew_many(self, leases: Sequence[Renewal]) -> list[bool]:
+        self.batches += 1
+        renewed = super()._do_renew_many(leases)
+        return renewed[1:] if self.batches == 1 else renewed
+
+
+def test_the_keeper_outlives_a_reply_it_cannot_use(tmp_path: Path) -> None:
+    with AnswersWrongOnce(tmp_path / "agentq.db") as store:
+        keeper = LeaseKeeper(store)
+        ((thread_id, token),) = acquired(store, 1)
+        with keeper.hold(thread_id, "w1", token, TTL) as lease:
+            first = lease.renewed_at
+            wait_until(lambda: lease.renewed_at > first, timeout=10, what="a later renewal")
+            assert store.batches >= 2
+            assert not lease.lost.is_set()

@@ -13,7 +13,9 @@ import datetime as dt
 import itertools
 import multiprocessing as mp
 import shutil
+import signal
 import tempfile
+import threading
 from collections.abc import Callable, Iterator
 from multiprocessing.synchronize import Barrier
 from pathlib import Path
@@ -26,6 +28,7 @@ from redis.connection import AbstractConnection
 from agentq.errors import LeaseHeld, StaleToken, StepConflict, StoreConfigError
 from agentq.records import Checkpoint, Effect, Status
 from agentq.store.contract import Renewal
+from agentq.store.redis.base import SOCKET_TIMEOUT
 from agentq.store.redis.checkpoints import INLINE_SNAPSHOT_BYTES
 from agentq.store.redis.store import RedisStore
 from tests.store.raw import snapshot
@@ -866,3 +869,46 @@ def test_from_url_cluster_pools_block_per_node(redis_cluster: list[RedisServer])
             assert isinstance(pool, redis.BlockingConnectionPool) and pool.max_connections == 2
     for node in nodes:  # closing the store closed every node's pool
         assert all(c._sock is None for c in node.redis_connection.connection_pool._connections)
+
+
+@pytest.mark.slow
+def test_a_frozen_server_times_a_call_out_rather_than_hang_it(
+    start_redis: StartRedis,
+) -> None:
+    """A server that stops answering (SIGSTOP here; a lost network path alike) raises
+    ``redis.TimeoutError``, which agentq retries within the lease, instead of holding the
+    call, and every lease renewal behind it, until TCP gives up minutes later."""
+    server = start_redis()
+    assert server.process is not None
+    with RedisStore.from_url(server.url) as store:
+        assert store.meta("t1") is None  # connected before the server froze
+        outcome: list[BaseException | None] = []
+
+        def call() -> None:
+            try:
+                store.meta("t1")
+            except BaseException as exc:
+                outcome.append(exc)
+            else:
+                outcome.append(None)
+
+        caller = threading.Thread(target=call, daemon=True)
+        server.process.send_signal(signal.SIGSTOP)
+        try:
+            caller.start()
+            caller.join(timeout=20 * SOCKET_TIMEOUT)  # liveness: a hang fails, not a delay
+        finally:
+            server.process.send_signal(signal.SIGCONT)
+        caller.join(timeout=PROCESS_DEADLINE)
+        assert outcome and isinstance(outcome[0], redis.TimeoutError), outcome
+        assert store.is_transient(outcome[0])
+
+
+def test_a_urls_socket_timeout_wins_over_the_default(redis_server: RedisServer) -> None:
+    with (
+        RedisStore.from_url(redis_server.url) as default,
+        RedisStore.from_url(f"{redis_server.url}?socket_timeout=2.5") as chosen,
+    ):
+        for store, seconds in ((default, SOCKET_TIMEOUT), (chosen, 2.5)):
+            pool = store.client.connection_pool
+            assert pool.connection_kwargs["socket_timeout"] == seconds

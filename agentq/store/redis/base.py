@@ -32,6 +32,13 @@ from agentq.store.redis.wire import send
 MAX_REMEMBERED_HEADS = 10_000
 """How many threads' latest steps a store remembers to read ``latest()`` with one ``MGET``."""
 
+SOCKET_TIMEOUT = 5.0
+"""Seconds :meth:`RedisBase.from_url`'s clients wait for a reply (and a connection):
+redis-py's own default since 8.0, set here for the earlier versions, which wait without
+limit. Every script agentq runs takes milliseconds, so a wait this long means a frozen
+server or a lost network path, which TCP alone takes minutes to report: meanwhile a
+worker's leases could be neither renewed nor given up."""
+
 
 class RedisBase(Store):
     """The client, keys and scripts of a Redis store, and the plumbing its operations share.
@@ -76,8 +83,10 @@ class RedisBase(Store):
         """Connect with a ``redis://``, ``rediss://`` or ``unix://`` URL (user, password and
         database as redis-py reads them). ``cluster=True`` uses Redis Cluster. The client's
         pool blocks when ``max_connections`` (per node on Cluster; redis-py's default if
-        ``None``) are in use, until one is free or its timeout passes; other keyword
-        arguments go to the store."""
+        ``None``) are in use, until one is free or its timeout passes. A reply not read
+        within :data:`SOCKET_TIMEOUT` (or the URL's ``?socket_timeout=``) raises
+        ``redis.TimeoutError``, which agentq retries. Other keyword arguments go to the
+        store."""
         if not url.startswith(("redis://", "rediss://", "unix://")):
             raise StoreConfigError(
                 f"unsupported Redis URL {url!r}; use redis://, rediss:// or unix://"
@@ -91,9 +100,10 @@ class RedisBase(Store):
                 f"the Redis URL's database {database!r} is not a number; write e.g. "
                 "redis://host:6379/1"
             )
-        pool: dict[str, Any] = (
-            {} if max_connections is None else {"max_connections": max_connections}
-        )
+        # A URL's own socket_timeout wins: redis-py lets its query override these.
+        pool: dict[str, Any] = {"socket_timeout": SOCKET_TIMEOUT}
+        if max_connections is not None:
+            pool["max_connections"] = max_connections
         try:
             client: RedisClient = (
                 RedisCluster.from_url(

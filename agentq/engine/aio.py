@@ -65,6 +65,12 @@ def run_coroutine(coro: Coroutine[Any, Any, Any]) -> Any:
         raise
 
 
+def on_loop() -> bool:
+    """Whether the caller runs on this process's loop, where a blocking call would stall
+    every async node of the process (and, under gevent, use the hub from another thread)."""
+    return _loop is not None and asyncio._get_running_loop() is _loop
+
+
 async def blocking(fn: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
     """Run the blocking call ``fn(*args, **kwargs)`` off the loop: in the pool slot waiting
     for this coroutine when there is one, else in a thread."""

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from agentq.engine import aio
 from agentq.engine.store_retry import RetriedCalls
-from agentq.errors import ArtifactTooLarge
+from agentq.errors import ArtifactTooLarge, InvalidArgument
 from agentq.store.contract import Store
 
 
 class Artifacts:
     """Large data kept out of checkpoints; the state holds the small reference ``put``
-    returns (``{"artifact": sha256, "size": n, "content_type": ...}``)."""
+    returns (``{"artifact": sha256, "size": n, "content_type": ...}``). An async node
+    awaits :meth:`aput` and :meth:`aget`, which make the store's round trip off its loop."""
 
     def __init__(self, store: Store, calls: RetriedCalls, thread_id: str, max_bytes: int) -> None:
         self._store = store
@@ -20,6 +22,22 @@ class Artifacts:
         self._max_bytes = max_bytes
 
     def put(self, data: bytes, content_type: str = "application/octet-stream") -> dict[str, Any]:
+        self._not_on_loop("put")
+        return self._put(data, content_type)
+
+    def get(self, ref: dict[str, Any]) -> bytes:
+        self._not_on_loop("get")
+        return self._get(ref)
+
+    async def aput(
+        self, data: bytes, content_type: str = "application/octet-stream"
+    ) -> dict[str, Any]:
+        return await aio.blocking(self._put, data, content_type)
+
+    async def aget(self, ref: dict[str, Any]) -> bytes:
+        return await aio.blocking(self._get, ref)
+
+    def _put(self, data: bytes, content_type: str) -> dict[str, Any]:
         if len(data) > self._max_bytes:
             raise ArtifactTooLarge(
                 f"artifact of {len(data)} bytes is over max_artifact_bytes "
@@ -32,7 +50,15 @@ class Artifacts:
         )
         return {"artifact": digest, "size": len(data), "content_type": content_type}
 
-    def get(self, ref: dict[str, Any]) -> bytes:
+    def _get(self, ref: dict[str, Any]) -> bytes:
         return self._store_calls(
             "reading an artifact", self._store.get_artifact, self._thread_id, ref["artifact"]
         )
+
+    def _not_on_loop(self, name: str) -> None:
+        if aio.on_loop():
+            raise InvalidArgument(
+                f"run.artifacts.{name}() in an async node would block the event loop every "
+                f"async node of the process shares; call await run.artifacts.a{name}(...)",
+                thread_id=self._thread_id,
+            )

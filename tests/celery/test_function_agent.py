@@ -70,7 +70,7 @@ def define_agents(app: Celery, calls: Calls) -> tuple[FunctionAgent, FunctionAge
     @support.node
     async def tools(run: Run) -> str:  # nodes may be coroutines, as in the class form
         for call in run.pending:
-            result = run.tool(refund, call["amount"], key=call["id"], idempotent=True)
+            result = await run.atool(refund, call["amount"], key=call["id"], idempotent=True)
             run.state["messages"].append({"role": "tool", "content": result})
         run.pending = []
         return "model"

@@ -376,3 +376,42 @@ def test_a_locked_database_is_transient_and_a_read_only_one_is_not(tmp_path: Pat
     assert not store.is_transient(missing.value)
     read_only.close()
     store.close()
+
+
+@pytest.mark.parametrize("read", ["latest", "checkpoint", "history"])
+def test_a_checkpoint_is_read_with_its_logs_as_one_moment(tmp_path: Path, read: str) -> None:
+    """Another process deletes the thread between the read of a checkpoint and the read
+    of its append-only logs: the reader sees the thread as it was, whole, rather than a
+    checkpoint missing its log items (reported as corrupt)."""
+    path = tmp_path / "agentq.db"
+    with SQLiteStore(path) as store, SQLiteStore(path) as other:
+        store.open_thread("t1", task="agent")
+        token = store.acquire("t1", "w1", 30)
+        messages = [f"m{i}" for i in range(3)]
+        store.commit(
+            "t1",
+            token,
+            Checkpoint(step=0, node="next", state={"messages": messages}),
+            logs={"messages": 0},
+        )
+        deleted = []
+
+        def delete_between(statement: str) -> None:
+            if statement.startswith("SELECT item FROM logs") and not deleted:
+                deleted.append(other.delete_thread("t1"))
+
+        with store._conn.locked() as db:
+            db.set_trace_callback(delete_between)
+        try:
+            if read == "latest":
+                found = store.latest("t1")
+            elif read == "checkpoint":
+                found = store.checkpoint("t1", 0)
+            else:
+                (found,) = store.history("t1")
+        finally:
+            with store._conn.locked() as db:
+                db.set_trace_callback(None)
+        assert deleted == [True]
+        assert found is not None and found.state["messages"] == messages
+        assert store.meta("t1") is None

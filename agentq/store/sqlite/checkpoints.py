@@ -134,7 +134,7 @@ class CheckpointsMixin:
                 release_lease(db, thread_id, release_owner, token)
 
     def _do_latest(self, thread_id: str) -> Checkpoint | None:
-        with self._conn.locked() as db:
+        with self._conn.snapshot() as db:  # the checkpoint and its logs as one moment
             row = db.execute(
                 "SELECT c.step, c.data FROM threads t JOIN checkpoints c "
                 "ON c.thread_id = t.thread_id AND c.step = t.step WHERE t.thread_id = ?",
@@ -143,7 +143,7 @@ class CheckpointsMixin:
             return None if row is None else _load(db, thread_id, row[0], row[1])
 
     def _do_checkpoint(self, thread_id: str, step: int) -> Checkpoint:
-        with self._conn.locked() as db:
+        with self._conn.snapshot() as db:
             row = db.execute(
                 "SELECT data FROM checkpoints WHERE thread_id = ? AND step = ?", (thread_id, step)
             ).fetchone()
@@ -152,7 +152,7 @@ class CheckpointsMixin:
             return _load(db, thread_id, step, row[0])
 
     def _do_history(self, thread_id: str, *, before: int | None, limit: int) -> list[Checkpoint]:
-        with self._conn.locked() as db:
+        with self._conn.snapshot() as db:
             rows = db.execute(
                 "SELECT step, data FROM checkpoints WHERE thread_id = ? AND step < ? "
                 "ORDER BY step DESC LIMIT ?",

@@ -91,6 +91,18 @@ class SharedConnection:
             yield self._db
 
     @contextmanager
+    def snapshot(self) -> Iterator[sqlite3.Connection]:
+        """The connection inside one read transaction: its statements see the database
+        as one moment left it, whatever other processes commit meanwhile."""
+        with self.locked() as db:
+            db.execute("BEGIN")
+            try:
+                yield db
+            finally:
+                if db.in_transaction:
+                    db.execute("COMMIT")
+
+    @contextmanager
     def write(self) -> Iterator[sqlite3.Connection]:
         """The connection inside one write transaction, committed when the block ends."""
         with self.locked() as db, immediate_transaction(db):

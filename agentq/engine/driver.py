@@ -17,7 +17,7 @@ from agentq.engine.backoff import retry_delay
 from agentq.engine.lease import Lease, confirm, keeper_for
 from agentq.engine.limits import limiter
 from agentq.engine.run import NO_VALUE, Run, TimedOut
-from agentq.engine.store_retry import RetriedCalls, give_back
+from agentq.engine.store_retry import RetriedCalls, give_back, raised_in_store
 from agentq.engine.thread_keys import KeySeat, KeyWait, leave, seated
 from agentq.engine.transition import checkpoint_after, checkpoint_lost, error_text, meta_after
 from agentq.errors import (
@@ -144,7 +144,7 @@ class Driver:
     def store_unreachable(self, exc: BaseException) -> bool:
         """Whether ``exc`` ended the drive because the store stayed out for longer than
         its calls could wait: the thread is given back, not failed."""
-        return self._calls.gave_up_on(exc)
+        return self.store.is_transient(exc) and raised_in_store(exc)
 
     def _resume(self, token: int, meta: ThreadMeta, crashed: bool, lease: Lease) -> Any:
         """Run from ``meta``, as taking the lease (``token``) left it."""

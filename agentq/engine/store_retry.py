@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import time
-import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -24,6 +23,8 @@ logger = logging.getLogger("agentq")
 
 T = TypeVar("T")
 
+_STORE_PACKAGE = "agentq.store."
+
 FIRST_DELAY = 0.05
 """The first wait after a store error, in seconds; each next one may double."""
 
@@ -31,8 +32,7 @@ FIRST_DELAY = 0.05
 class RetriedCalls:
     """One driver's store calls, each tried again after a transient store error until
     the next wait would outlast ``lease`` (before it is set: a ``lease_ttl`` from now) or
-    the errors have gone on for ``lease_ttl``; then the last error is raised, and
-    :meth:`gave_up_on` knows it from a node's own error of the same type."""
+    the errors have gone on for ``lease_ttl``; then the last error is raised."""
 
     def __init__(self, store: Store, thread_id: str, lease_ttl: float) -> None:
         self.store = store
@@ -40,12 +40,6 @@ class RetriedCalls:
         self.lease: Lease | None = None
         self.lease_ttl = lease_ttl
         self._deadline = time.monotonic() + lease_ttl
-        self._given_up: weakref.WeakSet[BaseException] = weakref.WeakSet()
-
-    def gave_up_on(self, exc: BaseException) -> bool:
-        """Whether ``exc`` is a store error these calls stopped retrying: the store is
-        out, where a node's own client raising the same class is the node's failure."""
-        return exc in self._given_up
 
     def time_left(self) -> float:
         if self.lease is None:
@@ -70,7 +64,6 @@ class RetriedCalls:
                 remaining = min(self.time_left(), outage_left)
                 delay = backoff(attempt, base=FIRST_DELAY, cap=max(remaining / 4, FIRST_DELAY))
                 if delay >= remaining:
-                    self._given_up.add(exc)
                     raise
                 logger.warning(
                     "thread %s: store error on %s (%s: %s); try %d again in %.2f s",
@@ -82,6 +75,18 @@ class RetriedCalls:
                     delay,
                 )
                 time.sleep(delay)
+
+
+def raised_in_store(exc: BaseException) -> bool:
+    """Whether ``exc`` came out of a call into agentq's store (one of its frames is in the
+    traceback), rather than from a node's own client of the same library, whose
+    ``ConnectionError`` is the node's failure and not an outage of the store."""
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_globals.get("__name__", "").startswith(_STORE_PACKAGE):
+            return True
+        tb = tb.tb_next
+    return False
 
 
 def give_back(store: Store, thread_id: str, token: int, owner: str) -> None:

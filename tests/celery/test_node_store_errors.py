@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -34,6 +35,21 @@ class RetriedOwnRedis(OwnRedis):
     retry_on = (redis.ConnectionError,)
 
 
+@dataclass
+class Declined(Exception):
+    """An error compared by value, so unhashable, as a ``@dataclass`` makes it."""
+
+    reason: str
+
+
+class Declining(AgentTask):
+    name = "tests.node_store_errors.declining"
+    retry_on = (Declined, TimeoutError)
+
+    def start(self, run: Run, error: str) -> Any:
+        raise Declined("card") if error == "declined" else TimeoutError("model call")
+
+
 @pytest.fixture
 def app(redis_server: RedisServer, request: pytest.FixtureRequest) -> Iterator[Celery]:
     store = RedisStore(redis.Redis(port=redis_server.port), prefix=f"{request.node.name}:")
@@ -44,9 +60,9 @@ def app(redis_server: RedisServer, request: pytest.FixtureRequest) -> Iterator[C
     app.close()
 
 
-def _run(app: Celery, agent: type[AgentTask]) -> Any:
+def _run(app: Celery, agent: type[AgentTask], **input: Any) -> Any:
     task = app.register_task(agent())
-    task.agentq.store.open_thread("t1", task=task.name)
+    task.agentq.store.open_thread("t1", task=task.name, input=input)
     with contextlib.suppress(Exception):  # Celery's Retry, or the node's error
         task.run("t1")
     meta = task.agentq.store.meta("t1")
@@ -66,3 +82,10 @@ def test_a_nodes_own_connection_error_fails_a_thread_that_does_not_retry_it(
     meta = _run(app, OwnRedis)
     assert (meta.status, meta.attempts) == (Status.FAILED, 1), meta.error
     assert "ConnectionError" in meta.error
+
+
+@pytest.mark.parametrize("error", ["declined", "timeout"])
+def test_any_error_a_node_raises_is_retried_as_it_declares(app: Celery, error: str) -> None:
+    """Unhashable errors and built-in ones (which take no weak reference) alike."""
+    meta = _run(app, Declining, error=error)
+    assert (meta.status, meta.attempts) == (Status.RETRYING, 1), meta.error

@@ -11,15 +11,17 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import pytest
 import redis
 from celery import Celery
 from celery.exceptions import Ignore
+from langgraph.graph import END, START, StateGraph
 
 import agentq
 from agentq import AgentTask, Done, Run, Status
+from agentq.langgraph import graph_task
 from agentq.store.redis.store import RedisStore
 from tests.chaos.flaky_proxy import FlakyProxy
 from tests.support.redis_server import RedisServer
@@ -119,3 +121,25 @@ def test_a_lease_confirmation_answered_too_late_stops_the_tool_call(env: Env) ->
     assert env.emails() == 0
     effect = env.store.effect("t1", "email-1")
     assert effect is not None and effect.state == "pending"  # left to the next driver
+
+
+class Counter(TypedDict):
+    n: int
+
+
+def test_a_store_outage_in_a_graph_checkpoint_write_gives_the_thread_back(env: Env) -> None:
+    """The LangGraph saver's writes are agentq's store calls too: failing for good, they
+    give the thread back (queued, no attempt or crash counted), not fail it."""
+    graph = StateGraph(Counter)
+    graph.add_node("step", lambda state: {"n": state["n"] + 1})
+    graph.add_edge(START, "step")
+    graph.add_edge("step", END)
+    task = graph_task(env.app, graph, name="tests.chaos.counter_graph")
+    env.store.open_thread("t2", task=task.name, input={"input": task._pack({"n": 0})})
+    env.proxy.drop = env.store.graph()._scripts["put"].sha.encode()  # type: ignore[attr-defined]
+    with contextlib.suppress(redis.ConnectionError):
+        task.run("t2")
+    assert env.proxy.dropped >= 1
+    meta = env.store.meta("t2")
+    assert meta is not None
+    assert (meta.status, meta.attempts, meta.crashes) == (Status.QUEUED, 0, 0), meta.error

@@ -251,6 +251,12 @@ class ReentrantRunCoroutine(AgentqError, RuntimeError):
     coroutine and wait for it, which would never end; it should ``await`` it instead."""
 
 
+class BlockingOnLoop(RuntimeWarning):
+    """Warned when an ``async def`` node makes a blocking call (``run.tool``,
+    ``run.artifacts.put``) on the event loop its worker process's async nodes share; the
+    awaited form (``run.atool``, ``run.artifacts.aput``) runs the store's round trips off it."""
+
+
 class UnsupportedPool(ConfigError):
     """Raised when an ``async def`` node runs under a worker pool agentq's event loop cannot
     share the process with (``-P eventlet``)."""

@@ -24,10 +24,11 @@ import os
 import queue
 import sys
 import threading
+import warnings
 from collections.abc import Callable, Coroutine
 from typing import Any, ParamSpec, TypeVar
 
-from agentq.errors import ReentrantRunCoroutine, UnsupportedPool
+from agentq.errors import BlockingOnLoop, ReentrantRunCoroutine, UnsupportedPool
 
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
@@ -69,6 +70,12 @@ def on_loop() -> bool:
     """Whether the caller runs on this process's loop, where a blocking call would stall
     every async node of the process (and, under gevent, use the hub from another thread)."""
     return _loop is not None and asyncio._get_running_loop() is _loop
+
+
+def warn_blocking(message: str) -> None:
+    """Warn, once per calling line as ``warnings`` does, of a blocking call made on the
+    loop: it works, and stalls every other async node of the process meanwhile."""
+    warnings.warn(message, BlockingOnLoop, stacklevel=4)
 
 
 async def blocking(fn: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:

@@ -6,7 +6,7 @@ from typing import Any
 
 from agentq.engine import aio
 from agentq.engine.store_retry import RetriedCalls
-from agentq.errors import ArtifactTooLarge, InvalidArgument
+from agentq.errors import ArtifactTooLarge
 from agentq.store.contract import Store
 
 
@@ -57,8 +57,8 @@ class Artifacts:
 
     def _not_on_loop(self, name: str) -> None:
         if aio.on_loop():
-            raise InvalidArgument(
-                f"run.artifacts.{name}() in an async node would block the event loop every "
-                f"async node of the process shares; call await run.artifacts.a{name}(...)",
-                thread_id=self._thread_id,
+            aio.warn_blocking(
+                f"thread {self._thread_id!r}: run.artifacts.{name}() in an async node blocks "
+                "the event loop every async node of the process shares; call await "
+                f"run.artifacts.a{name}(...)"
             )

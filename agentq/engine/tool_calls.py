@@ -70,12 +70,11 @@ class ToolCalls:
                 step=self.step,
             )
         if aio.on_loop():
-            raise InvalidArgument(
-                f"run.tool({tool_name(fn)}, ...) in an async node would block the event loop "
-                "every async node of the process shares, for the tool and the store's round "
-                "trips; call await run.atool(...), which takes plain functions too",
-                thread_id=self.thread_id,
-                step=self.step,
+            aio.warn_blocking(
+                f"thread {self.thread_id!r} step {self.step}: run.tool({tool_name(fn)}, ...) "
+                "in an async node blocks the event loop every async node of the process "
+                "shares, for the tool and the store's round trips; call await "
+                "run.atool(...), which takes plain functions too"
             )
         return _drive(self._effect(fn, args, kwargs, options, _inline, _called_plain))
 

@@ -64,21 +64,24 @@ class Held:
             return
         if self._lease is not None:
             self._lease.drop_slots(self.holder)
+        self._once(
+            f"give back the slots of {', '.join(self._slotted)} now; they free themselves "
+            "when their lease runs out",
+            self.store.release_limits,
+            list(self._slotted),
+            self.holder,
+        )
+
+    def _once(self, what: str, call: Callable[..., None], *args: Any) -> None:
+        """``call(*args)``, not sent again after a passing store error, which is logged:
+        the tool call has run, and a store that cannot answer now must not take its result
+        (or its error) from the caller, which would leave its claim unrecorded."""
         try:
-            self.store.release_limits(list(self._slotted), self.holder)
+            call(*args)
         except Exception as exc:
-            # The call has run: a store that cannot answer now must not take its result
-            # (or its error) from the caller, which would leave its claim unrecorded.
-            # Its slots are no longer renewed, so they free themselves within a lease.
             if not self.store.is_transient(exc):
                 raise
-            logger.warning(
-                "%s: could not give back the slots of %s now (%s); they free themselves "
-                "when their lease runs out",
-                self._where,
-                ", ".join(self._slotted),
-                exc,
-            )
+            logger.warning("%s: could not %s (%s)", self._where, what, exc)
 
     def settle(self, actual_cost: Callable[[Any], float], result: Any) -> None:
         """Charge or refund the difference between the tokens taken and
@@ -97,8 +100,9 @@ class Held:
             )
         taken = self.takes[0].cost
         if cost != taken:
-            self.calls(
-                "settling a limit's tokens",
+            # A difference sent twice would be charged twice: the estimate stands instead.
+            self._once(
+                f"settle the tokens of {', '.join(self.keys)}; the estimate stands",
                 self.store.settle_limits,
                 [take._replace(cost=cost - taken) for take in self.takes],
             )
@@ -153,11 +157,9 @@ def take(
         # Resent after a lost reply, a take may charge the rate twice: the budget errs low.
         granted = calls(
             "taking a limit",
-            calls.store.take_limits,
-            takes,
-            holder,
-            ttl,
-            max(deadline - time.monotonic(), 0),
+            lambda: calls.store.take_limits(
+                takes, holder, ttl, max(deadline - time.monotonic(), 0)
+            ),
         )
         if granted.taken:
             where = f"thread {thread_id} step {step}"

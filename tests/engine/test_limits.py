@@ -117,3 +117,29 @@ def test_a_take_the_store_refuses_for_a_moment_is_tried_again(tmp_path: Path) ->
         assert store.refused == 1
         assert held.keys == ("gpu",)
         held.release()
+
+
+class LockedAtSettle(SQLiteStore):
+    """The embedded store, locked by another process when a call's tokens are settled."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.settles = 0
+
+    def settle_limits(self, takes: list[Take]) -> None:
+        self.settles += 1
+        raise sqlite3.OperationalError("database is locked")
+
+
+def test_a_settle_the_store_refuses_is_logged_and_never_sent_twice(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A difference is charged as sent: sent again after a reply that was lost, it would
+    be charged twice. The call has run, so the estimate stands rather than its result
+    being lost."""
+    limits = Limits([agentq.limit("tokens", tokens_per_minute=10_000)])
+    with LockedAtSettle(tmp_path / "agentq.db") as store:
+        held = take(_calls(store, "t1"), limits, "tokens", 100, ttl=30, wait=0, step=0)
+        held.settle(lambda result: result["used"], {"used": 40})
+        assert store.settles == 1
+        assert "could not settle the tokens of tokens" in caplog.text

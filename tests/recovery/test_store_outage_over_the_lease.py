@@ -28,14 +28,16 @@ TTL = 1.0
 
 
 class LeaseLostLog(logging.Handler):
-    """Sets ``lost`` when the lease keeper reports that a lease ran out unrenewed."""
+    """Sets ``lost`` when the lease keeper reports a lease lost: run out while the store
+    was down, or refused by the store back up after it expired."""
 
     def __init__(self) -> None:
         super().__init__()
         self.lost = threading.Event()
 
     def emit(self, record: logging.LogRecord) -> None:
-        if "ran out unrenewed" in record.getMessage():
+        message = record.getMessage()
+        if "ran out unrenewed" in message or "lease lost" in message:
             self.lost.set()
 
 

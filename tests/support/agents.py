@@ -450,6 +450,9 @@ class ChaosAgent(AgentTask):
 
     name = "tests.chaos_agent"
     append_only = ("messages",)
+    # Its model and tools are the ledger, on the server the chaos restarts: their outage
+    # is retried as an agent lists its provider's, the store's own is given back.
+    retry_on = (redis.ConnectionError, redis.TimeoutError)
 
     def start(self, run: Run, rounds: int, latency: float = 0.0) -> str:
         self._ledger().record_start(run.thread_id, run.step, run.node)

@@ -138,11 +138,7 @@ class LeaseKeeper:
                     self._changed.wait(due - time.monotonic())
                 leases = list(self._leases)
             beat = time.monotonic()
-            try:
-                self._renew(leases)
-            except Exception:
-                # The only keeper of the process's leases must outlive a store's bad reply.
-                logger.exception("renewing %d leases failed; trying again next beat", len(leases))
+            self._renew(leases)
 
     def _renew(self, leases: list[Lease]) -> None:
         started = time.monotonic()
@@ -150,6 +146,9 @@ class LeaseKeeper:
             renewed = self._store.renew_many(
                 [Renewal(lease.thread_id, lease.owner, lease.token, lease.ttl) for lease in leases]
             )
+            # A reply that does not answer every lease is no answer: this thread, the only
+            # keeper of the process's leases, must outlive it.
+            answered = list(zip(leases, renewed, strict=True))
         except Exception:
             logger.exception("renewing %d leases failed; trying again next beat", len(leases))
             for lease in leases:
@@ -158,7 +157,7 @@ class LeaseKeeper:
                     self._lose(lease)
             return
         slots = []
-        for lease, ok in zip(leases, renewed, strict=True):
+        for lease, ok in answered:
             if ok:
                 lease.renewed_at = started
                 slots += lease.slots()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 import threading
 from pathlib import Path
@@ -138,6 +139,7 @@ def test_a_settle_the_store_refuses_is_logged_and_never_sent_twice(
     be charged twice. The call has run, so the estimate stands rather than its result
     being lost."""
     limits = Limits([agentq.limit("tokens", tokens_per_minute=10_000)])
+    caplog.set_level(logging.WARNING, logger="agentq")
     with LockedAtSettle(tmp_path / "agentq.db") as store:
         held = take(_calls(store, "t1"), limits, "tokens", 100, ttl=30, wait=0, step=0)
         held.settle(lambda result: result["used"], {"used": 40})

@@ -69,11 +69,15 @@ def env(tmp_path: Path) -> Iterator[Env]:
     server = RedisServer(tmp_path / "store").start()
     environment = Env(server)
     keeper_log = logging.getLogger("agentq.engine.lease")
+    # An in-process worker earlier in the session may have set the root logger to ERROR.
+    level = keeper_log.level
+    keeper_log.setLevel(logging.WARNING)
     keeper_log.addHandler(environment.log)
     try:
         yield environment
     finally:
         keeper_log.removeHandler(environment.log)
+        keeper_log.setLevel(level)
         environment.store.close()
         environment.app.close()
         server.stop()

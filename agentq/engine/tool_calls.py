@@ -65,7 +65,7 @@ class ToolCalls:
         if inspect.iscoroutinefunction(fn):
             raise InvalidArgument(
                 f"tool {tool_name(fn)} is a coroutine function; in an async node call it with "
-                "await run.atool(...)",
+                "await run.atool(...) (await agentq.langgraph.atool_call(...) in a graph)",
                 thread_id=self.thread_id,
                 step=self.step,
             )
@@ -74,7 +74,8 @@ class ToolCalls:
                 f"thread {self.thread_id!r} step {self.step}: run.tool({tool_name(fn)}, ...) "
                 "in an async node blocks the event loop every async node of the process "
                 "shares, for the tool and the store's round trips; call await "
-                "run.atool(...), which takes plain functions too"
+                "run.atool(...) (await agentq.langgraph.atool_call(...) in a graph), which "
+                "takes plain functions too"
             )
         return _drive(self._effect(fn, args, kwargs, options, _inline, _called_plain))
 

@@ -6,7 +6,8 @@ Needs the ``langgraph`` extra: ``pip install 'agentq[langgraph]'``.
   file, that refuses a writer whose lease has passed to another worker.
 - :func:`graph_task`: a compiled graph as a durable Celery task (resumes after crashes,
   maps ``interrupt()`` to agentq's ``waiting``, hands over on deploys).
-- :func:`tool_call`: a tool's side effect at most once per tool-call id.
+- :func:`tool_call`: a tool's side effect at most once per tool-call id;
+  :func:`atool_call` in ``async def`` tools and nodes.
 
 As a checkpointer::
 
@@ -31,6 +32,14 @@ As a durable task (the graph's own checkpointer is replaced by the app's store):
 from agentq.langgraph.saver import AgentqSaver
 from agentq.langgraph.serde import AgentqSerializer
 from agentq.langgraph.task import GraphTask, graph_task
-from agentq.langgraph.tools import current_run, tool_call
+from agentq.langgraph.tools import atool_call, current_run, tool_call
 
-__all__ = ["AgentqSaver", "AgentqSerializer", "GraphTask", "current_run", "graph_task", "tool_call"]
+__all__ = [
+    "AgentqSaver",
+    "AgentqSerializer",
+    "GraphTask",
+    "atool_call",
+    "current_run",
+    "graph_task",
+    "tool_call",
+]

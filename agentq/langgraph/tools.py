@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import inspect
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, ParamSpec, TypeVar, TypeVarTuple, Unpack, overload
 
 from langchain_core.runnables import RunnableConfig
@@ -124,10 +124,7 @@ def tool_call(  # type: ignore[misc]
     """
     run = current_run(config)
     if run is None:
-        logger.debug("tool call %s runs without a claim: no graph task", tool_call_id)
-        if "idempotency_key" in inspect.signature(fn).parameters:
-            kwargs["idempotency_key"] = tool_call_id
-        return fn(*args, **kwargs)
+        return _without_claim(tool_call_id, fn, args, kwargs)
     return run.tool(
         fn,
         *args,
@@ -140,3 +137,135 @@ def tool_call(  # type: ignore[misc]
         actual_cost=actual_cost,
         **kwargs,
     )
+
+
+# As tool_call's, with the awaitable forms of Run.atool first.
+@overload
+async def atool_call(
+    tool_call_id: str,
+    fn: Callable[[*Ts], Awaitable[R]] | TakesKey[*Ts, Awaitable[R]],
+    /,
+    *args: *Ts,
+    **options: Unpack[ToolCallOptions],
+) -> R: ...
+
+
+@overload
+async def atool_call(
+    tool_call_id: str,
+    fn: Callable[[*Ts], Awaitable[R]] | TakesToken[*Ts, Awaitable[R]],
+    /,
+    *args: *Ts,
+    **options: Unpack[ToolCallOptions],
+) -> R: ...
+
+
+@overload
+async def atool_call(
+    tool_call_id: str,
+    fn: Callable[[*Ts], Awaitable[R]] | TakesKeyAndToken[*Ts, Awaitable[R]],
+    /,
+    *args: *Ts,
+    **options: Unpack[ToolCallOptions],
+) -> R: ...
+
+
+@overload
+async def atool_call(
+    tool_call_id: str,
+    fn: Callable[[*Ts], R] | TakesKey[*Ts, R],
+    /,
+    *args: *Ts,
+    **options: Unpack[ToolCallOptions],
+) -> R: ...
+
+
+@overload
+async def atool_call(
+    tool_call_id: str,
+    fn: Callable[[*Ts], R] | TakesToken[*Ts, R],
+    /,
+    *args: *Ts,
+    **options: Unpack[ToolCallOptions],
+) -> R: ...
+
+
+@overload
+async def atool_call(
+    tool_call_id: str,
+    fn: Callable[[*Ts], R] | TakesKeyAndToken[*Ts, R],
+    /,
+    *args: *Ts,
+    **options: Unpack[ToolCallOptions],
+) -> R: ...
+
+
+@overload
+async def atool_call(
+    tool_call_id: str, fn: Callable[P, Awaitable[R]], /, *args: P.args, **kwargs: P.kwargs
+) -> R: ...
+
+
+@overload
+async def atool_call(
+    tool_call_id: str, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs
+) -> R: ...
+
+
+# Options stay in **kwargs here, as in Run.atool's last two.
+@overload
+async def atool_call(  # type: ignore[overload-cannot-match]  # P above takes no options
+    tool_call_id: str, fn: Callable[..., Awaitable[R]], /, **kwargs: Any
+) -> R: ...
+
+
+@overload
+async def atool_call(  # type: ignore[overload-cannot-match]  # P above takes no options
+    tool_call_id: str, fn: Callable[..., R], /, **kwargs: Any
+) -> R: ...
+
+
+async def atool_call(  # type: ignore[misc]  # as tool_call's
+    tool_call_id: str,
+    fn: Callable[..., Any],
+    *args: object,
+    idempotent: bool | None = None,
+    reconcile: Callable[..., Any] | None = None,
+    shared: bool | None = None,
+    limit: str | Sequence[str] | None = None,
+    cost: float = 0,
+    actual_cost: Callable[[Any], float] | None = None,
+    config: RunnableConfig | None = None,
+    **kwargs: Any,
+) -> Any:
+    """:func:`tool_call` for an ``async def`` tool or node: ``fn`` (an ``async def``, or a
+    plain function) is awaited on the graph's event loop, and the claim's store round trips
+    run off it, as :meth:`agentq.Run.atool` does. The graph task runs the graph with
+    ``astream`` when a node is an ``async def``; set ``run_async=True`` on it when only a
+    ``ToolNode``'s tools are."""
+    run = current_run(config)
+    if run is None:
+        result = _without_claim(tool_call_id, fn, args, kwargs)
+        return await result if inspect.isawaitable(result) else result
+    return await run.atool(
+        fn,
+        *args,
+        key=tool_call_id,
+        idempotent=idempotent,
+        reconcile=reconcile,
+        shared=shared,
+        limit=limit,
+        cost=cost,
+        actual_cost=actual_cost,
+        **kwargs,
+    )
+
+
+def _without_claim(
+    tool_call_id: str, fn: Callable[..., Any], args: tuple[object, ...], kwargs: dict[str, Any]
+) -> Any:
+    """Outside a graph task there is no lease to fence a claim with: ``fn`` simply runs."""
+    logger.debug("tool call %s runs without a claim: no graph task", tool_call_id)
+    if "idempotency_key" in inspect.signature(fn).parameters:
+        kwargs["idempotency_key"] = tool_call_id
+    return fn(*args, **kwargs)

@@ -1,9 +1,11 @@
 """``tool_call`` inside LangChain tools run by LangGraph's ``ToolNode``, the usual way to run
-a model's tool calls, which runs the calls of one message in parallel threads: each effect
-is claimed and recorded under its own tool-call id."""
+a model's tool calls, which runs the calls of one message in parallel threads (``async def``
+tools with ``atool_call``: as tasks on the graph's event loop): each effect is claimed and
+recorded under its own tool-call id."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from collections.abc import Iterator
@@ -20,7 +22,7 @@ from langgraph.graph.message import add_messages
 from langgraph.prebuilt import ToolNode
 
 import agentq
-from agentq.langgraph import GraphTask, graph_task, tool_call
+from agentq.langgraph import GraphTask, atool_call, graph_task, tool_call
 from agentq.store.contract import Store
 from tests.support.agents import Ledger
 from tests.support.redis_server import RedisServer
@@ -32,17 +34,26 @@ class State(TypedDict):
     messages: Annotated[list[AnyMessage], add_messages]
 
 
-def build(ledger: Ledger, thread_id: str) -> StateGraph[State]:
+def build(ledger: Ledger, thread_id: str, tools: str) -> StateGraph[State]:
     """model (three tool calls in one message) -> ToolNode -> model -> END."""
 
     def pay(order: str, *, idempotency_key: str) -> dict[str, str]:
         ledger.client.hincrby(ledger.key("calls", thread_id), idempotency_key, 1)
         return {"refunded": order}
 
+    async def apay(order: str, *, idempotency_key: str) -> dict[str, str]:
+        await asyncio.sleep(0)
+        return pay(order, idempotency_key=idempotency_key)
+
     @tool
     def refund(order: str, tool_call_id: Annotated[str, InjectedToolCallId]) -> str:
         """Refund an order."""
         return json.dumps(tool_call(tool_call_id, pay, order, idempotent=True))
+
+    @tool("refund")
+    async def arefund(order: str, tool_call_id: Annotated[str, InjectedToolCallId]) -> str:
+        """Refund an order."""
+        return json.dumps(await atool_call(tool_call_id, apay, order, idempotent=True))
 
     def model(state: State) -> dict[str, Any]:
         if any(isinstance(m, ToolMessage) for m in state["messages"]):
@@ -58,16 +69,21 @@ def build(ledger: Ledger, thread_id: str) -> StateGraph[State]:
 
     builder = StateGraph(State)
     builder.add_node("model", model)
-    builder.add_node("tools", ToolNode([refund]))
+    builder.add_node("tools", ToolNode([arefund if tools == "async" else refund]))
     builder.add_edge(START, "model")
     builder.add_conditional_edges("model", route, ["tools", END])
     builder.add_edge("tools", "model")
     return builder
 
 
+@pytest.fixture(params=["sync", "async"])
+def tools(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
 @pytest.fixture
 def env(
-    backend: str, redis_broker: str, redis_server: RedisServer, tmp_path: Path
+    backend: str, tools: str, redis_broker: str, redis_server: RedisServer, tmp_path: Path
 ) -> Iterator[tuple[GraphTask, Ledger, Store]]:
     prefix = f"tn{uuid.uuid4().hex[:8]}:"
     store = redis_server.url if backend == "redis" else f"sqlite:///{tmp_path / 'agentq.db'}"
@@ -79,7 +95,13 @@ def env(
     )
     agentq.init_app(app, store=store, prefix=prefix, lease_ttl=3, sweep_interval=0.2, start_grace=5)
     ledger = Ledger(redis_server.url, prefix.rstrip(":"), app._agentq_runtime.store.key_namespace)
-    task = graph_task(app, lambda: build(ledger, "t1"), name="tests.tool_node_graph")
+    # Only the ToolNode's tools are async, which the graph's nodes do not show.
+    task = graph_task(
+        app,
+        lambda: build(ledger, "t1", tools),
+        name="tests.tool_node_graph",
+        run_async=tools == "async",
+    )
     with start_worker(
         app, pool="threads", concurrency=2, perform_ping_check=False, shutdown_timeout=30
     ):
@@ -99,3 +121,18 @@ def test_parallel_tool_calls_are_each_claimed_once(
     for key, order in zip(keys, ORDERS, strict=True):
         effect = store.effect("t1", key)
         assert effect is not None and (effect.state, effect.result) == ("done", {"refunded": order})
+
+
+def test_outside_a_graph_task_the_tool_simply_runs() -> None:
+    """As in a notebook with ``MemorySaver``: no lease to fence a claim with."""
+
+    def pay(order: str, *, idempotency_key: str) -> dict[str, str]:
+        return {"refunded": order, "key": idempotency_key}
+
+    async def apay(order: str, *, idempotency_key: str) -> dict[str, str]:
+        return pay(order, idempotency_key=idempotency_key)
+
+    expected = {"refunded": "A-1", "key": "call-1"}
+    assert tool_call("call-1", pay, "A-1") == expected
+    assert asyncio.run(atool_call("call-1", apay, "A-1")) == expected
+    assert asyncio.run(atool_call("call-1", pay, "A-1")) == expected

@@ -11,7 +11,7 @@ from celery.result import AsyncResult
 
 import agentq
 from agentq import AgentTask, Done, Run, Status
-from agentq.langgraph import tool_call
+from agentq.langgraph import atool_call, tool_call
 
 
 def refund(amount: int) -> str:
@@ -93,6 +93,14 @@ class OrderAgent(AgentTask):
         assert_type(tool_call("call-1", refund, **CALL["args"]), str)
         assert_type(tool_call("call-1", search, "q", limit="openai", actual_cost=len), list[str])
 
+    async def async_graph_forms(self) -> None:
+        assert_type(await atool_call("call-1", fetch, "u"), bytes)
+        charged = await atool_call("call-1", acharge, "o-1", 250, idempotent=True)
+        assert_type(charged, dict[str, int])
+        assert_type(await atool_call("call-1", fetch, idempotent=True, **CALL["args"]), bytes)
+        assert_type(await atool_call("call-1", refund, 3, limit="openai"), str)
+        assert_type(await atool_call("call-1", refund, idempotent=True, **CALL["args"]), str)
+
     def wrong(self, run: Run) -> str:
         count: int = run.tool(refund, 1)  # expect: assignment
         run.tool(refund, "1", key="k")  # expect: arg-type
@@ -122,6 +130,12 @@ class OrderAgent(AgentTask):
         tool_call("call-1", charge, 250, idempotent=True)  # expect: arg-type
         tool_call("call-1", refund, "3")  # expect: arg-type
         tool_call("call-1", refund, 3, limit="openai", actual_cost=12)  # expect: call-arg
+
+    async def wrong_async_graph(self) -> None:
+        text: str = await atool_call("call-1", fetch, "x")  # expect: arg-type
+        await atool_call("call-1", acharge, 250, idempotent=True)  # expect: arg-type
+        await atool_call("call-1", fetch, "x", "y")  # expect: call-arg arg-type
+        print(text)
 
 
 assert_type(agentq.Done(1), Done)

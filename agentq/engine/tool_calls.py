@@ -74,8 +74,9 @@ class ToolCalls:
                 f"thread {self.thread_id!r} step {self.step}: run.tool({tool_name(fn)}, ...) "
                 "in an async node blocks the event loop every async node of the process "
                 "shares, for the tool and the store's round trips; call await "
-                "run.atool(...) (await agentq.langgraph.atool_call(...) in a graph), which "
-                "takes plain functions too"
+                "run.atool(...) (await agentq.langgraph.atool_call(...) in a graph) on an "
+                "async def tool: it waits without holding the loop, and the store's round "
+                "trips run off it"
             )
         return _drive(self._effect(fn, args, kwargs, options, _inline, _called_plain))
 

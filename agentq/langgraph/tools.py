@@ -11,7 +11,9 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.config import get_config
 
 from agentq.engine.run import Run
+from agentq.engine.tool_calls import tool_name
 from agentq.engine.tool_types import PolicyOptions, TakesKey, TakesKeyAndToken, TakesToken
+from agentq.errors import InvalidArgument
 
 logger = logging.getLogger("agentq.langgraph")
 
@@ -124,6 +126,11 @@ def tool_call(  # type: ignore[misc]
     """
     run = current_run(config)
     if run is None:
+        if inspect.iscoroutinefunction(fn):  # refused as run.tool refuses it in a graph task
+            raise InvalidArgument(
+                f"tool call {tool_call_id}: {tool_name(fn)} is a coroutine function; call it "
+                "with await agentq.langgraph.atool_call(...) from an async def tool or node"
+            )
         return _without_claim(tool_call_id, fn, args, kwargs)
     return run.tool(
         fn,
@@ -238,11 +245,11 @@ async def atool_call(  # type: ignore[misc]  # as tool_call's
     config: RunnableConfig | None = None,
     **kwargs: Any,
 ) -> Any:
-    """:func:`tool_call` for an ``async def`` tool or node: ``fn`` (an ``async def``, or a
-    plain function) is awaited on the graph's event loop, and the claim's store round trips
-    run off it, as :meth:`agentq.Run.atool` does. The graph task runs the graph with
-    ``astream`` when a node is an ``async def``; set ``run_async=True`` on it when only a
-    ``ToolNode``'s tools are."""
+    """:func:`tool_call` for an ``async def`` tool or node, as :meth:`agentq.Run.atool`:
+    an ``async def`` ``fn`` is awaited on the graph's event loop (a plain one runs there,
+    holding the loop while it runs), and the claim's store round trips run off it. The
+    graph task runs the graph with ``astream`` when a node is an ``async def``; set
+    ``run_async=True`` on it when only a ``ToolNode``'s tools are."""
     run = current_run(config)
     if run is None:
         result = _without_claim(tool_call_id, fn, args, kwargs)

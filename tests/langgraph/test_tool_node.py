@@ -22,6 +22,7 @@ from langgraph.graph.message import add_messages
 from langgraph.prebuilt import ToolNode
 
 import agentq
+from agentq.errors import InvalidArgument
 from agentq.langgraph import GraphTask, atool_call, graph_task, tool_call
 from agentq.store.contract import Store
 from tests.support.agents import Ledger
@@ -136,3 +137,16 @@ def test_outside_a_graph_task_the_tool_simply_runs() -> None:
     assert tool_call("call-1", pay, "A-1") == expected
     assert asyncio.run(atool_call("call-1", apay, "A-1")) == expected
     assert asyncio.run(atool_call("call-1", pay, "A-1")) == expected
+
+
+def test_tool_call_refuses_a_coroutine_function_outside_a_graph_task_too() -> None:
+    """Inside a graph task ``run.tool`` refuses it; outside, it would return a coroutine
+    that never runs."""
+
+    async def apay(order: str) -> str:
+        return order
+
+    with pytest.raises(
+        InvalidArgument, match=r"call-1: .*apay is a coroutine function.*atool_call"
+    ):
+        tool_call("call-1", apay, "A-1")

@@ -19,7 +19,14 @@ from agentq.errors import ThreadStopped
 from agentq.langgraph import GraphTask
 from agentq.store.contract import Store
 from tests.support.agents import Ledger
-from tests.support.graphs import GRAPH_TASK, TYPED_GRAPH_TASK, Order, make_graph_app, question
+from tests.support.graphs import (
+    ASYNC_TOOLS_GRAPH_TASK,
+    GRAPH_TASK,
+    TYPED_GRAPH_TASK,
+    Order,
+    make_graph_app,
+    question,
+)
 from tests.support.redis_server import RedisServer, wait_until
 from tests.support.workers import WorkerProcess
 
@@ -117,18 +124,21 @@ def test_sigkill_mid_graph_resumes_and_refunds_once(cluster: Cluster, point: str
         ("none", Status.NEEDS_ATTENTION, 1),
     ],
 )
+# The refund is a plain function under tool_call, or an async def one under atool_call.
+@pytest.mark.parametrize("name", [GRAPH_TASK, ASYNC_TOOLS_GRAPH_TASK], ids=["sync", "async"])
 def test_sigkill_between_the_refund_and_its_record(
-    cluster: Cluster, policy: str, status: Status, tool_calls: int
+    cluster: Cluster, name: str, policy: str, status: Status, tool_calls: int
 ) -> None:
+    task: GraphTask = cluster.app.tasks[name]
     cluster.ledger.arm_crash("t1", "after_effect")
     first = cluster.worker()
-    cluster.task.delay("t1", question("refund please", policy=policy))
+    task.delay("t1", question("refund please", policy=policy))
     wait_until(lambda: cluster.ledger.reached("t1", "after_effect"), timeout=30, what="the refund")
     first.kill()
     cluster.worker()
     with contextlib.suppress(ThreadStopped):
-        cluster.task.wait("t1", timeout=60)
-    meta = cluster.task.thread("t1")
+        task.wait("t1", timeout=60)
+    meta = task.thread("t1")
     assert meta.status == status, meta.error
     # The payment service applied the refund exactly once, whatever the policy.
     assert cluster.ledger.effects("t1") == cluster.ledger.as_sent("t1", {"call-refund-1": "10"})

@@ -19,6 +19,7 @@ from langchain_core.messages import (
     AnyMessage,
     BaseMessage,
     HumanMessage,
+    ToolCall,
     ToolMessage,
 )
 from langchain_core.outputs import ChatGeneration, ChatResult
@@ -30,10 +31,11 @@ from pydantic import BaseModel
 
 import agentq
 from agentq import DID_NOT_RUN
-from agentq.langgraph import current_run, graph_task, tool_call
+from agentq.langgraph import atool_call, current_run, graph_task, tool_call
 from tests.support.agents import Ledger, RateLimitError, refund_tool
 
 GRAPH_TASK = "tests.refund_graph"
+ASYNC_TOOLS_GRAPH_TASK = "tests.refund_graph_async_tools"
 ASYNC_GRAPH_TASK = "tests.async_graph"
 TYPED_GRAPH_TASK = "tests.typed_graph"
 
@@ -70,8 +72,9 @@ class State(TypedDict, total=False):
     approved: bool
 
 
-def build_graph(ledger: Ledger) -> StateGraph[State]:
-    """model -> (approve ->) tools -> model ... -> END."""
+def build_graph(ledger: Ledger, *, async_tools: bool = False) -> StateGraph[State]:
+    """model -> (approve ->) tools -> model ... -> END. With ``async_tools`` the tools node
+    is an ``async def`` awaiting an async refund through ``atool_call``."""
 
     def model(state: State, config: RunnableConfig) -> dict[str, Any]:
         thread_id = config["configurable"]["thread_id"]
@@ -93,29 +96,60 @@ def build_graph(ledger: Ledger) -> StateGraph[State]:
         thread_id = config["configurable"]["thread_id"]
         refund = refund_tool(ledger, thread_id)
         options = _tool_options(ledger, thread_id, state["plan"].get("policy", "idempotent"))
-        last = state["messages"][-1]
-        assert isinstance(last, AIMessage)
-        replies = []
-        for call in last.tool_calls:
-            if state.get("approved") is False:
-                result: Any = {"refused": True}
-            else:
-                result = tool_call(call["id"], refund, call["args"]["amount"], **options)
-            replies.append(
-                ToolMessage(json.dumps(result), tool_call_id=call["id"], id=f"tool-{call['id']}")
-            )
+        results = {
+            call["id"]: tool_call(call["id"], refund, call["args"]["amount"], **options)
+            for call in _calls(state)
+        }
         ledger.crash_point(thread_id, "tools_end")
-        return {"messages": replies}
+        return _replies(state, results)
+
+    async def atools(state: State, config: RunnableConfig) -> dict[str, Any]:
+        thread_id = config["configurable"]["thread_id"]
+        refund = refund_tool(ledger, thread_id)
+        options = _tool_options(ledger, thread_id, state["plan"].get("policy", "idempotent"))
+
+        async def arefund(amount: int, *, idempotency_key: str) -> dict[str, Any]:
+            await asyncio.sleep(0)
+            result: dict[str, Any] = refund(amount, idempotency_key=idempotency_key)
+            return result
+
+        results = {
+            call["id"]: await atool_call(call["id"], arefund, call["args"]["amount"], **options)
+            for call in _calls(state)
+        }
+        ledger.crash_point(thread_id, "tools_end")
+        return _replies(state, results)
 
     builder = StateGraph(State)
     builder.add_node("model", model)
     builder.add_node("approve", approve)
-    builder.add_node("tools", tools)
+    builder.add_node("tools", atools if async_tools else tools)
     builder.add_edge(START, "model")
     builder.add_conditional_edges("model", _after_model, ["approve", "tools", END])
     builder.add_edge("approve", "tools")
     builder.add_edge("tools", "model")
     return builder
+
+
+def _calls(state: State) -> list[ToolCall]:
+    """The tool calls of the model's last message, none when the refund was refused."""
+    last = state["messages"][-1]
+    assert isinstance(last, AIMessage)
+    return [] if state.get("approved") is False else last.tool_calls
+
+
+def _replies(state: State, results: dict[str, Any]) -> dict[str, Any]:
+    last = state["messages"][-1]
+    assert isinstance(last, AIMessage)
+    replies = [
+        ToolMessage(
+            json.dumps(results.get(call["id"], {"refused": True})),
+            tool_call_id=call["id"],
+            id=f"tool-{call['id']}",
+        )
+        for call in last.tool_calls
+    ]
+    return {"messages": replies}
 
 
 def _tool_options(ledger: Ledger, thread_id: str, policy: str) -> dict[str, Any]:
@@ -236,6 +270,7 @@ def make_graph_app(
     agentq.init_app(app, store=store, prefix=prefix, **settings)
     ledger = Ledger(ledger_url, prefix.rstrip(":"))
     graph_task(app, lambda: build_graph(ledger), name=GRAPH_TASK, retry_on=(RateLimitError,))
+    graph_task(app, lambda: build_graph(ledger, async_tools=True), name=ASYNC_TOOLS_GRAPH_TASK)
     graph_task(app, lambda: build_async_graph(ledger), name=ASYNC_GRAPH_TASK)
     graph_task(app, lambda: build_typed_graph(ledger), name=TYPED_GRAPH_TASK)
     return app

@@ -31,13 +31,14 @@ from agentq.errors import (
     LogConflict,
     NeedsAttention,
     RetryNotDue,
+    ThreadNotFound,
     UnknownNode,
 )
 from agentq.ids import owner_id
 from agentq.outcomes import Interrupted, LimitWait
 from agentq.records import Checkpoint, Status, ThreadMeta
 from agentq.settings import Settings
-from agentq.store.contract import Store
+from agentq.store.contract import Store, Taken
 
 logger = logging.getLogger("agentq")
 
@@ -96,39 +97,27 @@ class Driver:
 
     def drive(self) -> Any:
         thread_id, store = self.thread_id, self.store
-        meta = self._calls("reading the thread", store.meta, thread_id)
-        if meta is None and not self.may_open:
-            logger.warning("thread %s was deleted after this message was sent: dropped", thread_id)
-            return None
-        if meta is None:  # sent by name (send_task) rather than through apply_async
-            meta, _ = self._calls(
-                "opening the thread", store.open_thread, thread_id, task=self.task.name
-            )
-        if meta.status == Status.DONE:
-            return meta.result
-        if meta.status.is_idle and not meta.runs_by_itself:  # a wait's timeout runs it
-            logger.info("thread %s is %s: nothing to run", thread_id, meta.status.value)
-            return None
-        crashed = meta.status == Status.RUNNING
         try:
-            token, meta = self._calls(
-                "taking the lease",
-                store.acquire_meta,
-                thread_id,
-                self.owner,
-                self.settings.lease_ttl,
-            )
+            taken = self._take()
         except LeaseHeld:
             logger.info("thread %s is driven by another worker; leaving it", thread_id)
             return None
         except RetryNotDue as exc:
             logger.info("thread %s is due in %.1f s; leaving it until then", thread_id, exc.seconds)
             return None
+        if taken is None:
+            return None
+        meta, token = taken.meta, taken.token
+        if token is None:
+            if meta.status == Status.DONE:
+                return meta.result
+            logger.info("thread %s is %s: nothing to run", thread_id, meta.status.value)
+            return None
         keeper = keeper_for(store)
         try:
             with keeper.hold(thread_id, self.owner, token, self.settings.lease_ttl) as lease:
                 self._calls.lease = lease
-                return self._resume(token, meta, crashed, lease)
+                return self._resume(token, meta, taken.was_running, lease)
         except FencingError as exc:
             metrics.lease_lost()
             logger.warning(
@@ -141,6 +130,30 @@ class Driver:
                 give_back(store, thread_id, token, self.owner)
             raise
 
+    def _take(self) -> Taken | None:
+        """The thread, leased if it runs by itself; ``None`` if it was deleted since this
+        message was sent."""
+        take = (
+            "taking the lease",
+            self.store.acquire_to_run,
+            self.thread_id,
+            self.owner,
+            self.settings.lease_ttl,
+        )
+        try:
+            return self._calls(*take)
+        except ThreadNotFound:
+            if not self.may_open:
+                logger.warning(
+                    "thread %s was deleted after this message was sent: dropped", self.thread_id
+                )
+                return None
+        # Sent by name (send_task) rather than through apply_async.
+        self._calls(
+            "opening the thread", self.store.open_thread, self.thread_id, task=self.task.name
+        )
+        return self._calls(*take)
+
     def store_unreachable(self, exc: BaseException) -> bool:
         """Whether ``exc`` ended the drive because the store stayed out for longer than
         its calls could wait: the thread is given back, not failed."""
@@ -148,8 +161,8 @@ class Driver:
 
     def _resume(self, token: int, meta: ThreadMeta, crashed: bool, lease: Lease) -> Any:
         """Run from ``meta``, as taking the lease (``token``) left it."""
-        if meta.status != Status.RUNNING or meta.cancel_requested:
-            return self._stop_early(token, meta)
+        if meta.cancel_requested:
+            return self._cancel_early(token, meta)
         if crashed and not self._count_crash(token, meta):
             return None
         # Only now the key: a thread it parks is queued when woken, its crash already counted.
@@ -356,17 +369,11 @@ class Driver:
         pos.state, pos.pending, pos.cursors = run.state, run.pending, run.cursors
         return _CONTINUE
 
-    def _stop_early(self, token: int, meta: ThreadMeta) -> Any:
-        """The thread changed between our first look and the lease: honour what it is."""
-        if meta.cancel_requested and meta.status == Status.RUNNING:
-            self._settle("cancelling", token, Status.CANCELLED)
-            if seat := self.seat_of(meta):  # the slot it may have been woken to is free
-                leave(self._calls, token, seat)
-        else:
-            self._calls(
-                "releasing the lease", self.store.release, self.thread_id, self.owner, token
-            )
-        return meta.result if meta.status == Status.DONE else None
+    def _cancel_early(self, token: int, meta: ThreadMeta) -> None:
+        """Cancel a thread asked to stop before this drive ran a step of it."""
+        self._settle("cancelling", token, Status.CANCELLED)
+        if seat := self.seat_of(meta):  # the slot it may have been woken to is free
+            leave(self._calls, token, seat)
 
     def _call(self, node: str, run: Run, input: Any) -> Any:
         fn = getattr(self.task, node, None)

@@ -29,8 +29,8 @@ from agentq.errors import (
     UnserializableState,
     UnsupportedVersion,
 )
-from agentq.records import Checkpoint, ListedThread, Listing, Status, ThreadMeta
-from agentq.store.contract import UNSET, Renewal, Store
+from agentq.records import Checkpoint, ListedThread, Listing, Status
+from agentq.store.contract import UNSET, Renewal, Store, Taken
 from tests.store.raw import overwrite_checkpoint, snapshot
 from tests.support.redis_server import wait_until
 
@@ -183,24 +183,28 @@ def test_acquire_hands_out_increasing_tokens_and_marks_running(store: Store) -> 
     assert store.meta("t1").fence == second  # type: ignore[union-attr]
 
 
-def test_acquire_meta_reads_the_meta_the_new_lease_left(store: Store) -> None:
+def test_acquire_to_run_reads_the_meta_the_new_lease_left(store: Store) -> None:
     store.open_thread("t1", task="agent", input={"q": "hi"}, options={"queue": "gpu"})
-    token, meta = store.acquire_meta("t1", "w1", TTL)
+    meta, token, was_running = store.acquire_to_run("t1", "w1", TTL)
+    assert token is not None and not was_running
     assert (meta.status, meta.fence, meta.input) == (Status.RUNNING, token, {"q": "hi"})
     assert meta == store.meta("t1")
     store.commit("t1", token, cp(0, token, n=1))
     assert store.release("t1", "w1", token)
-    again, meta = store.acquire_meta("t1", "w2", TTL)
-    assert again > token and (meta.fence, meta.step, meta.options) == (again, 0, {"queue": "gpu"})
+    meta, again, was_running = store.acquire_to_run("t1", "w2", TTL)
+    # Released but still running, as a driver that stopped without handing it over left it.
+    assert again is not None and again > token and was_running
+    assert (meta.fence, meta.step, meta.options) == (again, 0, {"queue": "gpu"})
     assert meta == store.meta("t1")
 
 
-def test_acquire_meta_reads_what_a_retry_a_cancel_and_a_takeover_left(store: Store) -> None:
+def test_acquire_to_run_reads_what_a_retry_a_cancel_and_a_takeover_left(store: Store) -> None:
     token = started(store)
     store.set_status(
         "t1", token, Status.RETRYING, due_in=0, attempts=2, error="429", release_owner="w1"
     )
-    again, meta = store.acquire_meta("t1", "w2", 0.05)
+    meta, again, was_running = store.acquire_to_run("t1", "w2", 0.05)
+    assert again is not None and not was_running
     assert (meta.status, meta.fence, meta.attempts, meta.error) == (
         Status.RUNNING,
         again,
@@ -210,26 +214,63 @@ def test_acquire_meta_reads_what_a_retry_a_cancel_and_a_takeover_left(store: Sto
     assert meta == store.meta("t1")
     store.request_cancel("t1")
     # The lease runs out while the thread is running: the next owner takes it over.
-    taken = wait_until(lambda: _try_acquire_meta(store, "t1", "w3"), timeout=5, what="expiry")
-    assert taken[0] > again and taken[1] == store.meta("t1")
-    assert (taken[1].status, taken[1].fence) == (Status.RUNNING, taken[0])
-    assert taken[1].cancel_requested
+    taken = wait_until(lambda: _try_acquire_to_run(store, "t1", "w3"), timeout=5, what="expiry")
+    assert taken.token is not None and taken.token > again and taken.was_running
+    assert taken.meta == store.meta("t1")
+    assert (taken.meta.status, taken.meta.fence) == (Status.RUNNING, taken.token)
+    assert taken.meta.cancel_requested
 
 
-def _try_acquire_meta(store: Store, thread_id: str, owner: str) -> tuple[int, ThreadMeta] | None:
+def _try_acquire_to_run(store: Store, thread_id: str, owner: str) -> Taken | None:
     try:
-        return store.acquire_meta(thread_id, owner, TTL)
+        return store.acquire_to_run(thread_id, owner, TTL)
     except LeaseHeld:
         return None
 
 
-def test_acquire_meta_refuses_as_acquire_does_and_changes_nothing(store: Store) -> None:
+def test_acquire_to_run_again_by_its_owner_is_not_a_lost_worker(store: Store) -> None:
+    """A reply lost to a dropped connection makes the driver ask again: its own live lease
+    is not a worker lost at the thread's step."""
+    store.open_thread("t1", task="agent")
+    first = store.acquire_to_run("t1", "w1", TTL)
+    again = store.acquire_to_run("t1", "w1", TTL)
+    assert not first.was_running and not again.was_running
+    assert again.token is not None and first.token is not None and again.token > first.token
+
+
+def test_acquire_to_run_leaves_a_thread_that_does_not_run_by_itself(store: Store) -> None:
+    token = started(store, "done")
+    store.commit("done", token, cp(0, token), status=Status.DONE, result={"n": 1})
+    for status in (Status.FAILED, Status.NEEDS_ATTENTION, Status.WAITING):
+        token = started(store, status.value)
+        store.set_status(status.value, token, status, error="x", release_owner="w1")
+    store.open_thread("cancelled", task="agent")
+    store.request_cancel("cancelled")
+    before = snapshot(store)
+    for thread_id in ("done", "failed", "needs_attention", "waiting", "cancelled"):
+        meta, token, was_running = store.acquire_to_run(thread_id, "w2", TTL)
+        assert token is None and not was_running
+        assert meta == store.meta(thread_id) and meta.status == Status(thread_id)
+    assert store.acquire_to_run("done", "w2", TTL).meta.result == {"n": 1}
+    assert snapshot(store) == before
+
+
+def test_acquire_to_run_takes_a_wait_past_its_timeout(store: Store) -> None:
+    token = started(store)
+    store.set_status(
+        "t1", token, Status.WAITING, interrupt={"ask": "ok?"}, due_in=0, release_owner="w1"
+    )
+    meta, again, _ = store.acquire_to_run("t1", "w2", TTL)
+    assert again is not None and meta.status == Status.RUNNING and meta.timed_out
+
+
+def test_acquire_to_run_refuses_as_acquire_does_and_changes_nothing(store: Store) -> None:
     with pytest.raises(ThreadNotFound, match="nobody"):
-        store.acquire_meta("nobody", "w1", TTL)
+        store.acquire_to_run("nobody", "w1", TTL)
     started(store)
     before = snapshot(store)
     with pytest.raises(LeaseHeld):
-        store.acquire_meta("t1", "w2", TTL)
+        store.acquire_to_run("t1", "w2", TTL)
     assert snapshot(store) == before
 
 

@@ -25,6 +25,7 @@ from agentq.store.contract.checkpoints import CheckpointsContract
 from agentq.store.contract.common import (
     UNSET,
     Renewal,
+    Taken,
     _Unset,
     check_ttl,
     final_checkpoint,
@@ -41,6 +42,7 @@ __all__ = [
     "UNSET",
     "Renewal",
     "Store",
+    "Taken",
     "_Unset",
     "check_ttl",
     "final_checkpoint",

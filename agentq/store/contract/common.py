@@ -1,11 +1,12 @@
-"""What the parts of the store contract share: the ``UNSET`` marker, a lease to renew, and
-the refusals every backend words the same way."""
+"""What the parts of the store contract share: the ``UNSET`` marker, a lease taken or to
+renew, and the refusals every backend words the same way."""
 
 from __future__ import annotations
 
 from typing import Final, NamedTuple
 
 from agentq.errors import FinalCheckpoint, InvalidArgument, RetryNotDue
+from agentq.records import ThreadMeta
 
 
 class _Unset:
@@ -24,6 +25,21 @@ class Renewal(NamedTuple):
     owner: str
     token: int
     ttl: float
+
+
+class Taken(NamedTuple):
+    """What :meth:`~agentq.store.contract.Store.acquire_to_run` found and did."""
+
+    meta: ThreadMeta
+    """The thread's meta as the call left it (``running``, its ``fence`` the token, when
+    it was leased)."""
+    token: int | None
+    """The new fencing token, or ``None``: the thread does not run by itself (it is done,
+    failed, cancelled, needs attention, or waits for a person without a timeout) and was
+    not leased."""
+    was_running: bool
+    """It was ``running`` under no live lease of this owner: the worker that drove it was
+    lost, or stopped without handing it over."""
 
 
 def check_ttl(thread_id: str, ttl: float) -> None:

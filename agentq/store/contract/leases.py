@@ -8,8 +8,7 @@ from collections.abc import Sequence
 
 from agentq.errors import LeaseLost
 from agentq.ids import validate_thread_id
-from agentq.records import ThreadMeta
-from agentq.store.contract.common import Renewal, check_ttl
+from agentq.store.contract.common import Renewal, Taken, check_ttl
 
 
 class LeaseContract(ABC):
@@ -35,18 +34,19 @@ class LeaseContract(ABC):
     @abstractmethod
     def _do_acquire(self, thread_id: str, owner: str, ttl: float) -> int: ...
 
-    def acquire_meta(self, thread_id: str, owner: str, ttl: float) -> tuple[int, ThreadMeta]:
-        """:meth:`acquire`, and the thread's meta as the new lease left it (its ``fence``
-        the token), read in the same atomic call: what a driver reads before its first
-        step, in one round trip instead of two."""
+    def acquire_to_run(self, thread_id: str, owner: str, ttl: float) -> Taken:
+        """:meth:`acquire` for a driver about to run the thread: one atomic call that
+        leases it only if it runs by itself (``queued``, ``running``, ``retrying``, or
+        ``waiting`` past its timeout), and returns its meta as the call left it and whether
+        it was ``running`` before (its last driver was lost). A thread that does not run by
+        itself is returned unleased, its token ``None``. What a driver reads before its
+        first step, in one round trip. Raises what :meth:`acquire` raises."""
         validate_thread_id(thread_id)
         check_ttl(thread_id, ttl)
-        return self._do_acquire_meta(thread_id, owner, ttl)
+        return self._do_acquire_to_run(thread_id, owner, ttl)
 
     @abstractmethod
-    def _do_acquire_meta(
-        self, thread_id: str, owner: str, ttl: float
-    ) -> tuple[int, ThreadMeta]: ...
+    def _do_acquire_to_run(self, thread_id: str, owner: str, ttl: float) -> Taken: ...
 
     def renew(self, thread_id: str, owner: str, token: int, ttl: float) -> None:
         """Extend the lease to ``ttl`` seconds from now and push the thread's due time with

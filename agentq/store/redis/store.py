@@ -26,7 +26,7 @@ from agentq.errors import (
     ThreadNotFound,
 )
 from agentq.records import Finding, Schedule, Status, ThreadMeta
-from agentq.store.contract import UNSET, Renewal, final_checkpoint
+from agentq.store.contract import UNSET, Renewal, Taken, final_checkpoint
 from agentq.store.meta_fields import meta_from_fields
 from agentq.store.redis.checkpoints import RedisCheckpoints
 from agentq.store.redis.decode import blob, fields, hash_to_fields, log_fields, raise_refusal, text
@@ -266,18 +266,22 @@ class RedisStore(RedisCheckpoints, RedisEffects, RedisLimits, RedisListing, Redi
         return removed
 
     def _do_acquire(self, thread_id: str, owner: str, ttl: float) -> int:
-        return int(self._acquire(thread_id, owner, ttl)[1])
+        return int(self._acquire(thread_id, owner, ttl, only_runnable=False)[1])
 
-    def _do_acquire_meta(self, thread_id: str, owner: str, ttl: float) -> tuple[int, ThreadMeta]:
-        _, token, record, _ = self._acquire(thread_id, owner, ttl)
-        return int(token), self._meta(thread_id, hash_to_fields(record))
+    def _do_acquire_to_run(self, thread_id: str, owner: str, ttl: float) -> Taken:
+        leased, token, record, was_running, _ = self._acquire(
+            thread_id, owner, ttl, only_runnable=True
+        )
+        meta = self._meta(thread_id, hash_to_fields(record))
+        return Taken(meta, int(token) if leased else None, bool(was_running))
 
-    def _acquire(self, thread_id: str, owner: str, ttl: float) -> list[Any]:
-        """The acquire script's reply, its refusals raised: ``[1, token, meta, ops]``."""
+    def _acquire(self, thread_id: str, owner: str, ttl: float, *, only_runnable: bool) -> list[Any]:
+        """The acquire script's reply, its refusals raised: ``[1, token, meta, was_running,
+        ops]``, or ``[0, 0, meta, 0, 0]`` for a thread ``only_runnable`` left unleased."""
         reply: list[Any] = self._run(
             "acquire",
             [self.keys.lock(thread_id), self.keys.meta(thread_id)],
-            [thread_id, owner, _millis(ttl)],
+            [thread_id, owner, _millis(ttl), "1" if only_runnable else ""],
             indexed=True,
         )
         code, value = reply[0], reply[1]

@@ -9,8 +9,8 @@ import time
 from collections.abc import Sequence
 
 from agentq.errors import LeaseHeld, LeaseLost, ThreadNotFound
-from agentq.records import Status, ThreadMeta
-from agentq.store.contract import Renewal, retry_not_due
+from agentq.records import Status
+from agentq.store.contract import Renewal, Taken, retry_not_due
 from agentq.store.sqlite.connection import SharedConnection
 from agentq.store.sqlite.queries import (
     NOT_FOUND,
@@ -32,14 +32,16 @@ class LeasesMixin:
 
     def _do_acquire(self, thread_id: str, owner: str, ttl: float) -> int:
         with self._conn.write() as db:
-            return _acquire(db, thread_id, owner, ttl)
+            token, _ = _acquire(db, thread_id, owner, ttl, only_runnable=False)
+        assert token is not None
+        return token
 
-    def _do_acquire_meta(self, thread_id: str, owner: str, ttl: float) -> tuple[int, ThreadMeta]:
+    def _do_acquire_to_run(self, thread_id: str, owner: str, ttl: float) -> Taken:
         with self._conn.write() as db:
-            token = _acquire(db, thread_id, owner, ttl)
+            token, was_running = _acquire(db, thread_id, owner, ttl, only_runnable=True)
             meta = read_meta(db, thread_id)
-        assert meta is not None  # the transaction that leased it holds it
-        return token, meta
+        assert meta is not None  # the transaction that read it holds it
+        return Taken(meta, token, was_running)
 
     def _do_renew(self, thread_id: str, owner: str, token: int, ttl: float) -> None:
         if not self._do_renew_many([Renewal(thread_id, owner, token, ttl)])[0]:
@@ -103,8 +105,12 @@ class LeasesMixin:
             return True
 
 
-def _acquire(db: sqlite3.Connection, thread_id: str, owner: str, ttl: float) -> int:
-    """Take the lease inside the caller's write transaction; the new token."""
+def _acquire(
+    db: sqlite3.Connection, thread_id: str, owner: str, ttl: float, *, only_runnable: bool
+) -> tuple[int | None, bool]:
+    """Take the lease inside the caller's write transaction: the new token (``None`` for a
+    thread that does not run by itself, left unleased when ``only_runnable``), and whether
+    the thread was running under no live lease of ``owner``."""
     now = time.time()
     row = db.execute(
         "SELECT status, fence, lock_owner, lock_expires, retry_at, timeout_at, "
@@ -113,13 +119,17 @@ def _acquire(db: sqlite3.Connection, thread_id: str, owner: str, ttl: float) -> 
     ).fetchone()
     if row is None:
         raise ThreadNotFound(NOT_FOUND, thread_id=thread_id)
-    if row["status"] == Status.RETRYING.value and (row["retry_at"] or 0) > now:
+    status = Status(row["status"])
+    timed_out = status == Status.WAITING and row["timeout_at"] is not None
+    if only_runnable and not (status.is_live or timed_out):
+        return None, False
+    if status == Status.RETRYING and (row["retry_at"] or 0) > now:
         raise retry_not_due(thread_id, row["retry_at"] - now)
-    timed_out = row["status"] == Status.WAITING.value and row["timeout_at"] is not None
     if timed_out and row["timeout_at"] > now:
         raise retry_not_due(thread_id, row["timeout_at"] - now)
     expires = row["lock_expires"]
-    if row["lock_owner"] not in (None, owner) and expires is not None and expires > now:
+    locked = expires is not None and expires > now
+    if row["lock_owner"] not in (None, owner) and locked:
         ttl_ms = max(1, math.ceil((expires - now) * 1000))
         raise LeaseHeld(
             f"leased by {row['lock_owner']!r} for another {ttl_ms} ms; another worker "
@@ -136,9 +146,9 @@ def _acquire(db: sqlite3.Connection, thread_id: str, owner: str, ttl: float) -> 
     if timed_out:  # the node that runs next gets the unanswered question
         asked = row["interrupt"] or encode(None, "interrupt", thread_id, None)
         update(db, thread_id, now, timeout_at=None, timed_out=asked)
-    if Status(row["status"]).is_live or timed_out:
+    if status.is_live or timed_out:
         db.execute(
             "UPDATE threads SET status = ?, due_at = ?, updated_at = ? WHERE thread_id = ?",
             (Status.RUNNING.value, now + ttl, now, thread_id),
         )
-    return token
+    return token, status == Status.RUNNING and not (row["lock_owner"] == owner and locked)

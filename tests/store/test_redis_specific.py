@@ -806,13 +806,13 @@ def test_latest_is_one_round_trip(
         )
         assert costs(lambda: store.latest("t1"), [mget]) == checkpoint(1, token)
 
-        # meta() tells the latest step too, and so does acquire_meta(), as a driver takes
+        # meta() tells the latest step too, and so does acquire_to_run(), as a driver takes
         # its lease just before latest().
         elsewhere.commit("t1", token, checkpoint(2, token))
         store.meta("t1")
         assert costs(lambda: store.latest("t1"), [mget]) == checkpoint(2, token)
         elsewhere.commit("t1", token, checkpoint(3, token))
-        store.acquire_meta("t1", "w1", TTL)
+        store.acquire_to_run("t1", "w1", TTL)
         assert costs(lambda: store.latest("t1"), [mget]) == checkpoint(3, token)
 
         # Append-only logs come in the same round trip, in a MULTI.

@@ -63,8 +63,8 @@ def test_a_timed_out_wait_runs_on_with_the_unanswered_question(
 ) -> None:
     waiting(store, 0.05, by_commit=by_commit)
     wait_until(lambda: store.due(), timeout=5, what="the timeout due")
-    token, meta = store.acquire_meta("t1", "w2", TTL)
-    assert meta == store.meta("t1")
+    meta, token, _ = store.acquire_to_run("t1", "w2", TTL)
+    assert token is not None and meta == store.meta("t1")
     assert (meta.status, meta.timed_out, meta.interrupt) == (Status.RUNNING, True, ASK)
     assert (meta.timeout, meta.timeout_at) == (0.05, None)
     assert not meta.resumed

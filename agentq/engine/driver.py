@@ -117,7 +117,7 @@ class Driver:
         try:
             with keeper.hold(thread_id, self.owner, token, self.settings.lease_ttl) as lease:
                 self._calls.lease = lease
-                return self._resume(token, meta, taken.was_running, lease)
+                return self._resume(token, meta, taken.lost_worker, lease)
         except FencingError as exc:
             metrics.lease_lost()
             logger.warning(
@@ -159,12 +159,15 @@ class Driver:
         its calls could wait: the thread is given back, not failed."""
         return self.store.is_transient(exc) and raised_in_store(exc)
 
-    def _resume(self, token: int, meta: ThreadMeta, crashed: bool, lease: Lease) -> Any:
+    def _resume(self, token: int, meta: ThreadMeta, lost_worker: bool, lease: Lease) -> Any:
         """Run from ``meta``, as taking the lease (``token``) left it."""
         if meta.cancel_requested:
             return self._cancel_early(token, meta)
-        if crashed and not self._count_crash(token, meta):
-            return None
+        # Only when this take counted one, so that a count stored before retries cleared it
+        # does not fail a retried thread. (A take asked again after a lost reply has it
+        # counted but not seen: the thread fails at its next lost worker.)
+        if lost_worker and meta.crashes >= self.settings.max_crashes:
+            return self._fail_for_crashes(token, meta)
         # Only now the key: a thread it parks is queued when woken, its crash already counted.
         with seated(self._calls, self.owner, token, self.seat_of(meta)) as waiting:
             self.waiting_for = waiting
@@ -219,31 +222,18 @@ class Driver:
         raise lost
 
     @instrument.takeover
-    def _count_crash(self, token: int, meta: ThreadMeta) -> bool:
-        """Count a worker lost at this thread's step; ``False`` once it failed for it."""
-        crashes = meta.crashes + 1
-        if crashes >= self.settings.max_crashes:
-            self._settle(
-                "failing the thread",
-                token,
-                Status.FAILED,
-                crashes=crashes,
-                error=f"worker lost {crashes} times at step {meta.step + 1}; the step "
-                "may crash its worker (out of memory?): fix it, then 'agentq retry "
-                f"{self.thread_id}' (task.retry_thread in code)",
-            )
-            logger.error("thread %s: failed after %d lost workers", self.thread_id, crashes)
-            return False
-        self._calls(
-            "counting the crash",
-            self.store.set_status,
-            self.thread_id,
+    def _fail_for_crashes(self, token: int, meta: ThreadMeta) -> None:
+        """Fail a thread whose workers were lost ``max_crashes`` times at its step (taking
+        the lease counted the last one)."""
+        self._settle(
+            "failing the thread",
             token,
-            Status.RUNNING,
-            crashes=crashes,
-            due_in=self.settings.lease_ttl,
+            Status.FAILED,
+            error=f"worker lost {meta.crashes} times at step {meta.step + 1}; the step "
+            "may crash its worker (out of memory?): fix it, then 'agentq retry "
+            f"{self.thread_id}' (task.retry_thread in code)",
         )
-        return True
+        logger.error("thread %s: failed after %d lost workers", self.thread_id, meta.crashes)
 
     @instrument.settle
     def _settle(self, what: str, token: int, status: Status, **fields: Any) -> None:

@@ -185,15 +185,20 @@ def test_acquire_hands_out_increasing_tokens_and_marks_running(store: Store) -> 
 
 def test_acquire_to_run_reads_the_meta_the_new_lease_left(store: Store) -> None:
     store.open_thread("t1", task="agent", input={"q": "hi"}, options={"queue": "gpu"})
-    meta, token, was_running = store.acquire_to_run("t1", "w1", TTL)
-    assert token is not None and not was_running
-    assert (meta.status, meta.fence, meta.input) == (Status.RUNNING, token, {"q": "hi"})
+    meta, token, lost_worker = store.acquire_to_run("t1", "w1", TTL)
+    assert token is not None and not lost_worker
+    assert (meta.status, meta.fence, meta.input, meta.crashes) == (
+        Status.RUNNING,
+        token,
+        {"q": "hi"},
+        0,
+    )
     assert meta == store.meta("t1")
     store.commit("t1", token, cp(0, token, n=1))
     assert store.release("t1", "w1", token)
-    meta, again, was_running = store.acquire_to_run("t1", "w2", TTL)
-    # Released but still running, as a driver that stopped without handing it over left it.
-    assert again is not None and again > token and was_running
+    meta, again, lost_worker = store.acquire_to_run("t1", "w2", TTL)
+    # Released but still running, as a worker lost mid-step leaves it once its lease ends.
+    assert again is not None and again > token and lost_worker and meta.crashes == 1
     assert (meta.fence, meta.step, meta.options) == (again, 0, {"queue": "gpu"})
     assert meta == store.meta("t1")
 
@@ -203,21 +208,26 @@ def test_acquire_to_run_reads_what_a_retry_a_cancel_and_a_takeover_left(store: S
     store.set_status(
         "t1", token, Status.RETRYING, due_in=0, attempts=2, error="429", release_owner="w1"
     )
-    meta, again, was_running = store.acquire_to_run("t1", "w2", 0.05)
-    assert again is not None and not was_running
-    assert (meta.status, meta.fence, meta.attempts, meta.error) == (
+    meta, again, lost_worker = store.acquire_to_run("t1", "w2", 0.05)
+    assert again is not None and not lost_worker
+    assert (meta.status, meta.fence, meta.attempts, meta.error, meta.crashes) == (
         Status.RUNNING,
         again,
         2,
         "429",
+        0,
     )
     assert meta == store.meta("t1")
     store.request_cancel("t1")
     # The lease runs out while the thread is running: the next owner takes it over.
     taken = wait_until(lambda: _try_acquire_to_run(store, "t1", "w3"), timeout=5, what="expiry")
-    assert taken.token is not None and taken.token > again and taken.was_running
+    assert taken.token is not None and taken.token > again and taken.lost_worker
     assert taken.meta == store.meta("t1")
-    assert (taken.meta.status, taken.meta.fence) == (Status.RUNNING, taken.token)
+    assert (taken.meta.status, taken.meta.fence, taken.meta.crashes) == (
+        Status.RUNNING,
+        taken.token,
+        1,
+    )
     assert taken.meta.cancel_requested
 
 
@@ -228,14 +238,28 @@ def _try_acquire_to_run(store: Store, thread_id: str, owner: str) -> Taken | Non
         return None
 
 
-def test_acquire_to_run_again_by_its_owner_is_not_a_lost_worker(store: Store) -> None:
-    """A reply lost to a dropped connection makes the driver ask again: its own live lease
-    is not a worker lost at the thread's step."""
+def test_acquire_to_run_counts_a_lost_worker_once_when_asked_again(store: Store) -> None:
+    """A reply lost to a dropped connection makes the driver ask again: it finds its own
+    live lease, and the worker lost before it stays counted once."""
     store.open_thread("t1", task="agent")
-    first = store.acquire_to_run("t1", "w1", TTL)
+    store.acquire("t1", "lost", 0.05)  # running, and its worker gone with the lease
+    first = wait_until(lambda: _try_acquire_to_run(store, "t1", "w1"), timeout=5, what="expiry")
     again = store.acquire_to_run("t1", "w1", TTL)
-    assert not first.was_running and not again.was_running
+    assert first.lost_worker and not again.lost_worker
+    assert first.meta.crashes == again.meta.crashes == 1
     assert again.token is not None and first.token is not None and again.token > first.token
+    # A plain acquire is not a driver's: it counts nothing.
+    store.release("t1", "w1", again.token)
+    store.acquire("t1", "w2", TTL)
+    assert store.meta("t1").crashes == 1  # type: ignore[union-attr]
+
+
+def test_reopen_clears_the_lost_workers_of_a_thread_failed_for_them(store: Store) -> None:
+    token = started(store)
+    store.set_status("t1", token, Status.FAILED, crashes=3, error="lost", release_owner="w1")
+    meta = store.reopen("t1", from_statuses={Status.FAILED})
+    assert (meta.status, meta.crashes, meta.attempts, meta.error) == (Status.QUEUED, 0, 0, None)
+    assert not store.acquire_to_run("t1", "w2", TTL).lost_worker
 
 
 def test_acquire_to_run_leaves_a_thread_that_does_not_run_by_itself(store: Store) -> None:
@@ -248,8 +272,8 @@ def test_acquire_to_run_leaves_a_thread_that_does_not_run_by_itself(store: Store
     store.request_cancel("cancelled")
     before = snapshot(store)
     for thread_id in ("done", "failed", "needs_attention", "waiting", "cancelled"):
-        meta, token, was_running = store.acquire_to_run(thread_id, "w2", TTL)
-        assert token is None and not was_running
+        meta, token, lost_worker = store.acquire_to_run(thread_id, "w2", TTL)
+        assert token is None and not lost_worker
         assert meta == store.meta(thread_id) and meta.status == Status(thread_id)
     assert store.acquire_to_run("done", "w2", TTL).meta.result == {"n": 1}
     assert snapshot(store) == before

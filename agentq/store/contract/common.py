@@ -37,9 +37,8 @@ class Taken(NamedTuple):
     """The new fencing token, or ``None``: the thread does not run by itself (it is done,
     failed, cancelled, needs attention, or waits for a person without a timeout) and was
     not leased."""
-    was_running: bool
-    """It was ``running`` under no live lease of this owner: the worker that drove it was
-    lost, or stopped without handing it over."""
+    lost_worker: bool
+    """This call counted a lost worker in the thread's ``crashes``."""
 
 
 def check_ttl(thread_id: str, ttl: float) -> None:

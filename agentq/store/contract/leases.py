@@ -35,12 +35,14 @@ class LeaseContract(ABC):
     def _do_acquire(self, thread_id: str, owner: str, ttl: float) -> int: ...
 
     def acquire_to_run(self, thread_id: str, owner: str, ttl: float) -> Taken:
-        """:meth:`acquire` for a driver about to run the thread: one atomic call that
-        leases it only if it runs by itself (``queued``, ``running``, ``retrying``, or
-        ``waiting`` past its timeout), and returns its meta as the call left it and whether
-        it was ``running`` before (its last driver was lost). A thread that does not run by
-        itself is returned unleased, its token ``None``. What a driver reads before its
-        first step, in one round trip. Raises what :meth:`acquire` raises."""
+        """:meth:`acquire` for a driver about to run the thread, and its meta as the call
+        left it, in one atomic call: what a driver reads before its first step. It leases
+        the thread only if it runs by itself (``queued``, ``running``, ``retrying``, or
+        ``waiting`` past its timeout); any other is returned unleased, its token ``None``,
+        and nothing refuses it. A thread ``running`` under no live lease of ``owner`` lost
+        its worker: ``crashes`` counts it, and ``lost_worker`` says so (a call asked again
+        after a lost reply finds its own lease and does not count it twice). Else raises
+        what :meth:`acquire` raises."""
         validate_thread_id(thread_id)
         check_ttl(thread_id, ttl)
         return self._do_acquire_to_run(thread_id, owner, ttl)

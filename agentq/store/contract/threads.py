@@ -135,9 +135,10 @@ class ThreadsContract(ABC):
         start_grace: float = 30.0,
     ) -> ThreadMeta:
         """Queue a thread again that nobody drives: if its status is in ``from_statuses``
-        it becomes ``queued``, due in ``start_grace`` seconds, with its error, attempts and
-        cancel flag cleared and ``resume_value`` stored when given (the next driver reads
-        it from the meta); a ``waiting`` thread's timeout is dropped, so it never fires.
+        it becomes ``queued``, due in ``start_grace`` seconds, with its error, attempts,
+        lost workers (``crashes``) and cancel flag cleared and ``resume_value`` stored when
+        given (the next driver reads it from the meta); a ``waiting`` thread's timeout is
+        dropped, so it never fires.
         Raises :class:`~agentq.errors.ThreadStateError` for any other status and
         :class:`~agentq.errors.ThreadNotFound` for an unknown thread. Atomic.
         """

@@ -269,15 +269,13 @@ class RedisStore(RedisCheckpoints, RedisEffects, RedisLimits, RedisListing, Redi
         return int(self._acquire(thread_id, owner, ttl, only_runnable=False)[1])
 
     def _do_acquire_to_run(self, thread_id: str, owner: str, ttl: float) -> Taken:
-        leased, token, record, was_running, _ = self._acquire(
-            thread_id, owner, ttl, only_runnable=True
-        )
+        leased, token, record, lost, _ = self._acquire(thread_id, owner, ttl, only_runnable=True)
         meta = self._meta(thread_id, hash_to_fields(record))
-        return Taken(meta, int(token) if leased else None, bool(was_running))
+        return Taken(meta, int(token) if leased else None, bool(lost))
 
     def _acquire(self, thread_id: str, owner: str, ttl: float, *, only_runnable: bool) -> list[Any]:
-        """The acquire script's reply, its refusals raised: ``[1, token, meta, was_running,
-        ops]``, or ``[0, 0, meta, 0, 0]`` for a thread ``only_runnable`` left unleased."""
+        """The acquire script's reply, its refusals raised: ``[1, token, meta, lost, ops]``,
+        or ``[0, 0, meta, 0, 0]`` for a thread ``only_runnable`` left unleased."""
         reply: list[Any] = self._run(
             "acquire",
             [self.keys.lock(thread_id), self.keys.meta(thread_id)],

@@ -38,10 +38,10 @@ class LeasesMixin:
 
     def _do_acquire_to_run(self, thread_id: str, owner: str, ttl: float) -> Taken:
         with self._conn.write() as db:
-            token, was_running = _acquire(db, thread_id, owner, ttl, only_runnable=True)
+            token, lost = _acquire(db, thread_id, owner, ttl, only_runnable=True)
             meta = read_meta(db, thread_id)
         assert meta is not None  # the transaction that read it holds it
-        return Taken(meta, token, was_running)
+        return Taken(meta, token, lost)
 
     def _do_renew(self, thread_id: str, owner: str, token: int, ttl: float) -> None:
         if not self._do_renew_many([Renewal(thread_id, owner, token, ttl)])[0]:
@@ -108,9 +108,10 @@ class LeasesMixin:
 def _acquire(
     db: sqlite3.Connection, thread_id: str, owner: str, ttl: float, *, only_runnable: bool
 ) -> tuple[int | None, bool]:
-    """Take the lease inside the caller's write transaction: the new token (``None`` for a
-    thread that does not run by itself, left unleased when ``only_runnable``), and whether
-    the thread was running under no live lease of ``owner``."""
+    """Take the lease inside the caller's write transaction: the new token, or ``None``
+    for a thread that does not run by itself, left unleased when ``only_runnable`` (a
+    driver about to run it); and whether it counted a lost worker, as it does for a driver
+    taking a thread running under no live lease of ``owner``."""
     now = time.time()
     row = db.execute(
         "SELECT status, fence, lock_owner, lock_expires, retry_at, timeout_at, "
@@ -151,4 +152,10 @@ def _acquire(
             "UPDATE threads SET status = ?, due_at = ?, updated_at = ? WHERE thread_id = ?",
             (Status.RUNNING.value, now + ttl, now, thread_id),
         )
-    return token, status == Status.RUNNING and not (row["lock_owner"] == owner and locked)
+    own = row["lock_owner"] == owner and locked
+    lost = only_runnable and status == Status.RUNNING and not own
+    if lost:
+        # Its worker was lost at this step; asked again after a lost reply, this owner
+        # finds its own lease and does not count it twice.
+        db.execute("UPDATE threads SET crashes = crashes + 1 WHERE thread_id = ?", (thread_id,))
+    return token, lost

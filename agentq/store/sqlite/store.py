@@ -273,6 +273,7 @@ class SQLiteStore(
             "status": Status.QUEUED.value,
             "error": None,
             "attempts": 0,
+            "crashes": 0,
             "cancel": 0,
             "interrupt": None,
         }

@@ -1,12 +1,14 @@
 --!df flags=allow-undeclared-keys
 -- Takes a thread's lease and hands out the next fencing token.
 -- KEYS[1]: lock, [2]: meta, [due index].
--- ARGV[1]: status prefix or '', [2] thread id, [3] owner, [4] ttl in ms, [5] '1' to lease
--- only a thread that runs by itself (live, or waiting with a timeout).
+-- ARGV[1]: status prefix or '', [2] thread id, [3] owner, [4] ttl in ms, [5] '1' for a
+-- driver about to run it: only a thread that runs by itself (live, or waiting with a
+-- timeout) is leased, and one running under no lease of this owner has its lost worker
+-- counted in 'crashes'.
 -- A waiting thread whose timeout passed becomes running, its question copied to
 -- 'timed_out' for the node that runs next; before then it is refused like an early retry.
--- Returns {1, token, the meta as HGETALL gives it, 1 if it was running under no lease of
--- this owner else 0, ops}; {0, 0, the meta, 0, 0} for a thread ARGV[5] leaves unleased;
+-- Returns {1, token, the meta as HGETALL gives it, 1 if it counted a lost worker else 0,
+-- ops}; {0, 0, the meta, 0, 0} for a thread ARGV[5] leaves unleased;
 -- {LEASE_HELD, remaining ms, 0} while another owner holds it; {THREAD_NOT_FOUND, 0, 0};
 -- {RETRY_NOT_DUE, ms until its retry time, ops} for a retrying thread sent early, whose
 -- due time goes back to its retry time (on Redis Cluster the sweeper claimed it on
@@ -49,5 +51,11 @@ if LIVE[status] or timed_out then
   redis.call('HSET', KEYS[2], 'status', STATUS.RUNNING, 'updated_at', tostring(now))
   ops = index(ARGV[2], status, STATUS.RUNNING, now + tonumber(ARGV[4]) / 1000, now)
 end
-local was_running = (status == STATUS.RUNNING and not current) and 1 or 0
-return {1, token, redis.call('HGETALL', KEYS[2]), was_running, ops}
+local lost = 0
+if ARGV[5] == '1' and status == STATUS.RUNNING and not current then
+  -- Its worker was lost at this step. Asked again after a lost reply, this owner finds
+  -- its own lease and does not count it twice.
+  redis.call('HINCRBY', KEYS[2], 'crashes', 1)
+  lost = 1
+end
+return {1, token, redis.call('HGETALL', KEYS[2]), lost, ops}

@@ -14,7 +14,8 @@ if not listed_from(5, status) then
   return {REFUSAL.STATUS_REFUSED, status, 0}
 end
 local now = now_seconds()
-redis.call('HSET', meta, 'status', STATUS.QUEUED, 'attempts', 0, 'updated_at', tostring(now))
+redis.call('HSET', meta, 'status', STATUS.QUEUED, 'attempts', 0, 'crashes', 0, 'updated_at',
+  tostring(now))
 redis.call('HDEL', meta, 'error', 'cancel', 'interrupt')
 if status == STATUS.WAITING then
   -- Answered before its timeout: the timeout never fires.

@@ -161,14 +161,17 @@ class Driver:
 
     def _resume(self, token: int, meta: ThreadMeta, lost_worker: bool, lease: Lease) -> Any:
         """Run from ``meta``, as taking the lease (``token``) left it."""
+        if lost_worker:
+            metrics.taken_over()
         if meta.cancel_requested:
             return self._cancel_early(token, meta)
-        # Only when this take counted one, so that a count stored before retries cleared it
-        # does not fail a retried thread. (A take asked again after a lost reply has it
-        # counted but not seen: the thread fails at its next lost worker.)
+        # Only when this take counted one: a count above a lowered max_crashes, or kept
+        # from a version whose retries did not clear it, fails no thread that lost none
+        # now. (A take asked again after a lost reply has it counted but not seen: the
+        # thread fails at its next lost worker.)
         if lost_worker and meta.crashes >= self.settings.max_crashes:
             return self._fail_for_crashes(token, meta)
-        # Only now the key: a thread it parks is queued when woken, its crash already counted.
+        # Only now the key: a thread it parks is queued when woken, its lost worker counted.
         with seated(self._calls, self.owner, token, self.seat_of(meta)) as waiting:
             self.waiting_for = waiting
             return None if waiting else self._steps(token, meta, lease)
@@ -221,7 +224,6 @@ class Driver:
         logger.error("%s", lost)
         raise lost
 
-    @instrument.takeover
     def _fail_for_crashes(self, token: int, meta: ThreadMeta) -> None:
         """Fail a thread whose workers were lost ``max_crashes`` times at its step (taking
         the lease counted the last one)."""

@@ -38,17 +38,6 @@ def settle(fn: F) -> F:
     return noted  # type: ignore[return-value]
 
 
-def takeover(fn: F) -> F:
-    """``Driver._count_crash``: a thread found running under a lease that ran out."""
-
-    @functools.wraps(fn)
-    def counted(self: Any, *args: Any) -> Any:
-        metrics.taken_over()
-        return fn(self, *args)
-
-    return counted  # type: ignore[return-value]
-
-
 def retry(fn: F) -> F:
     """``Driver._fail_or_retry``: returning (rather than raising) scheduled a retry."""
 

@@ -1,14 +1,15 @@
 """A thread's concurrency key: at most N threads of a key run at once, the rest wait.
 
-A driver enters its thread's key once it holds the lease, has found the thread still to
-run and counted a crash (a parked thread is ``queued`` when woken, so not counted then),
-before its first step, and leaves it when its task leaves the thread, however that
-happens (finished, failed, waiting for a human, retrying, handed over, cancelled, or an
-error): the slot is held across the steps of one task run, not taken per step. A
-thread that finds the key full is parked by the store (``queued``, no due time, lease
-released) and its task ends at once, so a waiting thread holds no pool slot and nothing
-polls for it; the thread whose leaving frees a slot sends the waiter first in line. See
-:mod:`agentq.store.contract.thread_keys` for what the store guarantees.
+A driver enters its thread's key once it holds the lease and has found the thread still
+to run, its lost worker counted by that take (a parked thread is ``queued`` when woken, so
+none is counted then), before its first step, and leaves it when its task leaves the
+thread, however that happens (finished, failed, waiting for a human, retrying, handed
+over, cancelled, or an error): the slot is held across the steps of one task run, not
+taken per step. A thread that finds the key full is parked by the store (``queued``, no
+due time, lease released) and its task ends at once, so a waiting thread holds no pool
+slot and nothing polls for it; the thread whose leaving frees a slot sends the waiter
+first in line. See :mod:`agentq.store.contract.thread_keys` for what the store
+guarantees.
 """
 
 from __future__ import annotations

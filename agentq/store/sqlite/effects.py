@@ -156,6 +156,7 @@ class EffectsMixin:
                 fence=fence,
                 error=None,
                 attempts=0,
+                crashes=0,
                 cancel=0,
                 due_at=now + start_grace,
             )

@@ -37,7 +37,8 @@ else
   redis.call('HDEL', KEYS[3], 'claim')
 end
 local now = now_seconds()
-redis.call('HSET', meta, 'status', STATUS.QUEUED, 'attempts', 0, 'updated_at', tostring(now))
+redis.call('HSET', meta, 'status', STATUS.QUEUED, 'attempts', 0, 'crashes', 0, 'updated_at',
+  tostring(now))
 redis.call('HDEL', meta, 'error', 'cancel')
 local ops = index(ARGV[2], status, STATUS.QUEUED, now + tonumber(ARGV[3]), now)
 return {1, redis.call('HGETALL', meta), ops}

@@ -147,15 +147,14 @@ def _acquire(
     if timed_out:  # the node that runs next gets the unanswered question
         asked = row["interrupt"] or encode(None, "interrupt", thread_id, None)
         update(db, thread_id, now, timeout_at=None, timed_out=asked)
-    if status.is_live or timed_out:
-        db.execute(
-            "UPDATE threads SET status = ?, due_at = ?, updated_at = ? WHERE thread_id = ?",
-            (Status.RUNNING.value, now + ttl, now, thread_id),
-        )
+    # Running under no live lease of this owner: its worker was lost at this step. Asked
+    # again after a lost reply, this owner finds its own lease and does not count it twice.
     own = row["lock_owner"] == owner and locked
     lost = only_runnable and status == Status.RUNNING and not own
-    if lost:
-        # Its worker was lost at this step; asked again after a lost reply, this owner
-        # finds its own lease and does not count it twice.
-        db.execute("UPDATE threads SET crashes = crashes + 1 WHERE thread_id = ?", (thread_id,))
+    if status.is_live or timed_out:
+        db.execute(
+            "UPDATE threads SET status = ?, due_at = ?, updated_at = ?, crashes = crashes + ? "
+            "WHERE thread_id = ?",
+            (Status.RUNNING.value, now + ttl, now, int(lost), thread_id),
+        )
     return token, lost

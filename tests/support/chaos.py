@@ -498,12 +498,14 @@ def verify(cluster: ChaosCluster, log: ChaosLog, reference: Any) -> ChaosReport:
     expected = _expected_effects(config)
     histories: dict[str, list[Any]] = {}
     finished: set[str] = set()
+    stored = _stored_steps(store)
     for thread_id in thread_ids(config):
         meta = store.meta(thread_id)
         done = meta is not None and meta.status == Status.DONE
         _check_outcome(tally, thread_id, meta, reference)
         _check_effects(tally, thread_id, ledger, expected, done)
-        steps, histories[thread_id] = _read_history(tally, store, thread_id)
+        steps = stored.get(thread_id, [])
+        histories[thread_id] = _read_history(tally, store, thread_id, steps)
         if done:
             finished.add(thread_id)
             _check_history(tally, thread_id, steps, histories[thread_id], config)
@@ -571,11 +573,20 @@ def _check_effects(
             tally.reruns += count - 1
 
 
-def _read_history(tally: _Tally, store: RedisStore, thread_id: str) -> tuple[list[int], list[Any]]:
-    """The steps stored for the thread, and every checkpoint of them that decodes."""
-    steps = []
-    for key in store.client.scan_iter(match=f"{store.keys.checkpoint_prefix(thread_id)}*"):
-        steps.append(int(key.decode().rsplit(":", 1)[1]))
+def _stored_steps(store: RedisStore) -> dict[str, list[int]]:
+    """The steps of every thread's checkpoint keys, found by one walk of the keyspace
+    (one walk per thread costs the keyspace times the threads)."""
+    thread_part, checkpoint_part = store.keys.checkpoint_prefix("\n").split("\n")
+    steps: dict[str, list[int]] = {}
+    pattern = f"{thread_part}*{checkpoint_part}*"
+    for key in store.client.scan_iter(match=pattern, count=1000):
+        thread_id, _, step = key.decode()[len(thread_part) :].rpartition(checkpoint_part)
+        steps.setdefault(thread_id, []).append(int(step))
+    return steps
+
+
+def _read_history(tally: _Tally, store: RedisStore, thread_id: str, steps: list[int]) -> list[Any]:
+    """Every checkpoint of ``steps``, the thread's stored steps, that decodes."""
     history = []
     for step in sorted(steps):
         try:
@@ -583,7 +594,7 @@ def _read_history(tally: _Tally, store: RedisStore, thread_id: str) -> tuple[lis
         except AgentqError as exc:
             tally.undecodable += 1
             tally.problems.append(f"{thread_id}: checkpoint {step} does not decode: {exc}")
-    return steps, history
+    return history
 
 
 def _check_history(

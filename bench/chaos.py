@@ -5,7 +5,7 @@ restarted on its AOF. The same machinery as ``tests/chaos/test_chaos.py``
 
 Run from the repository root::
 
-    python -m bench.chaos [--threads 100 --steps 10 --workers 3 --concurrency 4]
+    python -m bench.chaos [--threads 100 --steps 10 --workers 3 --pool prefork --concurrency 4]
 
 Needs ``redis-server`` on PATH (a private one is started and removed) and the machine's
 Redis on 127.0.0.1:6379 as the broker (a queue of the run's own, purged at the end).
@@ -34,7 +34,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=100)
     parser.add_argument("--steps", type=int, default=10, help="per thread, at least 8")
     parser.add_argument("--workers", type=int, default=3)
-    parser.add_argument("--concurrency", type=int, default=4, help="processes per worker")
+    parser.add_argument("--pool", choices=("prefork", "threads", "gevent"), default="prefork")
+    parser.add_argument("--concurrency", type=int, default=4, help="pool slots per worker (-c)")
     parser.add_argument(
         "--latency", type=float, default=1.0, help="seconds per model step; a tool call takes half"
     )
@@ -60,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         threads=args.threads,
         steps=args.steps,
         workers=args.workers,
+        pool=args.pool,
         concurrency=args.concurrency,
         latency=args.latency,
         arrival_seconds=arrival,

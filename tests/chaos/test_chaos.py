@@ -1,7 +1,7 @@
 """Chaos: threads keep running to the same result while workers are SIGKILLed, deployed
 (SIGTERM), frozen past their lease (SIGSTOP) and the store is SIGKILLed and restarted,
-once on prefork workers and once on ``-P threads -c 20`` workers, where one SIGKILL takes
-down every thread a process drives.
+on prefork workers, on ``-P threads -c 20`` workers and on ``-P gevent -c 100`` workers,
+where one SIGKILL takes down every thread a process drives (up to a hundred under gevent).
 
 The machinery lives in :mod:`tests.support.chaos`, shared with ``python -m bench.chaos``.
 
@@ -24,7 +24,7 @@ from tests.support.chaos import ChaosCluster, ChaosConfig, chaos_cluster, run_an
 pytestmark = [pytest.mark.chaos, pytest.mark.slow]
 
 
-@pytest.fixture(params=["prefork", "threads"])
+@pytest.fixture(params=["prefork", "threads", "gevent"])
 def cluster(
     request: pytest.FixtureRequest,
     chaos_size: tuple[int, int],
@@ -43,6 +43,17 @@ def cluster(
             workers=2,
             concurrency=20,
             threads=4 * threads,
+            arrival_seconds=config.arrival_seconds / 2,
+        )
+    elif request.param == "gevent":
+        # Ten times the threads over half the arrival time: ~100 in flight, so each
+        # SIGKILL takes dozens of greenlets' threads down at once.
+        config = replace(
+            config,
+            pool="gevent",
+            workers=2,
+            concurrency=100,
+            threads=10 * threads,
             arrival_seconds=config.arrival_seconds / 2,
         )
     with chaos_cluster(config, tmp_path) as cluster:

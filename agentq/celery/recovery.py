@@ -96,5 +96,14 @@ class Sweeper:
             try:
                 self.recheck_store_if_due()
                 self.sweep_if_leader()
-            except Exception:
-                logger.exception("sweep failed; trying again in %.1f s", interval)
+            except Exception as exc:
+                if runtime_of(self.app).store.is_transient(exc):
+                    # Every interval for as long as a restart or a failover lasts: a line each.
+                    logger.warning(
+                        "sweep failed (%s: %s); trying again in %.1f s",
+                        type(exc).__name__,
+                        exc,
+                        interval,
+                    )
+                else:
+                    logger.exception("sweep failed; trying again in %.1f s", interval)

@@ -149,8 +149,17 @@ class LeaseKeeper:
             # A reply that does not answer every lease is no answer: this thread, the only
             # keeper of the process's leases, must outlive it.
             answered = list(zip(leases, renewed, strict=True))
-        except Exception:
-            logger.exception("renewing %d leases failed; trying again next beat", len(leases))
+        except Exception as exc:
+            if self._store.is_transient(exc):
+                # Once a beat for as long as a restart or a failover lasts: a line each.
+                logger.warning(
+                    "renewing %d leases failed (%s: %s); trying again next beat",
+                    len(leases),
+                    type(exc).__name__,
+                    exc,
+                )
+            else:
+                logger.exception("renewing %d leases failed; trying again next beat", len(leases))
             for lease in leases:
                 if lease.remaining() <= 0:
                     logger.warning("thread %s: lease ran out unrenewed", lease.thread_id)

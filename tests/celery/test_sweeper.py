@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import redis
@@ -15,7 +17,7 @@ from celery import Celery
 import agentq
 from agentq.celery.recovery import Sweeper
 from agentq.store.contract import Store
-from tests.support.redis_server import RedisServer
+from tests.support.redis_server import RedisServer, running_redis, wait_until
 
 
 @pytest.fixture
@@ -40,3 +42,27 @@ def test_a_due_thread_of_an_unknown_task_is_sent_by_name_to_its_queue(
     assert len(messages) == 1
     headers = json.loads(messages[0])["headers"]
     assert (headers["task"], headers["argsrepr"]) == ("elsewhere.agent", "('t1',)")
+
+
+def test_a_store_outage_is_logged_a_line_a_sweep_without_a_traceback(
+    redis_broker: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="agentq.celery.recovery")
+    app = Celery("agentq-sweeper-outage", broker=redis_broker, set_as_current=False)
+    with running_redis(tmp_path / "store") as server, contextlib.closing(app):
+        agentq.init_app(app, store=server.url, sweep_interval=0.1)
+        sweeper = Sweeper(app)
+        server.kill()
+        sweeper.start()
+        try:
+            wait_until(lambda: len(failures(caplog)) >= 2, timeout=10, what="two failed sweeps")
+        finally:
+            sweeper.stop()
+            app._agentq_runtime.store.close()
+    for record in failures(caplog):
+        assert (record.levelno, record.exc_info) == (logging.WARNING, None)
+        assert record.getMessage().startswith("sweep failed (ConnectionError: ")
+
+
+def failures(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.getMessage().startswith("sweep failed")]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -93,6 +94,25 @@ def test_a_store_outage_loses_the_leases_once_their_ttl_has_passed(tmp_path: Pat
             )
             # Not before their TTL ran out since the last renewal that reached the store.
             assert time.monotonic() - down >= TTL
+
+
+def test_a_store_outage_is_logged_a_line_a_beat_without_a_traceback(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="agentq.engine.lease")
+    with running_redis(tmp_path / "redis") as server, RedisStore.from_url(server.url) as store:
+        keeper = LeaseKeeper(store)
+        ((thread_id, token),) = acquired(store, 1)
+        with keeper.hold(thread_id, "w1", token, TTL):
+            server.kill()
+            wait_until(lambda: len(failures(caplog)) >= 2, timeout=10, what="two failed beats")
+    for record in failures(caplog):
+        assert (record.levelno, record.exc_info) == (logging.WARNING, None)
+        assert "renewing 1 leases failed (ConnectionError: " in record.getMessage()
+
+
+def failures(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if "leases failed" in r.getMessage()]
 
 
 def test_keeper_for_gives_one_keeper_per_store(store: Store, tmp_path: Path) -> None:

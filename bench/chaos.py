@@ -37,6 +37,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pool", choices=("prefork", "threads", "gevent"), default="prefork")
     parser.add_argument("--concurrency", type=int, default=4, help="pool slots per worker (-c)")
     parser.add_argument(
+        "--async-nodes", action="store_true", help="async def model and tools nodes"
+    )
+    parser.add_argument(
         "--latency", type=float, default=1.0, help="seconds per model step; a tool call takes half"
     )
     parser.add_argument(
@@ -63,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         workers=args.workers,
         pool=args.pool,
         concurrency=args.concurrency,
+        async_nodes=args.async_nodes,
         latency=args.latency,
         arrival_seconds=arrival,
         lease_ttl=args.lease_ttl,

@@ -1,7 +1,8 @@
 """Chaos: threads keep running to the same result while workers are SIGKILLed, deployed
 (SIGTERM), frozen past their lease (SIGSTOP) and the store is SIGKILLed and restarted,
 on prefork workers, on ``-P threads -c 20`` workers and on ``-P gevent -c 100`` workers,
-where one SIGKILL takes down every thread a process drives (up to a hundred under gevent).
+where one SIGKILL takes down every thread a process drives (up to a hundred under gevent),
+and once more on gevent with ``async def`` nodes and tools.
 
 The machinery lives in :mod:`tests.support.chaos`, shared with ``python -m bench.chaos``.
 
@@ -24,7 +25,7 @@ from tests.support.chaos import ChaosCluster, ChaosConfig, chaos_cluster, run_an
 pytestmark = [pytest.mark.chaos, pytest.mark.slow]
 
 
-@pytest.fixture(params=["prefork", "threads", "gevent"])
+@pytest.fixture(params=["prefork", "threads", "gevent", "gevent-async"])
 def cluster(
     request: pytest.FixtureRequest,
     chaos_size: tuple[int, int],
@@ -45,7 +46,7 @@ def cluster(
             threads=4 * threads,
             arrival_seconds=config.arrival_seconds / 2,
         )
-    elif request.param == "gevent":
+    elif request.param.startswith("gevent"):
         # Ten times the threads over half the arrival time: ~100 in flight, so each
         # SIGKILL takes dozens of greenlets' threads down at once.
         config = replace(
@@ -53,6 +54,7 @@ def cluster(
             pool="gevent",
             workers=2,
             concurrency=100,
+            async_nodes=request.param.endswith("-async"),
             threads=10 * threads,
             arrival_seconds=config.arrival_seconds / 2,
         )

@@ -1,15 +1,16 @@
 """The Celery app a chaos or recovery-bench ``celery worker`` loads (``-A``).
 
 Configured from the environment by :class:`tests.support.chaos.ChaosCluster`. Besides the
-test agents it holds :class:`~tests.support.agents.ChaosAgent` and ``plain_task``, a plain
-``acks_late`` Celery task for comparing recovery with Celery's own.
+test agents it holds :class:`~tests.support.agents.ChaosAgent`, its async twin
+:class:`~tests.support.agents.AsyncChaosAgent`, and ``plain_task``, a plain ``acks_late``
+Celery task for comparing recovery with Celery's own.
 """
 
 from __future__ import annotations
 
 import os
 
-from tests.support.agents import ChaosAgent, ChaosLedger, make_app
+from tests.support.agents import AsyncChaosAgent, ChaosAgent, ChaosLedger, make_app
 
 app = make_app(
     broker=os.environ["AGENTQ_TEST_BROKER"],
@@ -25,6 +26,7 @@ app = make_app(
 )
 app.conf.worker_prefetch_multiplier = 1
 app.register_task(ChaosAgent())
+app.register_task(AsyncChaosAgent())
 
 
 @app.task(name="tests.plain_task", acks_late=True)  # type: ignore[untyped-decorator]

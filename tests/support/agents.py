@@ -424,12 +424,7 @@ def chaos_tools(ledger: ChaosLedger, thread_id: str, latency: float) -> tuple[An
         # Nothing of the key: it is the thread's, and results must match the reference's.
         return {"refunded": amount}
 
-    def sent(key: str, to: str) -> Any:
-        if ledger.applied(thread_id, "notify", key) is None:
-            return DID_NOT_RUN
-        return {"sent_to": to}
-
-    @agentq.tool(reconcile=sent)
+    @agentq.tool(reconcile=_mail_log(ledger, thread_id))
     def notify(to: str, *, idempotency_key: str) -> dict[str, Any]:
         if pause_in_notify:
             ledger.pause_point(thread_id, "notify")
@@ -438,6 +433,36 @@ def chaos_tools(ledger: ChaosLedger, thread_id: str, latency: float) -> tuple[An
         return {"sent_to": to}
 
     return refund, notify
+
+
+def async_chaos_tools(ledger: ChaosLedger, thread_id: str, latency: float) -> tuple[Any, Any]:
+    """:func:`chaos_tools` as ``async def`` tools, waiting as an async client does; the
+    ledger's blocking calls go off the loop, as a sync client's must."""
+
+    @agentq.tool(idempotent=True)
+    async def refund(amount: int, *, idempotency_key: str) -> dict[str, Any]:
+        await asyncio.to_thread(ledger.apply, thread_id, "refund", idempotency_key, amount)
+        await asyncio.sleep(latency)
+        return {"refunded": amount}
+
+    @agentq.tool(reconcile=_mail_log(ledger, thread_id))
+    async def notify(to: str, *, idempotency_key: str) -> dict[str, Any]:
+        await asyncio.to_thread(ledger.apply, thread_id, "notify", idempotency_key, to)
+        await asyncio.sleep(latency)
+        return {"sent_to": to}
+
+    return refund, notify
+
+
+def _mail_log(ledger: ChaosLedger, thread_id: str) -> Any:
+    """``notify``'s reconcile: whether the email with this key went out."""
+
+    def sent(key: str, to: str) -> Any:
+        if ledger.applied(thread_id, "notify", key) is None:
+            return DID_NOT_RUN
+        return {"sent_to": to}
+
+    return sent
 
 
 class ChaosAgent(AgentTask):
@@ -461,11 +486,18 @@ class ChaosAgent(AgentTask):
         return "model"
 
     def model(self, run: Run) -> Any:
+        self._model_called(run)
+        _latency(run.state["plan"]["latency"])
+        return self._reply(run)
+
+    def _model_called(self, run: Run) -> None:
         ledger = self._ledger()
         ledger.record_start(run.thread_id, run.step, run.node)
         ledger.client.incr(ledger.key("model", run.thread_id))
+
+    def _reply(self, run: Run) -> Any:
+        """The model's answer: the next round's two tool calls, or the result."""
         plan = run.state["plan"]
-        _latency(plan["latency"])
         done = sum(1 for m in run.state["messages"] if m["role"] == "tool") // 2
         if done < plan["rounds"]:
             n = done + 1
@@ -520,6 +552,33 @@ class ChaosAgent(AgentTask):
                 conf.test_ledger_url, conf.test_ledger_ns
             )
         return ledger
+
+
+class AsyncChaosAgent(ChaosAgent):
+    """:class:`ChaosAgent` with ``async def`` model and tools nodes, as an agent on an async
+    client has: they run on the worker's event loop, their tools under ``run.atool``."""
+
+    name = "tests.async_chaos_agent"
+
+    async def model(self, run: Run) -> Any:
+        await asyncio.to_thread(self._model_called, run)
+        await asyncio.sleep(run.state["plan"]["latency"])
+        return self._reply(run)
+
+    async def tools(self, run: Run) -> str:
+        ledger = self._ledger()
+        await asyncio.to_thread(ledger.record_start, run.thread_id, run.step, run.node)
+        latency = run.state["plan"]["latency"] / 2
+        tools = dict(
+            zip(
+                ("refund", "notify"), async_chaos_tools(ledger, run.thread_id, latency), strict=True
+            )
+        )
+        for call in run.pending:
+            result = await run.atool(tools[call["name"]], key=call["id"], **call["args"])
+            run.state["messages"].append({"role": "tool", "content": result})
+        run.pending = []
+        return "model"
 
 
 class ReportAgent(AgentTask):

@@ -45,7 +45,7 @@ from agentq.celery.runtime import runtime_of
 from agentq.errors import AgentqError, StoreUnavailable
 from agentq.records import FINISHED, ThreadMeta
 from agentq.store.redis.store import RedisStore
-from tests.support.agents import ChaosAgent, ChaosLedger, make_app
+from tests.support.agents import AsyncChaosAgent, ChaosAgent, ChaosLedger, make_app
 from tests.support.redis_server import RedisServer, wait_until
 from tests.support.workers import WorkerProcess
 
@@ -69,6 +69,9 @@ class ChaosConfig:
     """The workers' ``-P``: under ``threads`` a SIGKILL takes down ``concurrency`` threads
     driven by one process at once."""
     concurrency: int = 4
+    async_nodes: bool = False
+    """Run :class:`~tests.support.agents.AsyncChaosAgent`, whose model and tools are
+    ``async def``, rather than :class:`~tests.support.agents.ChaosAgent`."""
     latency: float = 1.0
     """A model step's duration; each of a tools step's two calls takes half of it."""
     arrival_seconds: float = 60.0
@@ -140,6 +143,7 @@ class ChaosCluster:
         self.workers: list[WorkerProcess] = []
         self.retired: list[WorkerProcess] = []
         self.log_dir = workdir / "logs"
+        self.agent_type = AsyncChaosAgent if config.async_nodes else ChaosAgent
 
     def start(self) -> ChaosCluster:
         self.server.start()
@@ -153,7 +157,7 @@ class ChaosCluster:
             lease_ttl=self.config.lease_ttl,
             start_grace=self.config.start_grace,
         )
-        app.register_task(ChaosAgent())
+        app.register_task(self.agent_type())
         self.app = app
         self.ledger = ChaosLedger(self.server.url, self.prefix.rstrip(":"))
         return self
@@ -161,7 +165,7 @@ class ChaosCluster:
     @property
     def agent(self) -> Any:
         assert self.app is not None
-        return self.app.tasks[ChaosAgent.name]
+        return self.app.tasks[self.agent_type.name]
 
     @property
     def store(self) -> RedisStore:
@@ -676,6 +680,7 @@ def run_and_verify(cluster: ChaosCluster, say: Say = print) -> ChaosReport:
         cluster.start_worker()
     say(
         f"{config.workers} workers -P {config.pool} -c {config.concurrency} "
+        f"({'async' if config.async_nodes else 'sync'} nodes) "
         f"on queue {cluster.queue}; "
         f"store {cluster.server.url}; logs in {cluster.log_dir}"
     )

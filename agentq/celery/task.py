@@ -142,10 +142,11 @@ class AgentTask(Task):  # type: ignore[misc]
         try:
             driver.drive()
         except Exception as exc:
-            if not driver.store_unreachable(exc):
-                task_outcome.failed(
-                    self, calls("reading the thread", runtime.store.meta, thread_id), exc
-                )
+            if driver.store_unreachable(exc):
+                task_outcome.given_back(self, thread_id, exc)
+            task_outcome.failed(
+                self, calls("reading the thread", runtime.store.meta, thread_id), exc
+            )
             raise
         meta = driver.ended or calls("reading the thread", runtime.store.meta, thread_id)
         if meta is None:  # deleted: the driver dropped the message

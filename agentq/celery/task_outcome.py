@@ -4,7 +4,8 @@ of ``delay()`` waits for, all saying what became of the thread.
 A task that leaves its thread unfinished does not succeed with ``None``: it ends
 ``WAITING`` (for a human), ``WAITING_FOR_KEY`` (for a slot of its concurrency key),
 ``RETRY`` (Celery's own, so ``on_retry`` and ``task-retried`` fire; the thread is due again
-later), ``HANDED_OVER`` (another task carries the thread on) or ``NEEDS_ATTENTION``. The
+later), ``HANDED_OVER`` (another task carries the thread on, a store outage included) or
+``NEEDS_ATTENTION``. The
 states with a thread id in their meta are not ready, so
 ``AsyncResult.get()`` keeps waiting; the task that ends the thread stores its result (or
 error, or revocation) under the thread's first task id too, where ``get()`` finds it.
@@ -13,7 +14,8 @@ error, or revocation) under the thread's first task id too, where ``get()`` find
 from __future__ import annotations
 
 import datetime
-from typing import Any, Final
+import logging
+from typing import Any, Final, NoReturn
 
 from celery import Task
 from celery.backends.base import DisabledBackend
@@ -22,6 +24,8 @@ from celery.exceptions import Ignore, Retry
 from agentq.engine.thread_keys import KeyWait
 from agentq.errors import ThreadStopped
 from agentq.records import Status, ThreadMeta
+
+logger = logging.getLogger("agentq")
 
 WAITING: Final = "WAITING"
 """The thread waits for a human (``run.interrupt``); meta holds the interrupt payload and
@@ -104,6 +108,25 @@ def finish(
     raise Ignore()
 
 
+def given_back(task: Task, thread_id: str, exc: BaseException) -> NoReturn:
+    """End the task whose store stayed out for longer than its calls could wait: its thread
+    is not failed, and recovery sends it again (at once if the store took it back, else
+    once its lease runs out), so the task ends ``HANDED_OVER`` with the store's error."""
+    error = f"{type(exc).__name__}: {exc}"
+    logger.warning(
+        "thread %s: the store stayed unreachable (%s); recovery sends the thread again",
+        thread_id,
+        error,
+    )
+    fields = {"thread_id": thread_id, "error": error}
+    _event(task, "task-handed-over", **fields)
+    _store(
+        task,
+        lambda backend, id: backend.store_result(id, fields, HANDED_OVER, request=task.request),
+    )
+    raise Ignore() from exc
+
+
 def failed(task: Task, meta: ThreadMeta | None, exc: BaseException) -> None:
     """Store the error of a task that failed its thread under the thread's first task id."""
     if meta is not None and meta.status == Status.FAILED:
@@ -143,4 +166,5 @@ __all__ = [
     "cancelled",
     "failed",
     "finish",
+    "given_back",
 ]

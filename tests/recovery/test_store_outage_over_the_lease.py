@@ -1,6 +1,7 @@
 """A store down for longer than the lease, while a node runs, is an outage and not a lost
 worker: once it answers again, the driver gives the thread back (queued, no crash
-counted) unless another worker took it over meanwhile.
+counted) unless another worker took it over meanwhile. A store still down when the driver
+stops waiting leaves the thread to recovery, and the task ends handed over, not failed.
 
 The store is a private ``redis-server`` (AOF always) SIGKILLed from inside the node and
 started again on the same data; the driver runs in this process (``task.run``).
@@ -17,6 +18,7 @@ from typing import Any
 
 import pytest
 from celery import Celery
+from celery.exceptions import Ignore
 
 import agentq
 from agentq import AgentTask, Done, Run, Status
@@ -116,3 +118,33 @@ def test_an_outage_longer_than_the_lease_gives_the_thread_back(
 ) -> None:
     meta = env.run(agent)
     assert (meta.status, meta.crashes, meta.attempts) == (Status.QUEUED, 0, 0), meta.error
+
+
+class StoreGoneAfterNode(AgentTask):
+    """Its node ends with the store down, and the store stays down."""
+
+    name = "tests.outage.store_gone"
+
+    def start(self, run: Run) -> Any:
+        self.env.server.kill()  # type: ignore[attr-defined]
+        return "finish"
+
+    def finish(self, run: Run) -> Any:
+        raise AssertionError("the next step ran without a store")
+
+
+def test_a_store_still_down_ends_the_task_handed_over_and_leaves_the_thread_to_recovery(
+    env: Env, caplog: pytest.LogCaptureFixture
+) -> None:
+    task = env.app.register_task(StoreGoneAfterNode())
+    task.env = env  # type: ignore[attr-defined]
+    env.store.open_thread("t1", task=task.name)
+    caplog.set_level(logging.WARNING, logger="agentq")
+    with pytest.raises(Ignore):  # HANDED_OVER: not the store's ConnectionError
+        task.run("t1")
+    assert "t1: the store stayed unreachable (ConnectionError: " in caplog.text
+    env.server.start()
+    meta = env.store.meta("t1")
+    assert meta is not None
+    # Still running under the lost lease, due at its expiry; no step, crash or attempt.
+    assert (meta.status, meta.step, meta.crashes, meta.attempts) == (Status.RUNNING, -1, 0, 0)

@@ -136,6 +136,7 @@ class ChaosCluster:
             "AGENTQ_TEST_LEASE_TTL": str(config.lease_ttl),
             "AGENTQ_TEST_START_GRACE": str(config.start_grace),
             "AGENTQ_TEST_MAX_CRASHES": str(config.max_crashes),
+            "AGENTQ_TEST_CONCURRENCY": str(config.concurrency),
             "AGENTQ_TEST_KEEP_LAST": str(max(1000, config.steps_per_thread + 10)),
         }
         self.app: Celery | None = None

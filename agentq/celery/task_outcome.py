@@ -5,8 +5,7 @@ A task that leaves its thread unfinished does not succeed with ``None``: it ends
 ``WAITING`` (for a human), ``WAITING_FOR_KEY`` (for a slot of its concurrency key),
 ``RETRY`` (Celery's own, so ``on_retry`` and ``task-retried`` fire; the thread is due again
 later), ``HANDED_OVER`` (another task carries the thread on, a store outage included) or
-``NEEDS_ATTENTION``. The
-states with a thread id in their meta are not ready, so
+``NEEDS_ATTENTION``. The states with a thread id in their meta are not ready, so
 ``AsyncResult.get()`` keeps waiting; the task that ends the thread stores its result (or
 error, or revocation) under the thread's first task id too, where ``get()`` finds it.
 """

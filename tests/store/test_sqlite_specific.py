@@ -105,6 +105,31 @@ print("parent saw", os.waitstatus_to_exitcode(status), done.is_set(), flush=True
 """
 
 
+GEVENT_WRITER = """
+from gevent import monkey
+
+monkey.patch_all()
+
+import sys
+
+import gevent
+
+from agentq.store.sqlite.store import SQLiteStore
+
+store = SQLiteStore(sys.argv[1])
+print("ready", flush=True)
+assert sys.stdin.readline() == "locked\\n"
+writing = gevent.spawn(store.open_thread, "t1", task="agent")
+gevent.sleep(0)  # the write starts and meets the other process's lock
+for _ in range(3):
+    gevent.sleep(0.001)
+assert not writing.ready()
+print("other greenlets ran while the write waited", flush=True)
+writing.join(timeout=60)
+print("wrote" if writing.successful() else f"failed: {writing.exception!r}", flush=True)
+"""
+
+
 def _python(script: str, *args: object) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-c", script, *map(str, args)],
@@ -183,6 +208,32 @@ def test_processes_racing_for_one_step_get_one_winner(tmp_path: Path) -> None:
             racer.communicate("")  # closing stdin ends the racer's loop
     with SQLiteStore(path) as store:
         assert store.meta("t1").step == rounds - 1  # type: ignore[union-attr]
+
+
+def test_under_gevent_a_write_waits_for_the_lock_without_blocking_the_hub(
+    tmp_path: Path,
+) -> None:
+    """A gevent worker's write that waits for another process's write lock must let the
+    process's other greenlets run: a wait inside SQLite would stop its model calls, its
+    lease keeper and its broker heartbeats for as long as the other process writes."""
+    pytest.importorskip("gevent")
+    path = tmp_path / "agentq.db"
+    with _python(GEVENT_WRITER, path) as writer:
+        assert _line(writer.stdout) == "ready"
+        holder = sqlite3.connect(path, isolation_level=None)
+        holder.execute("BEGIN IMMEDIATE")
+        try:
+            assert writer.stdin is not None
+            writer.stdin.write("locked\n")
+            writer.stdin.flush()
+            assert _line(writer.stdout) == "other greenlets ran while the write waited"
+        finally:
+            holder.execute("ROLLBACK")
+            holder.close()
+        assert _line(writer.stdout) == "wrote"
+        assert writer.wait(timeout=30) == 0
+    with SQLiteStore(path) as store:
+        assert store.meta("t1").status == Status.QUEUED
 
 
 def test_fork_after_open_uses_a_fresh_connection(tmp_path: Path) -> None:

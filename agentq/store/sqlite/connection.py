@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
+import time
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -23,12 +24,35 @@ from agentq.store.sqlite.schema import migrate
 BUSY_TIMEOUT: Final = 30.0
 """Seconds a write waits for another process's transaction before giving up."""
 
+_BUSY_SLEEPS: Final = (0.001, 0.002, 0.005, 0.01, 0.015, 0.02, 0.025, 0.025, 0.025, 0.05, 0.05)
+"""SQLite's own busy handler's sleeps between tries, in seconds; 0.1 after them."""
+
+
+def _begin_immediate(db: sqlite3.Connection) -> None:
+    # The wait for another process's write lock sleeps here rather than in SQLite's busy
+    # handler: time.sleep lets a gevent worker's other greenlets (model calls, the lease
+    # keeper, the broker's heartbeats) run meanwhile, where SQLite's sleep would stop them
+    # all. The connection's busy timeout is 0, so every try returns at once.
+    deadline = time.monotonic() + BUSY_TIMEOUT
+    tries = 0
+    while True:
+        try:
+            db.execute("BEGIN IMMEDIATE")
+            return
+        except sqlite3.OperationalError as exc:
+            pause = _BUSY_SLEEPS[tries] if tries < len(_BUSY_SLEEPS) else 0.1
+            busy = getattr(exc, "sqlite_errorcode", 0) & 0xFF == sqlite3.SQLITE_BUSY
+            if not busy or time.monotonic() + pause > deadline:
+                raise
+        time.sleep(pause)
+        tries += 1
+
 
 @contextmanager
 def immediate_transaction(db: sqlite3.Connection) -> Iterator[None]:
     # IMMEDIATE takes the write lock up front: a deferred transaction that later tries to
-    # write can fail with SQLITE_BUSY without the busy timeout ever applying.
-    db.execute("BEGIN IMMEDIATE")
+    # write can fail with SQLITE_BUSY without any wait for the lock.
+    _begin_immediate(db)
     try:
         yield
         db.execute("COMMIT")
@@ -138,6 +162,10 @@ def _connect(path: str) -> sqlite3.Connection:
     try:
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=FULL")
+        # From here on only _begin_immediate waits for a lock. In WAL mode a read meets one
+        # only while another connection rebuilds the log's index after a crash, for
+        # moments; it then fails as a transient store error.
+        db.execute("PRAGMA busy_timeout=0")
         with immediate_transaction(db):
             migrate(db, path)
     except sqlite3.DatabaseError as exc:

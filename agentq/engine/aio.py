@@ -80,7 +80,8 @@ def warn_blocking(message: str) -> None:
 
 async def blocking(fn: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
     """Run the blocking call ``fn(*args, **kwargs)`` off the loop: in the pool slot waiting
-    for this coroutine when there is one, else in a thread."""
+    for this coroutine when there is one, else in a thread (under gevent, in a greenlet of
+    its own)."""
     slot = _slot.get()
     done = slot.submit(lambda: fn(*args, **kwargs)) if slot is not None else None
     if done is None:
@@ -166,24 +167,59 @@ class _Slot:
             self._bell.get()
 
     def _run(self, call: Callable[[], Any], done: concurrent.futures.Future[Any]) -> None:
-        if not done.set_running_or_notify_cancel():
-            return  # the coroutine stopped waiting for it
-        try:
-            result = call()
-        except Exception as exc:
-            done.set_exception(exc)
-        else:
-            done.set_result(result)
+        _run_job(call, done)
         # A time limit or a shutdown goes on up through the slot's wait, which cancels the
         # coroutine; handed to the coroutine it would end the loop's thread instead.
+
+
+def _run_job(call: Callable[[], Any], done: concurrent.futures.Future[Any]) -> None:
+    if not done.set_running_or_notify_cancel():
+        return  # the coroutine stopped waiting for it
+    try:
+        result = call()
+    except Exception as exc:
+        done.set_exception(exc)
+    else:
+        done.set_result(result)
+
+
+class _HubCalls:
+    """Under gevent, the blocking calls no pool slot waits for: those of a task that outlived
+    its node, or of a node's cleanup once its slot was interrupted (a time limit, a
+    shutdown). Each runs in a greenlet of the hub's thread, where the store's sockets and
+    gevent's locks belong; on the loop's thread it would stall every async node meanwhile,
+    and a wait on a gevent lock there (a full connection pool) would never be woken."""
+
+    def __init__(self) -> None:
+        from gevent import get_hub
+
+        self._jobs: collections.deque[_Job] = collections.deque()
+        self._watcher = get_hub().loop.async_()
+        self._watcher.start(self._spawn_jobs)
+
+    def submit(self, call: Callable[[], Any]) -> concurrent.futures.Future[Any]:
+        job: _Job = (call, concurrent.futures.Future())
+        self._jobs.append(job)
+        self._watcher.send()
+        return job[1]
+
+    def _spawn_jobs(self) -> None:
+        import gevent
+
+        while self._jobs:
+            gevent.spawn(_run_job, *self._jobs.popleft())
 
 
 class _SlotExecutor(concurrent.futures.ThreadPoolExecutor):
     """The loop's default executor under gevent, where ``threading`` makes greenlets of a
     hub that never runs in the loop's thread: ``run_in_executor(None, ...)`` (the loop's
-    own ``getaddrinfo`` among them) runs in the waiting greenlet, as :func:`blocking` does.
-    Outside a node it runs inline, on the loop's thread. A ``ThreadPoolExecutor`` because
-    asyncio accepts no other; it starts no thread."""
+    own ``getaddrinfo`` among them) runs in the waiting greenlet, as :func:`blocking` does;
+    with no slot waiting, in a greenlet of its own (:class:`_HubCalls`). A
+    ``ThreadPoolExecutor`` because asyncio accepts no other; it starts no thread."""
+
+    def __init__(self, unwaited: _HubCalls) -> None:
+        super().__init__()
+        self._unwaited = unwaited
 
     def submit(
         self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any
@@ -192,12 +228,7 @@ class _SlotExecutor(concurrent.futures.ThreadPoolExecutor):
         handed = slot.submit(lambda: fn(*args, **kwargs)) if slot is not None else None
         if handed is not None:
             return handed
-        done: concurrent.futures.Future[Any] = concurrent.futures.Future()
-        try:
-            done.set_result(fn(*args, **kwargs))
-        except Exception as exc:
-            done.set_exception(exc)
-        return done
+        return self._unwaited.submit(lambda: fn(*args, **kwargs))
 
 
 def _process_loop() -> asyncio.AbstractEventLoop:
@@ -222,7 +253,7 @@ def _start_loop() -> asyncio.AbstractEventLoop:
         # A real OS thread and a real selector: gevent's would need the hub to run them.
         selector = get_original("selectors", "DefaultSelector")()
         loop: asyncio.AbstractEventLoop = asyncio.SelectorEventLoop(selector)
-        loop.set_default_executor(_SlotExecutor())
+        loop.set_default_executor(_SlotExecutor(_HubCalls()))
         get_original("_thread", "start_new_thread")(_serve, (loop,))
     else:
         loop = asyncio.new_event_loop()

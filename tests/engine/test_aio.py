@@ -234,6 +234,90 @@ def test_under_gevent_greenlets_wait_on_a_real_thread_without_blocking_the_hub()
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
 
 
+GEVENT_UNWAITED_SCRIPT = """
+from gevent import monkey
+
+monkey.patch_all()
+
+import asyncio
+
+import gevent
+from gevent.event import Event
+from gevent.monkey import get_original
+
+from agentq.engine.aio import blocking, run_coroutine
+
+real_ident = get_original("threading", "get_ident")
+hub_thread = real_ident()
+started = Event()  # set by the slot's greenlet, in the hub's thread
+cleaned = None
+
+
+class Stop(BaseException):
+    pass
+
+
+async def node():
+    global cleaned
+    cleaned = asyncio.get_running_loop().create_future()
+    try:
+        await blocking(started.set)
+        await asyncio.Event().wait()
+    finally:
+        # After the slot was interrupted: no greenlet waits for this call any more.
+        cleaned.set_result(await blocking(real_ident))
+
+
+go = None
+
+
+async def outliving():
+    await go.wait()
+    return await blocking(real_ident)
+
+
+async def start_outliving():
+    global go
+    go = asyncio.Event()
+    return asyncio.get_running_loop().create_task(outliving())
+
+
+async def result_of(awaitable):
+    return await asyncio.wait_for(awaitable, timeout=30)
+
+
+async def release(task):
+    go.set()  # once the slot that started the task has stopped waiting
+    return await result_of(task)
+
+
+slot = gevent.spawn(run_coroutine, node())
+assert started.wait(timeout=30)
+slot.kill(Stop)  # what a time limit or a shutdown does to the greenlet
+assert isinstance(slot.exception, Stop), slot.exception
+print("cleanup", "hub" if run_coroutine(result_of(cleaned)) == hub_thread else "loop")
+task = run_coroutine(start_outliving())
+print("outliving task", "hub" if run_coroutine(release(task)) == hub_thread else "loop")
+"""
+
+
+def test_under_gevent_calls_no_slot_waits_for_run_in_the_hubs_thread() -> None:
+    """A node's cleanup after its greenlet was interrupted, and a task that outlived its
+    node, make their store round trips in a greenlet of their own, where the store's
+    sockets and gevent's locks belong, not on the loop's thread."""
+    pytest.importorskip("gevent")
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(GEVENT_UNWAITED_SCRIPT)],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+    assert done.stdout.split("\n")[:2] == ["cleanup hub", "outliving task hub"], done.stderr
+    assert done.returncode == 0, done.stderr
+
+
 EVENTLET_SCRIPT = r"""
 import warnings
 

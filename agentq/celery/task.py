@@ -143,7 +143,7 @@ class AgentTask(Task):  # type: ignore[misc]
             driver.drive()
         except Exception as exc:
             if driver.store_unreachable(exc):
-                task_outcome.given_back(self, thread_id, exc)
+                task_outcome.given_back(self, thread_id, exc, driver.requeued)
             task_outcome.failed(
                 self, calls("reading the thread", runtime.store.meta, thread_id), exc
             )

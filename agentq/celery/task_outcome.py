@@ -107,15 +107,17 @@ def finish(
     raise Ignore()
 
 
-def given_back(task: Task, thread_id: str, exc: BaseException) -> NoReturn:
+def given_back(task: Task, thread_id: str, exc: BaseException, requeued: bool) -> NoReturn:
     """End the task whose store stayed out for longer than its calls could wait: its thread
-    is not failed, and recovery sends it again (at once if the store took it back, else
-    once its lease runs out), so the task ends ``HANDED_OVER`` with the store's error."""
+    is not failed, and recovery sends it again (at once if the store, back, ``requeued``
+    it, else once its lease runs out), so the task ends ``HANDED_OVER`` with the store's
+    error."""
     error = f"{type(exc).__name__}: {exc}"
     logger.warning(
-        "thread %s: the store stayed unreachable (%s); recovery sends the thread again",
+        "thread %s: the store stayed unreachable (%s); recovery sends the thread again %s",
         thread_id,
         error,
+        "now" if requeued else "once its lease runs out",
     )
     fields = {"thread_id": thread_id, "error": error}
     _event(task, "task-handed-over", **fields)

@@ -94,6 +94,9 @@ class Driver:
         """The meta the commit that ended this drive's run (done or waiting) wrote."""
         self.waiting_for: KeyWait | None = None
         """The concurrency key this drive found full, parking the thread, if it did."""
+        self.requeued = False
+        """Whether the store, back after an outage that ended this drive, queued the
+        thread again at once (else recovery resumes it once its lease runs out)."""
 
     def drive(self) -> Any:
         thread_id, store = self.thread_id, self.store
@@ -123,12 +126,21 @@ class Driver:
             logger.warning(
                 "thread %s: stopped, another worker drives it now or may soon (%s)", thread_id, exc
             )
-            give_back(store, thread_id, token, self.owner)  # unless another worker has it
+            self._give_back(token)  # unless another worker has it
             return None
         except Exception as exc:
             if self.store_unreachable(exc):
-                give_back(store, thread_id, token, self.owner)
+                # The task says what became of the thread, in one line.
+                self.requeued = give_back(store, thread_id, token, self.owner)
             raise
+
+    def _give_back(self, token: int) -> None:
+        if not give_back(self.store, self.thread_id, token, self.owner):
+            logger.warning(
+                "thread %s: the store is unreachable; recovery resumes the thread once its "
+                "lease runs out",
+                self.thread_id,
+            )
 
     def _take(self) -> Taken | None:
         """The thread, leased if it runs by itself; ``None`` if it was deleted since this
@@ -196,7 +208,7 @@ class Driver:
                 logger.warning(
                     "thread %s: lease lost before step %d; stopping", self.thread_id, pos.step
                 )
-                give_back(self.store, self.thread_id, token, self.owner)
+                self._give_back(token)
                 return None
             if self.should_stop():
                 return self._hand_over(token, meta, pos.step)

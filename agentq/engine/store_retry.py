@@ -89,23 +89,21 @@ def raised_in_store(exc: BaseException) -> bool:
     return False
 
 
-def give_back(store: Store, thread_id: str, token: int, owner: str) -> None:
+def give_back(store: Store, thread_id: str, token: int, owner: str) -> bool:
     """After the store failed for longer than the lease (a SQLite database another
     process kept locked, an outage): queue the thread, still running under ``token``,
     again if the store answers now, so that its next driver does not count the outage
-    as a lost worker. A thread another worker took over meanwhile is left to it."""
+    as a lost worker. A thread another worker took over meanwhile is left to it. Returns
+    whether the store answered; if not, recovery resumes the thread once its lease runs
+    out."""
     try:
         meta = store.meta(thread_id)
         if meta is not None and meta.status == Status.RUNNING and meta.fence == token:
             store.set_status(thread_id, token, Status.QUEUED, due_in=0, release_owner=owner)
-        return
     except FencingError:
-        return
+        pass
     except Exception as exc:
         if not store.is_transient(exc):
             raise
-    logger.warning(
-        "thread %s: the store is still unreachable; recovery resumes the thread once "
-        "its lease runs out",
-        thread_id,
-    )
+        return False
+    return True

@@ -4,6 +4,7 @@ long manual transaction) is a store outage, not a lost worker: it must not count
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 import threading
 import time
@@ -22,7 +23,7 @@ from agentq.store.sqlite.connection import BUSY_TIMEOUT
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_database_locked_past_the_busy_timeout_is_not_a_lost_worker(
-    redis_broker: str, tmp_path: Path
+    redis_broker: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     path = tmp_path / "agentq.db"
     app = Celery("agentq-sqlite-locked", broker=redis_broker, set_as_current=False)
@@ -43,6 +44,7 @@ def test_a_database_locked_past_the_busy_timeout_is_not_a_lost_worker(
             assert locked.wait(10)
         return Done("ok")
 
+    caplog.set_level(logging.WARNING, logger="agentq")
     with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False):
         agent.delay("t1")
         assert in_node.wait(20)
@@ -55,5 +57,10 @@ def test_a_database_locked_past_the_busy_timeout_is_not_a_lost_worker(
         assert agent.wait("t1", timeout=30) == "ok"
         meta = agent.thread("t1")
         assert meta.status == Status.DONE
+    # Queued again as soon as the lock went: not left to the lease's expiry.
+    assert (
+        "t1: the store stayed unreachable (OperationalError: database is locked); "
+        "recovery sends the thread again now" in caplog.text
+    )
     app._agentq_runtime.store.close()
     app.close()

@@ -614,6 +614,20 @@ class WaitingAgent(AgentTask):
         return "think" if run.state["left"] else Done(len(run.state["spans"]))
 
 
+class GatedAgent(AgentTask):
+    """One node that says in the ledger when it starts (``entered``), waits for the test's
+    ``go`` and says when it ends (``leaving``): the commit after it follows at once."""
+
+    name = "tests.gated_agent"
+
+    def start(self, run: Run) -> Done:
+        ledger = ledger_of(self)
+        ledger.client.set(ledger.key("entered", run.thread_id), 1)
+        assert ledger.client.blpop([ledger.key("go", run.thread_id)], timeout=60)
+        ledger.client.set(ledger.key("leaving", run.thread_id), 1)
+        return Done("ok")
+
+
 AGENTS = (
     SupportAgent,
     WaitingAgent,
@@ -624,6 +638,7 @@ AGENTS = (
     NappingAgent,
     BrokenAgent,
     ReportAgent,
+    GatedAgent,
 )
 
 

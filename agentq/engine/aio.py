@@ -20,6 +20,7 @@ import asyncio
 import collections
 import concurrent.futures
 import contextvars
+import functools
 import os
 import queue
 import sys
@@ -144,11 +145,11 @@ class _Slot:
                 if self._gevent:
                     self._ready.clear()  # before looking: a send from now on sets it again
                 while self._jobs:
-                    self._run(*self._jobs.popleft())
+                    _run_job(*self._jobs.popleft())
                 if future.done():
                     self._closed = True
                     while self._jobs:  # handed over before the close was seen: still ours
-                        self._run(*self._jobs.popleft())
+                        _run_job(*self._jobs.popleft())
                     return
                 self._sleep()
         finally:
@@ -166,11 +167,6 @@ class _Slot:
         else:
             self._bell.get()
 
-    def _run(self, call: Callable[[], Any], done: concurrent.futures.Future[Any]) -> None:
-        _run_job(call, done)
-        # A time limit or a shutdown goes on up through the slot's wait, which cancels the
-        # coroutine; handed to the coroutine it would end the loop's thread instead.
-
 
 def _run_job(call: Callable[[], Any], done: concurrent.futures.Future[Any]) -> None:
     if not done.set_running_or_notify_cancel():
@@ -181,6 +177,8 @@ def _run_job(call: Callable[[], Any], done: concurrent.futures.Future[Any]) -> N
         done.set_exception(exc)
     else:
         done.set_result(result)
+    # A time limit or a shutdown goes on up through the slot's wait, which cancels the
+    # coroutine; handed to the coroutine it would end the loop's thread instead.
 
 
 class _HubCalls:
@@ -224,11 +222,9 @@ class _SlotExecutor(concurrent.futures.ThreadPoolExecutor):
     def submit(
         self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any
     ) -> concurrent.futures.Future[Any]:
-        slot = _slot.get()
-        handed = slot.submit(lambda: fn(*args, **kwargs)) if slot is not None else None
-        if handed is not None:
-            return handed
-        return self._unwaited.submit(lambda: fn(*args, **kwargs))
+        slot, call = _slot.get(), functools.partial(fn, *args, **kwargs)
+        handed = slot.submit(call) if slot is not None else None
+        return handed if handed is not None else self._unwaited.submit(call)
 
 
 def _process_loop() -> asyncio.AbstractEventLoop:

@@ -8,6 +8,7 @@ acknowledges the step.
 
 from __future__ import annotations
 
+import itertools
 import os
 import sqlite3
 import threading
@@ -34,18 +35,15 @@ def _begin_immediate(db: sqlite3.Connection) -> None:
     # keeper, the broker's heartbeats) run meanwhile, where SQLite's sleep would stop them
     # all. The connection's busy timeout is 0, so every try returns at once.
     deadline = time.monotonic() + BUSY_TIMEOUT
-    tries = 0
-    while True:
+    for pause in itertools.chain(_BUSY_SLEEPS, itertools.repeat(0.1)):
         try:
             db.execute("BEGIN IMMEDIATE")
             return
         except sqlite3.OperationalError as exc:
-            pause = _BUSY_SLEEPS[tries] if tries < len(_BUSY_SLEEPS) else 0.1
             busy = getattr(exc, "sqlite_errorcode", 0) & 0xFF == sqlite3.SQLITE_BUSY
             if not busy or time.monotonic() + pause > deadline:
                 raise
         time.sleep(pause)
-        tries += 1
 
 
 @contextmanager

@@ -141,6 +141,7 @@ class AgentTask(Task):  # type: ignore[misc]
         calls = RetriedCalls(runtime.store, thread_id, runtime.settings.lease_ttl)
         try:
             driver.drive()
+            meta = driver.ended or calls("reading the thread", runtime.store.meta, thread_id)
         except Exception as exc:
             if driver.store_unreachable(exc):
                 task_outcome.given_back(self, thread_id, exc, driver.requeued)
@@ -148,7 +149,6 @@ class AgentTask(Task):  # type: ignore[misc]
                 self, calls("reading the thread", runtime.store.meta, thread_id), exc
             )
             raise
-        meta = driver.ended or calls("reading the thread", runtime.store.meta, thread_id)
         if meta is None:  # deleted: the driver dropped the message
             raise Ignore()
         return task_outcome.finish(self, meta, driver.retrying, driver.waiting_for)

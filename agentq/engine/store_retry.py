@@ -9,6 +9,7 @@ as its lease gives it, rather than leave the thread to recovery or fail it.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -31,19 +32,18 @@ FIRST_DELAY = 0.05
 
 class RetriedCalls:
     """One driver's store calls, each tried again after a transient store error until
-    the next wait would outlast ``lease`` (before it is set: a ``lease_ttl`` from now) or
-    the errors have gone on for ``lease_ttl``; then the last error is raised."""
+    the errors have gone on for ``lease_ttl`` or, once ``lease`` is set, the next wait
+    would outlast it; then the last error is raised."""
 
     def __init__(self, store: Store, thread_id: str, lease_ttl: float) -> None:
         self.store = store
         self.thread_id = thread_id
         self.lease: Lease | None = None
         self.lease_ttl = lease_ttl
-        self._deadline = time.monotonic() + lease_ttl
 
     def time_left(self) -> float:
         if self.lease is None:
-            return self._deadline - time.monotonic()
+            return math.inf
         return 0.0 if self.lease.lost.is_set() else self.lease.remaining()
 
     def __call__(self, what: str, call: Callable[..., T], *args: Any, **kwargs: Any) -> T:

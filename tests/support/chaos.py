@@ -35,7 +35,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import redis
 from celery import Celery
@@ -526,6 +526,9 @@ def verify(cluster: ChaosCluster, log: ChaosLog, reference: Any) -> ChaosReport:
     unresumed = sum(len(k.tokens) for k in log.kills) - len(resumed) - ended
     if unresumed:
         tally.problems.append(f"{unresumed} threads held by a killed worker never committed again")
+    failed = logged(cluster, FAILED_TASK)
+    if failed:
+        tally.problems.append(f"{failed} tasks failed (the workers' logs say {FAILED_TASK!r})")
     return ChaosReport(_figures(cluster, log, tally, histories, resumed), tally.problems)
 
 
@@ -650,6 +653,7 @@ def _figures(
         "model_calls": sum(ledger.model_calls(t) for t in thread_ids(config)),
         "model_calls_uninterrupted": config.threads * (config.rounds + 1),
         "fenced_zombie_stops": fenced_stops(cluster),
+        "failed_tasks": logged(cluster, FAILED_TASK),
         "run_s": round(log.finished - log.started, 1),
     }
 
@@ -666,12 +670,21 @@ def resume_times(log: ChaosLog, histories: dict[str, list[Any]]) -> list[float]:
     return times
 
 
-def fenced_stops(cluster: ChaosCluster) -> int:
-    """How often a driver found out it had been fenced out (a zombie's refused write)."""
-    needle = "another worker drives it now"
+def logged(cluster: ChaosCluster, needle: str) -> int:
+    """How many times the workers' logs say ``needle``."""
     return sum(
         path.read_text(errors="replace").count(needle) for path in cluster.log_dir.glob("*.log")
     )
+
+
+def fenced_stops(cluster: ChaosCluster) -> int:
+    """How often a driver found out it had been fenced out (a zombie's refused write)."""
+    return logged(cluster, "another worker drives it now")
+
+
+FAILED_TASK: Final = "raised unexpected"
+"""Celery's line for a task that failed: no fault of these should fail one, as every
+thread is carried on to the end."""
 
 
 def run_and_verify(cluster: ChaosCluster, say: Say = print) -> ChaosReport:

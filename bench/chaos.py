@@ -1,6 +1,7 @@
 """Chaos at full size: many agent threads on real workers while workers are SIGKILLed,
 deployed (SIGTERM), frozen past their lease (SIGSTOP) and the store is SIGKILLed and
-restarted on its AOF. The same machinery as ``tests/chaos/test_chaos.py``
+restarted on its AOF (with ``--store sqlite``: its write lock held by another process).
+The same machinery as ``tests/chaos/test_chaos.py``
 (:mod:`tests.support.chaos`), larger.
 
 Run from the repository root::
@@ -49,6 +50,12 @@ def main(argv: list[str] | None = None) -> int:
         help="seconds over which the threads arrive (default 1.5 per thread)",
     )
     parser.add_argument("--lease-ttl", type=float, default=2.0)
+    parser.add_argument(
+        "--store",
+        choices=("redis", "sqlite"),
+        default="redis",
+        help="where the threads are kept: the private redis-server, or a SQLite file",
+    )
     parser.add_argument("--max-actions", type=int, default=80)
     parser.add_argument(
         "--chaos-seconds",
@@ -57,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         help="no chaos action starts after this (default: arrival + 60 s)",
     )
     parser.add_argument("--seed", type=int, default=None)
-    parser.add_argument("--keep", action="store_true", help="keep the worker logs and AOF")
+    parser.add_argument("--keep", action="store_true", help="keep the worker logs and the store")
     args = parser.parse_args(argv)
     arrival = args.arrival if args.arrival is not None else 1.5 * args.threads
     config = ChaosConfig(
@@ -74,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         chaos_seconds=args.chaos_seconds if args.chaos_seconds is not None else arrival + 60,
         finish_timeout=120.0,
         seed=args.seed,
+        store=args.store,
         broker=BROKER,
     )
     workdir = Path(tempfile.mkdtemp(prefix="agentq-chaos-"))

@@ -2,7 +2,8 @@
 (SIGTERM), frozen past their lease (SIGSTOP) and the store is SIGKILLed and restarted,
 on prefork workers, on ``-P threads -c 20`` workers and on ``-P gevent -c 100`` workers,
 where one SIGKILL takes down every thread a process drives (up to a hundred under gevent),
-and once more on gevent with ``async def`` nodes and tools.
+once more on gevent with ``async def`` nodes and tools, and on ``-P threads`` with a
+SQLite store, whose outage is another process holding its write lock.
 
 The machinery lives in :mod:`tests.support.chaos`, shared with ``python -m bench.chaos``.
 
@@ -25,7 +26,7 @@ from tests.support.chaos import ChaosCluster, ChaosConfig, chaos_cluster, run_an
 pytestmark = [pytest.mark.chaos, pytest.mark.slow]
 
 
-@pytest.fixture(params=["prefork", "threads", "gevent", "gevent-async"])
+@pytest.fixture(params=["prefork", "threads", "threads-sqlite", "gevent", "gevent-async"])
 def cluster(
     request: pytest.FixtureRequest,
     chaos_size: tuple[int, int],
@@ -34,7 +35,7 @@ def cluster(
 ) -> Iterator[ChaosCluster]:
     threads, steps = chaos_size
     config = ChaosConfig(threads=threads, steps=steps, broker=redis_broker)
-    if request.param == "threads":
+    if request.param.startswith("threads"):
         # One process drives 20 threads, so a SIGKILL takes up to 20 down at once. Four
         # times the threads over half the arrival time keep ~40 in flight (threads * steps
         # seconds over arrival_seconds): both workers' pools full when the chaos strikes.
@@ -45,6 +46,7 @@ def cluster(
             concurrency=20,
             threads=4 * threads,
             arrival_seconds=config.arrival_seconds / 2,
+            store="sqlite" if request.param.endswith("-sqlite") else "redis",
         )
     elif request.param.startswith("gevent"):
         # Ten times the threads over half the arrival time: ~100 in flight, so each

@@ -2,10 +2,9 @@
 
 Shared by ``tests/chaos/test_chaos.py`` (CI size) and ``python -m bench.chaos`` (full size).
 
-A private ``redis-server`` (AOF, ``appendfsync always``) holds the store and the ledger (the
-outside world the agent's tools change); it is SIGKILLed and restarted on the same
-directory and port. The broker is the caller's (the tests give a private one), on a queue of
-the run's own.
+A private ``redis-server`` (AOF, ``appendfsync always``) holds the ledger (the outside world
+the agent's tools change) and the store, unless the store is a SQLite file of the run's own.
+The broker is the caller's (the tests give a private one), on a queue of the run's own.
 2-3 ``celery worker`` subprocesses (prefork or ``-P threads``) drive
 :class:`~tests.support.agents.ChaosAgent` threads while a chaos loop, bounded in count and
 time, does one of these at a time:
@@ -14,7 +13,8 @@ time, does one of these at a time:
 ``deploy``   start a replacement, SIGTERM the old worker's main process (warm shutdown),
              wait for it to leave;
 ``zombie``   SIGSTOP a worker's group for longer than the lease TTL, then SIGCONT it;
-``store``    SIGKILL ``redis-server`` and restart it on its AOF.
+``store``    SIGKILL ``redis-server`` and restart it on its AOF; on SQLite, hold the
+             database's write lock from another process (a backup, a migration) as long.
 
 Recovery is the workers' own (leases, the sweeper); nothing is re-sent by hand. At the end
 :func:`verify` checks every thread against an uninterrupted reference run of the same
@@ -28,6 +28,7 @@ import json
 import math
 import random
 import signal
+import sqlite3
 import statistics
 import threading
 import time
@@ -44,6 +45,7 @@ from agentq import Status
 from agentq.celery.runtime import runtime_of
 from agentq.errors import AgentqError, StoreUnavailable
 from agentq.records import FINISHED, ThreadMeta
+from agentq.store.contract import Store
 from agentq.store.redis.store import RedisStore
 from tests.support.agents import AsyncChaosAgent, ChaosAgent, ChaosLedger, make_app
 from tests.support.redis_server import RedisServer, wait_until
@@ -87,14 +89,17 @@ class ChaosConfig:
     pace: tuple[float, float] = (1.0, 2.0)
     """Seconds between two chaos actions, drawn uniformly."""
     store_down: tuple[float, float] = (0.0, 1.5)
-    """How long ``redis-server`` stays dead before its restart, drawn uniformly: long
-    enough that calls made meanwhile fail rather than being retried through it."""
+    """How long ``redis-server`` stays dead before its restart (on SQLite, the write lock
+    is held), drawn uniformly: long enough that calls made meanwhile fail rather than
+    being retried through it."""
     max_actions: int = 40
     chaos_seconds: float = 90.0
     """No action starts after this; the run then only waits for the threads."""
     finish_timeout: float = 120.0
     """How long the threads may take to finish after the last action."""
     seed: int | None = None
+    store: str = "redis"
+    """``redis``, or ``sqlite`` for a SQLite file shared by the workers."""
     broker: str = field(kw_only=True)
     """A Redis broker URL; the run purges its own queue from it at the end."""
 
@@ -124,12 +129,16 @@ class ChaosCluster:
         self.config = config
         self.workdir = workdir
         self.server = RedisServer(workdir / "store")
+        self.database = workdir / "store.db"
+        self.store_url = (
+            f"sqlite:///{self.database}" if config.store == "sqlite" else self.server.url
+        )
         run = uuid.uuid4().hex[:10]
         self.prefix = f"ch{run}:"
         self.queue = f"agentq-chaos-{run}"
         self.env = {
             "AGENTQ_TEST_BROKER": config.broker,
-            "AGENTQ_TEST_STORE": self.server.url,
+            "AGENTQ_TEST_STORE": self.store_url,
             "AGENTQ_TEST_PREFIX": self.prefix,
             "AGENTQ_TEST_QUEUE": self.queue,
             "AGENTQ_TEST_LEDGER": self.server.url,
@@ -151,7 +160,7 @@ class ChaosCluster:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         app = make_app(
             broker=self.config.broker,
-            store=self.server.url,
+            store=self.store_url,
             prefix=self.prefix,
             queue=self.queue,
             ledger_url=self.server.url,
@@ -160,7 +169,9 @@ class ChaosCluster:
         )
         app.register_task(self.agent_type())
         self.app = app
-        self.ledger = ChaosLedger(self.server.url, self.prefix.rstrip(":"))
+        self.ledger = ChaosLedger(
+            self.server.url, self.prefix.rstrip(":"), self.store.key_namespace
+        )
         return self
 
     @property
@@ -169,11 +180,20 @@ class ChaosCluster:
         return self.app.tasks[self.agent_type.name]
 
     @property
-    def store(self) -> RedisStore:
+    def store(self) -> Store:
         assert self.app is not None
-        store = runtime_of(self.app).store
-        assert isinstance(store, RedisStore)
-        return store
+        return runtime_of(self.app).store
+
+    def store_outage(self, seconds: float) -> str:
+        """Take the store away for about ``seconds``; say what was done."""
+        if self.config.store == "sqlite":
+            with contextlib.closing(sqlite3.connect(self.database, isolation_level=None)) as db:
+                db.execute("BEGIN IMMEDIATE")
+                time.sleep(seconds)  # the outage itself, not a wait for a condition
+                db.execute("ROLLBACK")
+            return f"another process held the database's write lock for {seconds:.2f} s"
+        outage = self.server.restart(down=seconds)
+        return f"SIGKILL redis-server, restarted on its AOF in {outage:.2f} s"
 
     def start_worker(self) -> WorkerProcess:
         assert self.app is not None
@@ -268,41 +288,33 @@ def thread_ids(config: ChaosConfig) -> list[str]:
     return [f"t{i:04d}" for i in range(config.threads)]
 
 
-def _statuses(cluster: ChaosCluster, ids: list[str]) -> dict[str, Status] | None:
-    """Every thread's status, or ``None`` while the store is unreachable (restarting)."""
+def _counts(cluster: ChaosCluster) -> dict[Status, int] | None:
+    """How many threads are in each status, or ``None`` while the store is unreachable
+    (restarting)."""
     store = cluster.store
     try:
-        pipe = store.client.pipeline(transaction=False)
-        for thread_id in ids:
-            pipe.hget(store.keys.meta(thread_id), "status")
-        return {t: Status(s.decode()) for t, s in zip(ids, pipe.execute(), strict=True) if s}
-    except redis.ConnectionError:
-        return None
+        return store.status_counts()
+    except Exception as exc:
+        if store.is_transient(exc):
+            return None
+        raise
 
 
 def _all_finished(cluster: ChaosCluster, ids: list[str]) -> bool:
-    statuses = _statuses(cluster, ids)
-    return (
-        statuses is not None
-        and len(statuses) == len(ids)
-        and all(s in SETTLED for s in statuses.values())
-    )
+    counts = _counts(cluster)
+    # The chaos threads and the reference thread, done before them.
+    return counts is not None and sum(counts[s] for s in SETTLED) == len(ids) + 1
 
 
 def leases_on(cluster: ChaosCluster, worker: WorkerProcess, ids: list[str]) -> dict[str, int]:
     """The threads whose lease is held by one of ``worker``'s processes, with the token.
-    A lock holds ``<token>:<host>:<pid>:<nonce>``."""
-    store = cluster.store
-    pipe = store.client.pipeline(transaction=False)
-    for thread_id in ids:
-        pipe.get(store.keys.lock(thread_id))
+    An owner is ``<host>:<pid>:<nonce>``."""
     held = {}
-    for thread_id, value in zip(ids, pipe.execute(), strict=True):
-        if value is None:
-            continue
-        token, _host, pid, _nonce = value.decode().rsplit(":", 3)
-        if worker.owns(int(pid)):
-            held[thread_id] = int(token)
+    for schedule in cluster.store.schedules(ids):
+        if schedule.owner is not None and schedule.token is not None:
+            _host, pid, _nonce = schedule.owner.rsplit(":", 2)
+            if worker.owns(int(pid)):
+                held[schedule.thread_id] = schedule.token
     return held
 
 
@@ -334,7 +346,7 @@ def run_chaos(cluster: ChaosCluster, say: Say = print) -> ChaosLog:
     )
     try:
         wait_until(
-            lambda: any(s == Status.RUNNING for s in (_statuses(cluster, ids) or {}).values()),
+            lambda: (_counts(cluster) or {}).get(Status.RUNNING, 0) > 0,
             timeout=60,
             what="a thread running",
         )
@@ -462,9 +474,10 @@ def _chaos_loop(
             log.zombies += 1
             note(f"SIGCONT {victim.name}")
         else:
-            outage = cluster.server.restart(down=rng.uniform(*config.store_down))
-            log.store_outages.append(outage)
-            note(f"SIGKILL redis-server, restarted on its AOF in {outage:.2f} s")
+            began = time.monotonic()
+            said = cluster.store_outage(rng.uniform(*config.store_down))
+            log.store_outages.append(time.monotonic() - began)
+            note(said)
     note(f"chaos over after {actions} actions")
 
 
@@ -503,7 +516,7 @@ def verify(cluster: ChaosCluster, log: ChaosLog, reference: Any) -> ChaosReport:
     expected = _expected_effects(config)
     histories: dict[str, list[Any]] = {}
     finished: set[str] = set()
-    stored = _stored_steps(store)
+    stored = _stored_steps(cluster)
     for thread_id in thread_ids(config):
         meta = store.meta(thread_id)
         done = meta is not None and meta.status == Status.DONE
@@ -581,11 +594,18 @@ def _check_effects(
             tally.reruns += count - 1
 
 
-def _stored_steps(store: RedisStore) -> dict[str, list[int]]:
-    """The steps of every thread's checkpoint keys, found by one walk of the keyspace
+def _stored_steps(cluster: ChaosCluster) -> dict[str, list[int]]:
+    """The steps of every thread's stored checkpoints, read beside the store's API: the
+    rows of the SQLite file, or the checkpoint keys found by one walk of the keyspace
     (one walk per thread costs the keyspace times the threads)."""
-    thread_part, checkpoint_part = store.keys.checkpoint_prefix("\n").split("\n")
     steps: dict[str, list[int]] = {}
+    store = cluster.store
+    if not isinstance(store, RedisStore):
+        with contextlib.closing(sqlite3.connect(cluster.database)) as db:
+            for thread_id, step in db.execute("SELECT thread_id, step FROM checkpoints"):
+                steps.setdefault(thread_id, []).append(step)
+        return steps
+    thread_part, checkpoint_part = store.keys.checkpoint_prefix("\n").split("\n")
     pattern = f"{thread_part}*{checkpoint_part}*"
     for key in store.client.scan_iter(match=pattern, count=1000):
         thread_id, _, step = key.decode()[len(thread_part) :].rpartition(checkpoint_part)
@@ -593,7 +613,7 @@ def _stored_steps(store: RedisStore) -> dict[str, list[int]]:
     return steps
 
 
-def _read_history(tally: _Tally, store: RedisStore, thread_id: str, steps: list[int]) -> list[Any]:
+def _read_history(tally: _Tally, store: Store, thread_id: str, steps: list[int]) -> list[Any]:
     """Every checkpoint of ``steps``, the thread's stored steps, that decodes."""
     history = []
     for step in sorted(steps):

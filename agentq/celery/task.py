@@ -5,7 +5,7 @@ from __future__ import annotations
 import inspect
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ClassVar, Final, Never, TypeVar
 
 from celery import Task
@@ -13,6 +13,7 @@ from celery.backends.base import DisabledBackend
 from celery.exceptions import Ignore
 from celery.result import AsyncResult
 from celery.utils import uuid
+from kombu.utils.functional import retry_over_time
 
 from agentq.celery import task_outcome
 from agentq.celery.drain import draining
@@ -187,11 +188,9 @@ class AgentTask(Task):  # type: ignore[misc]
         traced = tracing.sending_headers()
         headers = {**traced, KEY_HEADER: key} if key else traced
         kept = {**_routing(options), "headers": headers} if headers else _routing(options)
-        self._store_call(
-            "starting the thread",
+        self._open(
             thread_id,
-            self.agentq.store.open_thread,
-            thread_id,
+            options,
             task=self.name,
             input=dict(kwargs) if kwargs else None,
             start_grace=delay + self.agentq.settings.start_grace,
@@ -199,6 +198,29 @@ class AgentTask(Task):  # type: ignore[misc]
             origin=task_id,
         )
         return super().apply_async((thread_id,), None, **_stored({**kept, **options}))
+
+    def _open(self, thread_id: str, sending: dict[str, Any], /, **opening: Any) -> None:
+        """Open the thread in the store, trying again through a store error as Celery
+        tries a publish again through a broker error: under the ``retry`` and
+        ``retry_policy`` of ``sending`` (else ``task_publish_retry`` and
+        ``task_publish_retry_policy``). Opening is safe to repeat: a thread that exists
+        is left as it is."""
+        conf = self.app.conf
+        store = self.agentq.store
+        what = ("starting the thread", thread_id, store.open_thread, thread_id)
+        if not sending.get("retry", conf.task_publish_retry):
+            self._store_call(*what, **opening)
+            return
+        policy = {**conf.task_publish_retry_policy, **(sending.get("retry_policy") or {})}
+
+        def wait(exc: BaseException, intervals: Iterator[float], retries: int) -> float:
+            pause = next(intervals)
+            logger.warning("thread %s: %s; trying again in %.1f s", thread_id, exc, pause)
+            return pause
+
+        retry_over_time(  # type: ignore[no-untyped-call]
+            self._store_call, StoreUnavailable, what, opening, errback=wait, **policy
+        )
 
     def _key_for(self, thread_id: str, input: dict[str, Any], given: str | None) -> str | None:
         """The thread's concurrency key (``given``, else :attr:`concurrency_key`'s),

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import logging
 import threading
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
 from celery import Celery
+from celery.result import AsyncResult
 
 from agentq import Status
 from agentq.errors import StoreUnavailable
@@ -78,22 +82,85 @@ def test_a_busy_store_is_waited_for(redis_broker: str, tmp_path: Path) -> None:
         assert finished_untouched(store) == {(0, 1, 0)}
 
 
-def test_delay_while_the_store_is_down_raises_store_unavailable(
-    redis_broker: str, tmp_path: Path
+class RetryLog(logging.Handler):
+    """Sets ``retrying`` when a sender says it tries the store again."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.retrying = threading.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "trying again in" in record.getMessage():
+            self.retrying.set()
+
+
+@pytest.fixture
+def retry_log() -> Iterator[RetryLog]:
+    handler, logger = RetryLog(), logging.getLogger("agentq")
+    level = logger.level
+    logger.setLevel(logging.WARNING)
+    logger.addHandler(handler)
+    try:
+        yield handler
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+
+
+def down_app(redis_broker: str, url: str) -> Celery:
+    return make_app(
+        broker=redis_broker,
+        store=url,
+        prefix="down:",
+        queue="agentq-test-down",
+        ledger_url=url,
+    )
+
+
+def test_delay_waits_for_a_store_back_within_the_publish_retry_policy(
+    redis_broker: str, tmp_path: Path, retry_log: RetryLog
 ) -> None:
     with running_redis(tmp_path / "store") as server:
-        app = make_app(
-            broker=redis_broker,
-            store=server.url,
-            prefix="down:",
-            queue="agentq-test-down",
-            ledger_url=server.url,
-        )
+        app = down_app(redis_broker, server.url)
+        agent = app.tasks["tests.waiting_agent"]
+        policy = {"max_retries": 300, "interval_start": 0.1, "interval_max": 0.1}
+        sent: list[AsyncResult] = []
+        try:
+            server.kill()
+            sender = threading.Thread(
+                target=lambda: sent.append(
+                    agent.apply_async(("t1",), {"steps": 1, "wait": 0}, retry_policy=policy)
+                )
+            )
+            sender.start()
+            assert retry_log.retrying.wait(30), "the sender never met the store down"
+            server.start()
+            sender.join(timeout=60)
+            (result,) = sent
+            meta = agent.thread("t1")
+            assert (meta.status, meta.origin, meta.input) == (
+                Status.QUEUED,
+                result.id,
+                {"steps": 1, "wait": 0},
+            )
+        finally:
+            app._agentq_runtime.store.close()
+            app.close()
+
+
+@pytest.mark.parametrize("options", [{}, {"retry": False}], ids=["default policy", "no retry"])
+def test_delay_while_the_store_stays_down_raises_store_unavailable(
+    redis_broker: str, tmp_path: Path, retry_log: RetryLog, options: dict[str, Any]
+) -> None:
+    with running_redis(tmp_path / "store") as server:
+        app = down_app(redis_broker, server.url)
         agent = app.tasks["tests.waiting_agent"]
         try:
             server.kill()
             with pytest.raises(StoreUnavailable, match=r"'t1'.*cannot reach the store") as raised:
-                agent.delay("t1", steps=1, wait=0)
+                agent.apply_async(("t1",), {"steps": 1, "wait": 0}, **options)
+            # Celery's default policy tries a publish three more times; so does the store.
+            assert retry_log.retrying.is_set() is ("retry" not in options)
             with pytest.raises(StoreUnavailable):
                 agent.thread("t1")
         finally:

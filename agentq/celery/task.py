@@ -55,6 +55,10 @@ KEY_HEADER: Final = "agentq_concurrency_key"
 every later send (recovery, hand-over, resume) and every worker sees the first one."""
 
 
+_RETRY_TIMING: Final = ("max_retries", "interval_start", "interval_step", "interval_max")
+"""The keys of a Celery ``retry_policy`` that say how often and how long to try again."""
+
+
 def _stored(options: dict[str, Any]) -> dict[str, Any]:
     return {**options, "headers": {**(options.get("headers") or {}), STORED_HEADER: True}}
 
@@ -211,7 +215,9 @@ class AgentTask(Task):  # type: ignore[misc]
         if not sending.get("retry", conf.task_publish_retry):
             self._store_call(*what, **opening)
             return
-        policy = {**conf.task_publish_retry_policy, **(sending.get("retry_policy") or {})}
+        given = {**conf.task_publish_retry_policy, **(sending.get("retry_policy") or {})}
+        # Its timing only: retry_errors name the broker's errors, not the store's.
+        policy = {name: given[name] for name in _RETRY_TIMING if name in given}
 
         def wait(exc: BaseException, intervals: Iterator[float], retries: int) -> float:
             pause = next(intervals)

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 from collections.abc import Iterator
 
 import pytest
@@ -11,6 +12,12 @@ from tests.support.redis_server import RedisServer, running_redis
 
 if shutil.which("redis-server") is None:
     pytest.exit("redis-server is not on PATH; install it (apt-get install redis-server)", 3)
+
+# A run started in the background by a non-interactive shell (`cmd &`, nohup) inherits
+# SIGINT ignored, and an ignored signal stays ignored across exec: the commands the tests
+# start and interrupt, as a user's Ctrl-C would, would never see it.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 CHAOS_SIZE = {"threads": 30, "steps": 10}

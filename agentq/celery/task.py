@@ -150,13 +150,34 @@ class AgentTask(Task):  # type: ignore[misc]
         except Exception as exc:
             if driver.store_unreachable(exc):
                 task_outcome.given_back(self, thread_id, exc, driver.requeued)
-            task_outcome.failed(
-                self, calls("reading the thread", runtime.store.meta, thread_id), exc
-            )
+            task_outcome.failed(self, self._meta_after_failure(calls, thread_id, exc), exc)
             raise
         if meta is None:  # deleted: the driver dropped the message
             raise Ignore()
         return task_outcome.finish(self, meta, driver.retrying, driver.waiting_for)
+
+    def _meta_after_failure(
+        self, calls: RetriedCalls, thread_id: str, exc: Exception
+    ) -> ThreadMeta | None:
+        """The thread's meta after its run raised ``exc``; ``None`` if the store stays out
+        for longer than the read can wait, so that the task fails with ``exc``, the
+        error its thread failed with, rather than with the store's."""
+        store = self.agentq.store
+        try:
+            return calls("reading the thread", store.meta, thread_id)
+        except Exception as read_error:
+            if not store.is_transient(read_error):
+                raise
+            logger.warning(
+                "thread %s: failed with %s: %s; the store stayed unreachable after it (%s: "
+                "%s), so the thread's first task does not hold the error",
+                thread_id,
+                type(exc).__name__,
+                exc,
+                type(read_error).__name__,
+                read_error,
+            )
+            return None
 
     def delay(self, thread_id: str, /, *misplaced: Never, **input: Any) -> AsyncResult:
         """Start (or re-send) thread ``thread_id``, ``input`` being the entry node's

@@ -1,7 +1,7 @@
 """A store that fails as a task reads how its run left the thread, after a run longer
 than the lease: that read waits for the store like every call of the run, and the task
 ends as the run left the thread (handed over if the store stays down), never failed with
-the store's error.
+the store's error; a task whose thread failed fails with the thread's error.
 
 The store is a private ``redis-server`` (AOF always), SIGKILLed at that read and, unless
 it stays down, started again on the same data; the driver runs in this process
@@ -66,6 +66,18 @@ class SlowStepThenRetry(AgentTask):
         raise Overloaded("the provider is overloaded")
 
 
+class FailingStep(AgentTask):
+    """A node that fails for good: the thread is failed, and the task fails with its error
+    after reading the thread (for the result of its first task)."""
+
+    name = "tests.outage_after_run.failing_step"
+    store: DownAtNextRead
+
+    def start(self, run: Run) -> Any:
+        self.store.armed = True
+        raise ValueError("the tool's arguments are malformed")
+
+
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[RedisServer]:
     server = RedisServer(tmp_path / "store").start()
@@ -76,17 +88,20 @@ def server(tmp_path: Path) -> Iterator[RedisServer]:
 
 
 def run_once(
-    server: RedisServer, back_after: float | None
+    server: RedisServer,
+    back_after: float | None,
+    agent: type[AgentTask] = SlowStepThenRetry,
+    ends_with: tuple[type[BaseException], ...] = (Retry, Ignore),
 ) -> tuple[pytest.ExceptionInfo[Any], ThreadMeta]:
     store = DownAtNextRead.from_url(server.url, prefix="after-run:")
     store.server, store.back_after = server, back_after
     app = Celery("after-run", broker="memory://", set_as_current=False)
     agentq.init_app(app, store=store, lease_ttl=TTL)
-    task = app.register_task(SlowStepThenRetry())
+    task = app.register_task(agent())
     task.store = store
     store.open_thread("t1", task=task.name)
     try:
-        with pytest.raises((Retry, Ignore)) as ended:
+        with pytest.raises(ends_with) as ended:
             task.run("t1")
         if store.restarting is not None:
             store.restarting.join()
@@ -114,3 +129,15 @@ def test_a_store_still_down_at_the_end_of_a_run_ends_the_task_handed_over(
     ended, meta = run_once(server, back_after=None)
     assert ended.type is Ignore  # HANDED_OVER: not the store's ConnectionError
     assert (meta.status, meta.attempts, meta.crashes) == (Status.RETRYING, 1, 0)
+
+
+@pytest.mark.parametrize("back_after", [0.3 * TTL, None], ids=["back", "still-down"])
+def test_a_failed_thread_fails_its_task_with_its_own_error_whatever_the_store_does(
+    server: RedisServer, back_after: float | None, caplog: pytest.LogCaptureFixture
+) -> None:
+    ended, meta = run_once(server, back_after, FailingStep, (Exception,))
+    assert ended.type is ValueError  # not the store's ConnectionError
+    assert (meta.status, meta.attempts) == (Status.FAILED, 1)
+    assert meta.error is not None and "the tool's arguments are malformed" in meta.error
+    stayed_out = [r for r in caplog.records if "stayed unreachable after it" in r.getMessage()]
+    assert len(stayed_out) == (0 if back_after else 1)

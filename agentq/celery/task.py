@@ -196,7 +196,7 @@ class AgentTask(Task):  # type: ignore[misc]
         options (``queue``, ``exchange``, ``routing_key``, ``priority``) are kept too, so
         recovery, hand-overs and resumes send it the same way, and so is its
         ``concurrency_key`` (else :attr:`concurrency_key`'s). An existing thread keeps
-        its first input and options and is only re-sent."""
+        its first input and options and is only re-sent, as :meth:`resend` sends it."""
         if not args or len(args) != 1:
             raise InvalidArgument(
                 f"{self.name} takes exactly one positional argument, the thread id (got "
@@ -213,7 +213,7 @@ class AgentTask(Task):  # type: ignore[misc]
         traced = tracing.sending_headers()
         headers = {**traced, KEY_HEADER: key} if key else traced
         kept = {**_routing(options), "headers": headers} if headers else _routing(options)
-        self._open(
+        meta, created = self._open(
             thread_id,
             options,
             task=self.name,
@@ -222,20 +222,25 @@ class AgentTask(Task):  # type: ignore[misc]
             options=kept,
             origin=task_id,
         )
+        if not created:
+            return self.resend(meta, **options)
         return super().apply_async((thread_id,), None, **_stored({**kept, **options}))
 
-    def _open(self, thread_id: str, sending: dict[str, Any], /, **opening: Any) -> None:
+    def _open(
+        self, thread_id: str, sending: dict[str, Any], /, **opening: Any
+    ) -> tuple[ThreadMeta, bool]:
         """Open the thread in the store, trying again through a store error as Celery
         tries a publish again through a broker error: under the ``retry`` and
         ``retry_policy`` of ``sending`` (else ``task_publish_retry`` and
         ``task_publish_retry_policy``). Opening is safe to repeat: a thread that exists
-        is left as it is."""
+        is left as it is. Returns what :meth:`Store.open_thread` does."""
         conf = self.app.conf
         store = self.agentq.store
         what = ("starting the thread", thread_id, store.open_thread, thread_id)
+        opened: tuple[ThreadMeta, bool]
         if not sending.get("retry", conf.task_publish_retry):
-            self._store_call(*what, **opening)
-            return
+            opened = self._store_call(*what, **opening)
+            return opened
         given = {**conf.task_publish_retry_policy, **(sending.get("retry_policy") or {})}
         # Its timing only: retry_errors name the broker's errors, not the store's.
         policy = {name: given[name] for name in _RETRY_TIMING if name in given}
@@ -245,9 +250,10 @@ class AgentTask(Task):  # type: ignore[misc]
             logger.warning("thread %s: %s; trying again in %.1f s", thread_id, exc, pause)
             return pause
 
-        retry_over_time(  # type: ignore[no-untyped-call]
+        opened = retry_over_time(  # type: ignore[no-untyped-call]
             self._store_call, StoreUnavailable, what, opening, errback=wait, **policy
         )
+        return opened
 
     def _key_for(self, thread_id: str, input: dict[str, Any], given: str | None) -> str | None:
         """The thread's concurrency key (``given``, else :attr:`concurrency_key`'s),

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import redis
 from celery import Celery
 from celery.contrib.testing.worker import start_worker
 from click.testing import CliRunner, Result
@@ -108,6 +109,21 @@ def test_a_thread_keeps_its_queue_for_every_later_send(
     )
     approval.resume("t2", "thanks")
     assert approval.wait("t2", timeout=10) == {"approved": True, "note": "thanks"}
+
+
+def test_delay_of_an_existing_thread_sends_it_to_its_own_queue(
+    routed_env: tuple[Env, str], redis_broker: str
+) -> None:
+    env, queue = routed_env
+    agent = env.agent("counting_agent")
+    agent.apply_async(("t1",), {"n": 2}, queue=queue)
+    assert agent.wait("t1", timeout=30) == 2
+    agent.delay("t1")  # as a caller that does not know the thread's queue sends it again
+    broker = redis.Redis.from_url(redis_broker)
+    try:
+        assert broker.llen(env.app.conf.task_default_queue) == 0  # nobody would consume it
+    finally:
+        broker.close()
 
 
 def test_a_thread_runs_to_done_with_one_checkpoint_per_node(env: Env) -> None:

@@ -10,6 +10,7 @@ it stays down, started again on the same data; the driver runs in this process
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Iterator
@@ -135,6 +136,7 @@ def test_a_store_still_down_at_the_end_of_a_run_ends_the_task_handed_over(
 def test_a_failed_thread_fails_its_task_with_its_own_error_whatever_the_store_does(
     server: RedisServer, back_after: float | None, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.WARNING, logger="agentq")  # whatever an earlier test left it at
     ended, meta = run_once(server, back_after, FailingStep, (Exception,))
     assert ended.type is ValueError  # not the store's ConnectionError
     assert (meta.status, meta.attempts) == (Status.FAILED, 1)

@@ -119,11 +119,8 @@ def test_delay_of_an_existing_thread_sends_it_to_its_own_queue(
     agent.apply_async(("t1",), {"n": 2}, queue=queue)
     assert agent.wait("t1", timeout=30) == 2
     agent.delay("t1")  # as a caller that does not know the thread's queue sends it again
-    broker = redis.Redis.from_url(redis_broker)
-    try:
+    with redis.Redis.from_url(redis_broker) as broker:
         assert broker.llen(env.app.conf.task_default_queue) == 0  # nobody would consume it
-    finally:
-        broker.close()
 
 
 def test_a_thread_runs_to_done_with_one_checkpoint_per_node(env: Env) -> None:

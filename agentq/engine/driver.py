@@ -179,8 +179,7 @@ class Driver:
             return self._cancel_early(token, meta)
         # Only when this take counted one: a count above a lowered max_crashes, or kept
         # from a version whose retries did not clear it, fails no thread that lost none
-        # now. (A take asked again after a lost reply has it counted but not seen: the
-        # thread fails at its next lost worker.)
+        # now.
         if lost_worker and meta.crashes >= self.settings.max_crashes:
             return self._fail_for_crashes(token, meta)
         # Only now the key: a thread it parks is queued when woken, its lost worker counted.

@@ -9,6 +9,7 @@ runs in this process (``task.run``): what matters here is the store, not Celery.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any, TypedDict
 
@@ -20,10 +21,12 @@ from langgraph.graph import END, START, StateGraph
 
 import agentq
 from agentq import AgentTask, Done, Run, Status
+from agentq.errors import LeaseHeld, ThreadStopped
 from agentq.langgraph import graph_task
+from agentq.store.contract import Taken
 from agentq.store.redis.store import RedisStore
 from tests.chaos.flaky_proxy import FlakyProxy
-from tests.support.redis_server import RedisServer
+from tests.support.redis_server import RedisServer, wait_until
 
 pytestmark = pytest.mark.chaos
 
@@ -92,6 +95,35 @@ def test_a_lost_reply_to_a_claim_is_not_taken_for_a_dead_worker(env: Env) -> Non
     assert meta is not None
     assert (meta.status, env.emails()) == (Status.DONE, 1), meta.error
     assert result == {"sent": "a@example.com"}
+
+
+def test_a_lost_reply_to_the_take_that_counts_the_last_lost_worker_fails_the_thread(
+    env: Env,
+) -> None:
+    """The take redis-py resends after its reply was lost finds the lease the first one
+    gave, and reports the lost worker that one counted: at ``max_crashes`` the thread
+    fails rather than run the step that keeps crashing its workers once more."""
+    max_crashes = env.agent.agentq.settings.max_crashes
+    env.store.acquire("t1", "lost-0", 0.05)
+    for n in range(1, max_crashes):  # the workers lost before this one, each counted
+        taken = wait_until(partial(_take, env.store, f"lost-{n}"), timeout=5, what="expiry")
+        assert taken.meta.crashes == n
+    lock = env.store.keys.lock("t1")
+    wait_until(lambda: not env.outbox.exists(lock), timeout=5, what="expiry")
+    env.proxy.lose_reply_to = env.sha("acquire")
+    with pytest.raises(ThreadStopped, match=f"worker lost {max_crashes} times"):
+        env.agent.run("t1")
+    assert env.proxy.lost == 1
+    meta = env.store.meta("t1")
+    assert meta is not None
+    assert (meta.status, meta.crashes, env.emails()) == (Status.FAILED, max_crashes, 0)
+
+
+def _take(store: RedisStore, owner: str) -> Taken | None:
+    try:
+        return store.acquire_to_run("t1", owner, 0.05)
+    except LeaseHeld:
+        return None
 
 
 def test_a_store_outage_inside_a_tool_call_leaves_the_thread_to_recovery(env: Env) -> None:

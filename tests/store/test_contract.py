@@ -240,18 +240,39 @@ def _try_acquire_to_run(store: Store, thread_id: str, owner: str) -> Taken | Non
 
 def test_acquire_to_run_counts_a_lost_worker_once_when_asked_again(store: Store) -> None:
     """A reply lost to a dropped connection makes the driver ask again: it finds its own
-    live lease, and the worker lost before it stays counted once."""
+    live lease, and the worker lost before it stays counted once, and still reported, so
+    that the driver that asked twice fails a thread at ``max_crashes`` as one that asked
+    once does."""
     store.open_thread("t1", task="agent")
     store.acquire("t1", "lost", 0.05)  # running, and its worker gone with the lease
     first = wait_until(lambda: _try_acquire_to_run(store, "t1", "w1"), timeout=5, what="expiry")
     again = store.acquire_to_run("t1", "w1", TTL)
-    assert first.lost_worker and not again.lost_worker
-    assert first.meta.crashes == again.meta.crashes == 1
+    once_more = store.acquire_to_run("t1", "w1", TTL)
+    assert first.lost_worker and again.lost_worker and once_more.lost_worker
+    assert first.meta.crashes == again.meta.crashes == once_more.meta.crashes == 1
     assert again.token is not None and first.token is not None and again.token > first.token
     # A plain acquire is not a driver's: it counts nothing.
-    store.release("t1", "w1", again.token)
+    store.release("t1", "w1", once_more.token)  # type: ignore[arg-type]
     store.acquire("t1", "w2", TTL)
     assert store.meta("t1").crashes == 1  # type: ignore[union-attr]
+
+
+def test_acquire_to_run_asked_again_reports_no_lost_worker_its_take_did_not_count(
+    store: Store,
+) -> None:
+    """Only the take that counted a lost worker reports one when asked again: a driver that
+    took a queued thread, or one whose worker was lost before an earlier take, does not."""
+    store.open_thread("t1", task="agent")
+    taken = store.acquire_to_run("t1", "w1", TTL)
+    assert not taken.lost_worker and not store.acquire_to_run("t1", "w1", TTL).lost_worker
+    store.open_thread("t2", task="agent")
+    store.acquire("t2", "lost", 0.05)
+    counted = wait_until(lambda: _try_acquire_to_run(store, "t2", "w1"), timeout=5, what="expiry")
+    assert counted.lost_worker and counted.token is not None
+    store.release("t2", "w1", counted.token)
+    store.acquire("t2", "w2", TTL)  # a plain acquire: its lease counted nothing
+    again = store.acquire_to_run("t2", "w2", TTL)
+    assert not again.lost_worker and again.meta.crashes == 1
 
 
 def test_reopen_clears_the_lost_workers_of_a_thread_failed_for_them(store: Store) -> None:

@@ -301,7 +301,7 @@ def test_thread_columns_are_the_shared_meta_fields(tmp_path: Path) -> None:
     SQLiteStore(tmp_path / "agentq.db").close()
     with sqlite3.connect(tmp_path / "agentq.db") as db:
         columns = [row[1] for row in db.execute("PRAGMA table_info(threads)")]
-    lease = ["lock_owner", "lock_token", "lock_expires", "due_at", "retry_at"]
+    lease = ["lock_owner", "lock_token", "lock_expires", "lock_lost", "due_at", "retry_at"]
     assert columns == ["thread_id", *META_FIELDS, *lease]
 
 
@@ -365,7 +365,7 @@ def test_a_version_2_database_is_upgraded_in_place(tmp_path: Path) -> None:
         db.execute("ALTER TABLE threads DROP COLUMN origin")
         db.execute("ALTER TABLE effects DROP COLUMN tool")
         db.execute("ALTER TABLE effects DROP COLUMN claimed_at")
-        for column in ("timeout", "timeout_at", "timed_out"):
+        for column in ("timeout", "timeout_at", "timed_out", "lock_lost"):
             db.execute(f"ALTER TABLE threads DROP COLUMN {column}")
         db.execute("PRAGMA user_version = 2")
     with SQLiteStore(path) as store:
@@ -379,8 +379,13 @@ def test_a_version_2_database_is_upgraded_in_place(tmp_path: Path) -> None:
         token = store.acquire("t2", "w1", 60)
         store.set_status("t2", token, Status.WAITING, due_in=30, release_owner="w1")
         assert store.meta("t2").timeout == 30  # type: ignore[union-attr]
+        store.open_thread("t3", task="agent")
+        store.acquire("t3", "lost", 60)
+        store.release("t3", "lost", store.meta("t3").fence)  # type: ignore[union-attr]
+        assert store.acquire_to_run("t3", "w1", 60).lost_worker
+        assert store.acquire_to_run("t3", "w1", 60).lost_worker  # asked again
     with sqlite3.connect(path) as db:
-        assert db.execute("PRAGMA user_version").fetchone() == (5,)
+        assert db.execute("PRAGMA user_version").fetchone() == (6,)
 
 
 def test_newer_schema_is_refused(tmp_path: Path) -> None:

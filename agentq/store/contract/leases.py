@@ -41,8 +41,8 @@ class LeaseContract(ABC):
         ``waiting`` past its timeout); any other is returned unleased, its token ``None``,
         and nothing refuses it. A thread ``running`` under no live lease of ``owner`` lost
         its worker: ``crashes`` counts it, and ``lost_worker`` says so (a call asked again
-        after a lost reply finds its own lease and does not count it twice). Else raises
-        what :meth:`acquire` raises."""
+        after a lost reply finds the lease of the call that counted it, and says so again
+        without counting it twice). Else raises what :meth:`acquire` raises."""
         validate_thread_id(thread_id)
         check_ttl(thread_id, ttl)
         return self._do_acquire_to_run(thread_id, owner, ttl)

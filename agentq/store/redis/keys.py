@@ -20,7 +20,8 @@ key                                        type    contents
                                                    timeout/timeout_at/timed_out (a wait
                                                    for a human's, see meta_fields.py), parked
                                                    (while it waits for a concurrency key: the
-                                                   key's queue)
+                                                   key's queue), lost_token (the token of the
+                                                   last take that counted a lost worker)
 ``P thread:{T}:staged``                    string  the snapshot of a commit in flight: SET
                                                    in the commit's MULTI, then renamed to its
                                                    checkpoint key, or deleted if the commit

@@ -114,7 +114,7 @@ def _acquire(
     taking a thread running under no live lease of ``owner``."""
     now = time.time()
     row = db.execute(
-        "SELECT status, fence, lock_owner, lock_expires, retry_at, timeout_at, "
+        "SELECT status, fence, lock_owner, lock_expires, lock_lost, retry_at, timeout_at, "
         "interrupt FROM threads WHERE thread_id = ?",
         (thread_id,),
     ).fetchone()
@@ -138,23 +138,26 @@ def _acquire(
             thread_id=thread_id,
             ttl_ms=ttl_ms,
         )
+    # Running under no live lease of this owner: its worker was lost at this step. Asked
+    # again after a lost reply, this owner finds the lease of the take that counted it,
+    # and says so again without counting it twice.
+    own = row["lock_owner"] == owner and locked
+    running = only_runnable and status == Status.RUNNING
+    counts = running and not own
+    lost = running and (not own or bool(row["lock_lost"]))
     token: int = row["fence"] + 1
     db.execute(
-        "UPDATE threads SET fence = ?, lock_owner = ?, lock_token = ?, lock_expires = ? "
-        "WHERE thread_id = ?",
-        (token, owner, token, now + ttl, thread_id),
+        "UPDATE threads SET fence = ?, lock_owner = ?, lock_token = ?, lock_expires = ?, "
+        "lock_lost = ? WHERE thread_id = ?",
+        (token, owner, token, now + ttl, int(lost), thread_id),
     )
     if timed_out:  # the node that runs next gets the unanswered question
         asked = row["interrupt"] or encode(None, "interrupt", thread_id, None)
         update(db, thread_id, now, timeout_at=None, timed_out=asked)
-    # Running under no live lease of this owner: its worker was lost at this step. Asked
-    # again after a lost reply, this owner finds its own lease and does not count it twice.
-    own = row["lock_owner"] == owner and locked
-    lost = only_runnable and status == Status.RUNNING and not own
     if status.is_live or timed_out:
         db.execute(
             "UPDATE threads SET status = ?, due_at = ?, updated_at = ?, crashes = crashes + ? "
             "WHERE thread_id = ?",
-            (Status.RUNNING.value, now + ttl, now, int(lost), thread_id),
+            (Status.RUNNING.value, now + ttl, now, int(counts), thread_id),
         )
     return token, lost

@@ -14,7 +14,7 @@ from typing import Final
 from agentq.errors import StoreConfigError
 from agentq.store.meta_fields import META_FIELDS
 
-SCHEMA_VERSION: Final = 5
+SCHEMA_VERSION: Final = 6
 
 _META_TYPES: Final = {
     "status": "TEXT NOT NULL",
@@ -44,7 +44,8 @@ META_COLUMNS: Final = ", ".join(f'"{name}"' for name in META_FIELDS)
 SCHEMA: Final = (
     "CREATE TABLE IF NOT EXISTS threads (thread_id TEXT PRIMARY KEY, "
     + ", ".join(f'"{name}" {_META_TYPES[name]}' for name in META_FIELDS)
-    + ", lock_owner TEXT, lock_token INTEGER, lock_expires REAL, due_at REAL, retry_at REAL)",
+    + ", lock_owner TEXT, lock_token INTEGER, lock_expires REAL, lock_lost INTEGER NOT NULL "
+    "DEFAULT 0, due_at REAL, retry_at REAL)",
     "CREATE INDEX IF NOT EXISTS threads_due ON threads(due_at) WHERE due_at IS NOT NULL",
     "CREATE INDEX IF NOT EXISTS threads_status ON threads(status, updated_at)",
     "CREATE INDEX IF NOT EXISTS threads_updated ON threads(updated_at)",
@@ -99,4 +100,6 @@ def migrate(db: sqlite3.Connection, path: str) -> None:
     if version in (1, 2, 3, 4):  # version 5: the timeout of a wait for a human
         for column in ("timeout REAL", "timeout_at REAL", "timed_out BLOB"):
             db.execute(f"ALTER TABLE threads ADD COLUMN {column}")
+    if version in (1, 2, 3, 4, 5):  # version 6: whether a lease's take counted a lost worker
+        db.execute("ALTER TABLE threads ADD COLUMN lock_lost INTEGER NOT NULL DEFAULT 0")
     db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")

@@ -4,7 +4,7 @@
 -- ARGV[1]: status prefix or '', [2] thread id, [3] owner, [4] ttl in ms, [5] '1' for a
 -- driver about to run it: only a thread that runs by itself (live, or waiting with a
 -- timeout) is leased, and one running under no lease of this owner has its lost worker
--- counted in 'crashes'.
+-- counted in 'crashes', the new token kept in 'lost_token'.
 -- A waiting thread whose timeout passed becomes running, its question copied to
 -- 'timed_out' for the node that runs next; before then it is refused like an early retry.
 -- Returns {1, token, the meta as HGETALL gives it, 1 if it counted a lost worker else 0,
@@ -31,11 +31,13 @@ if at then
   end
 end
 local current = redis.call('GET', KEYS[1])
+local held
 if current then
   local sep = string.find(current, ':', 1, true)
   if string.sub(current, sep + 1) ~= ARGV[3] then
     return {REFUSAL.LEASE_HELD, redis.call('PTTL', KEYS[1]), 0}
   end
+  held = string.sub(current, 1, sep - 1)
 end
 local token = redis.call('HINCRBY', KEYS[2], 'fence', 1)
 redis.call('SET', KEYS[1], token .. ':' .. ARGV[3], 'PX', ARGV[4])
@@ -52,10 +54,18 @@ if LIVE[status] or timed_out then
   ops = index(ARGV[2], status, STATUS.RUNNING, now + tonumber(ARGV[4]) / 1000, now)
 end
 local lost = 0
-if ARGV[5] == '1' and status == STATUS.RUNNING and not current then
-  -- Its worker was lost at this step. Asked again after a lost reply, this owner finds
-  -- its own lease and does not count it twice.
-  redis.call('HINCRBY', KEYS[2], 'crashes', 1)
-  lost = 1
+if ARGV[5] == '1' and status == STATUS.RUNNING then
+  if not current then
+    -- Its worker was lost at this step.
+    redis.call('HINCRBY', KEYS[2], 'crashes', 1)
+    lost = 1
+  elseif redis.call('HGET', KEYS[2], 'lost_token') == held then
+    -- Asked again after a lost reply: this owner finds the lease of the take that
+    -- counted the lost worker, and says so again without counting it twice.
+    lost = 1
+  end
+  if lost == 1 then
+    redis.call('HSET', KEYS[2], 'lost_token', token)
+  end
 end
 return {1, token, redis.call('HGETALL', KEYS[2]), lost, ops}

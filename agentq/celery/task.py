@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import inspect
 import logging
 import time
@@ -13,6 +14,7 @@ from celery.backends.base import DisabledBackend
 from celery.exceptions import Ignore
 from celery.result import AsyncResult
 from celery.utils import uuid
+from celery.utils.time import maybe_iso8601, maybe_make_aware
 from kombu.utils.functional import retry_over_time
 
 from agentq.celery import task_outcome
@@ -61,6 +63,19 @@ _RETRY_TIMING: Final = ("max_retries", "interval_start", "interval_step", "inter
 
 def _stored(options: dict[str, Any]) -> dict[str, Any]:
     return {**options, "headers": {**(options.get("headers") or {}), STORED_HEADER: True}}
+
+
+def _start_delay(options: dict[str, Any]) -> float:
+    """Seconds until a worker runs the message, as Celery reads its options: the
+    ``countdown`` if given, else the ``eta`` (a datetime or an ISO 8601 string; naive is
+    UTC). Recovery leaves the thread alone until then."""
+    if options.get("countdown"):
+        return float(options["countdown"])
+    eta: datetime.datetime | None = maybe_iso8601(options.get("eta"))
+    if eta is None:
+        return 0.0
+    at: datetime.datetime = maybe_make_aware(eta)
+    return max(0.0, (at - datetime.datetime.now(datetime.UTC)).total_seconds())
 
 
 def _routing(options: dict[str, Any]) -> dict[str, Any]:
@@ -208,7 +223,7 @@ class AgentTask(Task):  # type: ignore[misc]
         # Chosen here so that the thread remembers it: the result stored under it is the
         # thread's, whichever task finishes the thread.
         task_id = options.setdefault("task_id", uuid())
-        delay = float(options.get("countdown") or 0)
+        delay = _start_delay(options)
         # The caller's trace context, kept with the thread: every later send carries it.
         traced = tracing.sending_headers()
         headers = {**traced, KEY_HEADER: key} if key else traced

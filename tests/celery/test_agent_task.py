@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import datetime
 import threading
 import uuid
 from collections.abc import Iterator
@@ -121,6 +122,22 @@ def test_delay_of_an_existing_thread_sends_it_to_its_own_queue(
     agent.delay("t1")  # as a caller that does not know the thread's queue sends it again
     with redis.Redis.from_url(redis_broker) as broker:
         assert broker.llen(env.app.conf.task_default_queue) == 0  # nobody would consume it
+
+
+@pytest.mark.parametrize("form", ["aware", "naive UTC", "ISO 8601"])
+def test_an_eta_keeps_recovery_off_the_thread_until_then(env: Env, form: str) -> None:
+    """The message waits in the worker until its ``eta``: the thread is not due before it,
+    or the sweeper would send it at once without one."""
+    agent = env.agent("counting_agent")
+    eta = datetime.datetime.now(datetime.UTC) + datetime.timedelta(hours=1)
+    given = {"aware": eta, "naive UTC": eta.replace(tzinfo=None), "ISO 8601": eta.isoformat()}
+    agent.apply_async(("t1",), {"n": 2}, eta=given[form])
+    agent.apply_async(("t2",), {"n": 2}, countdown=3600)
+    by_eta, by_countdown = (s.due_at for s in env.store.schedules(["t1", "t2"]))
+    assert by_eta is not None and by_countdown is not None
+    assert by_eta >= eta.timestamp()
+    assert abs(by_eta - by_countdown) < 60  # the same hour as a countdown says
+    assert agent.thread("t1").status == Status.QUEUED
 
 
 def test_a_thread_runs_to_done_with_one_checkpoint_per_node(env: Env) -> None:

@@ -97,6 +97,7 @@ class Driver:
         self.requeued = False
         """Whether the store, back after an outage that ended this drive, queued the
         thread again at once (else recovery resumes it once its lease runs out)."""
+        self._settled = False  # the thread's status was set and its lease given up
 
     def drive(self) -> Any:
         thread_id, store = self.thread_id, self.store
@@ -132,7 +133,26 @@ class Driver:
             if self.store_unreachable(exc):
                 # The task says what became of the thread, in one line.
                 self.requeued = give_back(store, thread_id, token, self.owner)
+            elif not self._settled and self.ended is None:
+                self._fail_outside_nodes(token, exc)
             raise
+
+    def _fail_outside_nodes(self, token: int, exc: Exception) -> None:
+        """Fail a thread whose drive broke outside its nodes (a checkpoint it cannot read, a
+        question it cannot store, a concurrency key it cannot name). Left running under its
+        lease, it would come back through recovery with the same error until its lost
+        workers failed it, that error no longer said."""
+        try:
+            self._settle("failing the thread", token, Status.FAILED, error=error_text(exc))
+        except Exception:
+            logger.exception(
+                "thread %s: could not mark it failed after %s; recovery resumes it once its "
+                "lease runs out",
+                self.thread_id,
+                type(exc).__name__,
+            )
+        else:
+            logger.error("thread %s: failed: %s", self.thread_id, exc)
 
     def _give_back(self, token: int) -> None:
         if not give_back(self.store, self.thread_id, token, self.owner):
@@ -260,6 +280,7 @@ class Driver:
             release_owner=self.owner,
             **fields,
         )
+        self._settled = True
 
     def _start_from(self, latest: Checkpoint | None, meta: ThreadMeta) -> _Position:
         resume_value = meta.resume_value if meta.resumed else NO_VALUE
@@ -317,6 +338,9 @@ class Driver:
             self._settle(
                 "pausing", token, Status.WAITING, interrupt=pause.payload, due_in=pause.timeout
             )
+            paused = self._calls("reading the thread", store.meta, thread_id)
+            if paused is not None and paused.cancel_requested and paused.fence == token:
+                return self._cancel_at_wait(token, step)
             logger.info("thread %s: waiting for a human at step %d", thread_id, step)
             return None
         except LimitWait as wait:  # not a failure: no attempt is counted
@@ -359,7 +383,9 @@ class Driver:
         except (CodecError, UnknownNode, InvalidArgument, AppendOnlyViolation, LogConflict) as exc:
             return self._fail_or_retry(token, step, pos.attempts, exc)  # output can't be kept
         logs.committed(run.state)
-        self.task.on_step(thread_id, step, pos.node, checkpoint.node, limit_waits=run.limit_waits)
+        self._report_step(step, pos.node, checkpoint.node, run.limit_waits)
+        if status == Status.WAITING and cancel:
+            return self._cancel_at_wait(token, step)
         if status != Status.RUNNING:
             self.ended = meta_after(meta, checkpoint, status, extra, cancel=bool(cancel))
             return extra.get("result")
@@ -371,6 +397,27 @@ class Driver:
         pos.step, pos.node, pos.attempts, pos.resume_value = step + 1, checkpoint.node, 0, NO_VALUE
         pos.state, pos.pending, pos.cursors = run.state, run.pending, run.cursors
         return _CONTINUE
+
+    def _report_step(
+        self, step: int, node: str, next_node: str | None, limit_waits: list[dict[str, Any]]
+    ) -> None:
+        """Tell the task a step committed. Its report (a result backend or broker call) is
+        not the thread's: failing, it is logged and the thread goes on."""
+        try:
+            self.task.on_step(self.thread_id, step, node, next_node, limit_waits=limit_waits)
+        except Exception:
+            logger.warning(
+                "thread %s: reporting step %d failed; the step is committed",
+                self.thread_id,
+                step,
+                exc_info=True,
+            )
+
+    def _cancel_at_wait(self, token: int, step: int) -> None:
+        """Cancel a thread asked to stop while the node that asked a human ran: the wait
+        is the node boundary a cancel stops it at, and a resume would clear the request."""
+        self._settle("cancelling", token, Status.CANCELLED)
+        logger.info("thread %s: cancelled at its wait after step %d", self.thread_id, step)
 
     def _cancel_early(self, token: int, meta: ThreadMeta) -> None:
         """Cancel a thread asked to stop before this drive ran a step of it."""

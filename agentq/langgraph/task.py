@@ -149,6 +149,11 @@ class GraphTask(AgentTask):
         return AgentqSerializer().dumps_typed(value)
 
     def _unpack(self, packed: Any) -> Any:
+        if not _is_packed(packed):
+            # Stored as it was given, by a sender that does not load the graph: the CLI's
+            # or the inspector's ``resume --value JSON``. JSON holds no bytes, so no plain
+            # value is taken for a packed one.
+            return packed
         type_, data = packed
         return self.saver.serde.loads_typed((type_, data))
 
@@ -217,6 +222,16 @@ class GraphTask(AgentTask):
     def _cancel_requested(self, thread_id: str) -> bool:
         meta = self.agentq.store.meta(thread_id)
         return meta is not None and meta.cancel_requested
+
+
+def _is_packed(value: Any) -> bool:
+    """Whether ``value`` is a ``(type, bytes)`` pair of LangGraph's serializer."""
+    return (
+        isinstance(value, (list, tuple))
+        and len(value) == 2
+        and isinstance(value[0], str)
+        and isinstance(value[1], bytes)
+    )
 
 
 def graph_task(

@@ -4,6 +4,7 @@ with the same final state as LangGraph's own MemorySaver gives."""
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,10 +13,12 @@ from typing import Any
 import pytest
 from celery import Celery
 from celery.contrib.testing.worker import start_worker
+from click.testing import CliRunner
 from langchain_core.messages import ToolMessage
 from langgraph.checkpoint.memory import InMemorySaver
 
 from agentq import Status
+from agentq.cli import cli
 from agentq.errors import InvalidArgument, InvalidThreadId, ThreadStopped
 from agentq.langgraph import AgentqSaver, GraphTask
 from agentq.langgraph.task import has_async_nodes
@@ -133,6 +136,26 @@ def test_interrupt_waits_and_resume_sends_the_value(env: Env) -> None:
     assert env.task.state("t1").values["approved"] is True
     assert env.ledger.tool_calls("t1") == env.ledger.as_sent("t1", {"call-refund-1": 1})
     assert env.ledger.model_calls("t1") == 2  # the interrupt re-ran no model call
+
+
+@pytest.mark.parametrize("value", ['{"approved": true}', '{"approved": false}'])
+def test_resume_from_the_cli_sends_its_json_value(env: Env, value: str) -> None:
+    """``agentq resume --value`` stores the JSON value as it is, not packed as
+    :meth:`GraphTask.resume` packs it: the graph gets it all the same."""
+    env.task.delay("t1", question("refund?", approval=True))
+    wait_until(lambda: env.task.thread("t1").status == Status.WAITING, timeout=20, what="waiting")
+    settings = env.app._agentq_runtime.settings
+    resumed = CliRunner().invoke(
+        cli,
+        ["--store", settings.store, "--prefix", settings.prefix, "resume", "t1", "--value", value],
+        catch_exceptions=False,
+    )
+    assert resumed.exit_code == 0, resumed.output
+    env.task.wait("t1", timeout=30)
+    approved = env.task.state("t1").values["approved"]
+    assert approved is json.loads(value)["approved"]
+    refunds = {"call-refund-1": 1} if approved else {}
+    assert env.ledger.tool_calls("t1") == env.ledger.as_sent("t1", refunds)
 
 
 def test_a_refusal_through_resume_skips_the_refund(env: Env) -> None:

@@ -897,6 +897,23 @@ def test_artifacts_are_content_addressed_and_deleted_with_the_thread(store: Stor
         store.get_artifact("t1", digest)
 
 
+def test_a_fork_keeps_the_artifacts_its_checkpoint_refers_to(store: Store) -> None:
+    empty = snapshot(store)
+    token = started(store)
+    digest = store.put_artifact("t1", b"%PDF-1.7 ...")
+    ref = {"artifact": digest, "size": 12, "content_type": "application/pdf"}
+    store.claim_effect("t1", "charge", token)
+    store.commit("t1", token, cp(0, token, doc=ref))
+    store.fork("t1", 0, "t2")
+    assert store.latest("t2").state["doc"] == ref  # type: ignore[union-attr]
+    assert store.get_artifact("t2", digest) == b"%PDF-1.7 ..."
+    assert store.effect("t2", "charge") is None
+    store.delete_thread("t1")
+    assert store.get_artifact("t2", digest) == b"%PDF-1.7 ..."
+    store.delete_thread("t2")
+    assert snapshot(store) == empty
+
+
 def test_commit_can_pause_for_a_human(store: Store) -> None:
     token = started(store)
     store.commit(

@@ -111,7 +111,9 @@ class ThreadsContract(ABC):
     def fork(self, thread_id: str, step: int, new_thread_id: str) -> ThreadMeta:
         """Create ``new_thread_id`` holding a copy of checkpoint ``step`` of ``thread_id`` as
         its latest, with the source's task and input, in status ``waiting``, with no lease
-        and no effect records.
+        and no effect records. The fork gets copies of the append-only logs up to that
+        checkpoint and of every artifact of the source, its own to read and to delete with
+        it: deleting the source afterwards takes nothing the fork refers to.
 
         Raises :class:`~agentq.errors.CheckpointNotFound` if the step is not stored,
         :class:`~agentq.errors.FinalCheckpoint` if the thread finished at it (a fork would

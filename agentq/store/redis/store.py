@@ -187,6 +187,7 @@ class RedisStore(RedisCheckpoints, RedisEffects, RedisLimits, RedisListing, Redi
                 self.keys.meta(new_thread_id),
                 self.keys.latest(new_thread_id),
                 self.keys.checkpoint(new_thread_id, step),
+                self.keys.owned(new_thread_id),
             ],
             [
                 new_thread_id,
@@ -199,6 +200,7 @@ class RedisStore(RedisCheckpoints, RedisEffects, RedisLimits, RedisListing, Redi
                 log_fields(lengths),
                 options_blob or "",
                 *log_args,
+                *self._artifact_args(thread_id),
             ],
             indexed=True,
         )
@@ -209,6 +211,22 @@ class RedisStore(RedisCheckpoints, RedisEffects, RedisLimits, RedisListing, Redi
                 thread_id=new_thread_id,
             )
         return self._meta(new_thread_id, hash_to_fields(flat))
+
+    def _artifact_args(self, thread_id: str) -> list[Any]:
+        """Every artifact of the thread as create_fork takes them: how many, then each as
+        (digest, bytes). All of them, not only those the forked checkpoint names: a
+        reference may sit anywhere in the state, its logs or the cursors, and the same
+        digest is the same bytes, so a spare copy is only space, a missing one a failure."""
+        prefix = self.keys.artifact(thread_id, "")
+        owned = [text(key) for key in self.client.smembers(self.keys.owned(thread_id))]
+        keys = [key for key in owned if key.startswith(prefix)]
+        # A source deleted since SMEMBERS has no bytes left to copy, as its logs have none.
+        found = [
+            (key.removeprefix(prefix), data)
+            for key, data in zip(keys, self.client.mget(keys) if keys else [], strict=True)
+            if data is not None
+        ]
+        return [len(found), *(part for pair in found for part in pair)]
 
     def _do_reopen(
         self,

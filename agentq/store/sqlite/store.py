@@ -256,6 +256,13 @@ class SQLiteStore(
                     "FROM logs WHERE thread_id = ? AND field = ? AND idx < ?",
                     (new_thread_id, thread_id, field, length),
                 )
+            # Every artifact, not only those the checkpoint names: a reference may sit
+            # anywhere in its state, logs or cursors, and a digest is always the same bytes.
+            db.execute(
+                "INSERT OR IGNORE INTO artifacts (thread_id, digest, data) "
+                "SELECT ?, digest, data FROM artifacts WHERE thread_id = ?",
+                (new_thread_id, thread_id),
+            )
             meta = read_meta(db, new_thread_id)
         assert meta is not None
         return meta

@@ -1,11 +1,11 @@
 --!df flags=allow-undeclared-keys
 -- Creates a thread from a copied snapshot, in status 'waiting'.
--- KEYS[1]: meta, [2]: latest, [3]: checkpoint n, [due index].
+-- KEYS[1]: meta, [2]: latest, [3]: checkpoint n, [4]: set of owned keys, [due index].
 -- ARGV[1]: status prefix or '', [2] new thread id, [3] snapshot bytes, [4] n, [5] node
 -- ('' for none), [6] task name, [7] input (msgpack) or '', [8] the new thread's key
 -- prefix, [9] the names of the append-only fields (msgpack; '' for none), [10] the send
 -- options (msgpack; '' for none), [11] how many append-only logs follow, each as (field,
--- count, count items).
+-- count, count items), then how many artifacts follow, each as (sha256, bytes).
 -- Returns {1, meta as a flat HGETALL list, ops}, or {0, 0, 0} if the id is taken.
 local meta = KEYS[1]
 if redis.call('EXISTS', meta) == 1 then
@@ -35,6 +35,11 @@ for _ = 1, tonumber(ARGV[11]) do
   end
   redis.call('SADD', ARGV[8] .. 'logs', field)
   i = i + 2 + count
+end
+for a = i + 1, i + 2 * tonumber(ARGV[i]), 2 do
+  local key = ARGV[8] .. 'artifact:' .. ARGV[a]
+  redis.call('SET', key, ARGV[a + 1])
+  redis.call('SADD', KEYS[4], key)
 end
 redis.call('SET', KEYS[2], ARGV[4])
 redis.call('SET', KEYS[3], ARGV[3])

@@ -10,7 +10,6 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ClassVar, Final, Never, TypeVar
 
 from celery import Task
-from celery.backends.base import DisabledBackend
 from celery.exceptions import Ignore
 from celery.result import AsyncResult
 from celery.utils import uuid
@@ -399,7 +398,7 @@ class AgentTask(Task):  # type: ignore[misc]
         )
         fields = {"thread_id": thread_id, "step": step, "node": node, "next": next_node}
         request = self.request  # a lookup in Celery's thread-local stack each time
-        if request.id and not isinstance(self.backend, DisabledBackend):
+        if request.id and task_outcome.stores_results(self):
             self.update_state(state="PROGRESS", meta=fields)
         if request.hostname and self.app.conf.worker_send_task_events:
             self.send_event("task-progress", **fields, limit_waits=list(limit_waits))

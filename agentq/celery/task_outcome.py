@@ -17,6 +17,7 @@ import logging
 from typing import Any, Final, NoReturn
 
 from celery import Task
+from celery.app.task import get_actual_ignore_result
 from celery.backends.base import DisabledBackend
 from celery.exceptions import Ignore, Retry
 
@@ -140,17 +141,20 @@ def cancelled(task: Task, meta: ThreadMeta) -> None:
     _for_origin(task, meta, lambda backend, id: backend.mark_as_revoked(id, reason))
 
 
-def _storing(task: Task) -> bool:
-    return not task.ignore_result and not isinstance(task.backend, DisabledBackend)
+def stores_results(task: Task) -> bool:
+    """Whether the task's states go to its result backend: not with ``ignore_result``,
+    the task's or the message's, as Celery decides it."""
+    ignored = get_actual_ignore_result(task, task.request)
+    return not ignored and not isinstance(task.backend, DisabledBackend)
 
 
 def _store(task: Task, write: Any) -> None:
-    if _storing(task) and task.request.id:
+    if stores_results(task) and task.request.id:
         write(task.backend, task.request.id)
 
 
 def _for_origin(task: Task, meta: ThreadMeta, write: Any) -> None:
-    if _storing(task) and meta.origin and meta.origin != task.request.id:
+    if stores_results(task) and meta.origin and meta.origin != task.request.id:
         write(task.backend, meta.origin)
 
 
@@ -168,4 +172,5 @@ __all__ = [
     "failed",
     "finish",
     "given_back",
+    "stores_results",
 ]

@@ -45,6 +45,7 @@ class Env:
     retried: list[tuple[str, BaseException]]
     events: list[dict[str, Any]] = field(default_factory=list)
     release: threading.Event = field(default_factory=threading.Event)
+    entered: threading.Event = field(default_factory=threading.Event)
 
 
 def define_keyed(app: Celery, release: threading.Event) -> FunctionAgent:
@@ -58,6 +59,21 @@ def define_keyed(app: Celery, release: threading.Event) -> FunctionAgent:
         return Done(run.thread_id)
 
     return agent
+
+
+def define_quiet(app: Celery, entered: threading.Event, release: threading.Event) -> None:
+    """An agent whose results are ignored; its second node holds until ``release``."""
+    agent = agentq.agent(app, "tests.states.quiet", ignore_result=True)
+
+    @agent.node
+    def start(run: Run) -> Any:
+        return "finish"
+
+    @agent.node
+    def finish(run: Run) -> Any:
+        entered.set()
+        release.wait(20)
+        return Done("quiet")
 
 
 def define(app: Celery, retried: list[tuple[str, BaseException]]) -> FunctionAgent:
@@ -112,6 +128,7 @@ def env(redis_broker: str, result_backend: str, redis_server: RedisServer) -> It
     retried: list[tuple[str, BaseException]] = []
     env = Env(app, define(app, retried), retried)
     define_keyed(app, env.release)
+    define_quiet(app, env.entered, env.release)
     listening = threading.Event()
     receivers: list[Any] = []
 
@@ -152,6 +169,15 @@ def event_of(env: Env, type_: str, thread_id: str) -> dict[str, Any]:
         what=f"{type_} for {thread_id}",
     )
     return next(e for e in env.events if e["type"] == type_ and e.get("thread_id") == thread_id)
+
+
+def test_an_agent_that_ignores_its_results_stores_no_progress(env: Env) -> None:
+    quiet = env.app.tasks["tests.states.quiet"]
+    first = quiet.delay("t-quiet")
+    assert env.entered.wait(20)  # step 0 committed and reported
+    assert first.state == "PENDING"
+    env.release.set()
+    assert quiet.wait("t-quiet", timeout=20) == "quiet"
 
 
 def test_a_thread_waiting_for_a_human_is_waiting_and_get_ends_with_its_result(env: Env) -> None:

@@ -164,7 +164,11 @@ class AgentTask(Task):  # type: ignore[misc]
         except Exception as exc:
             if driver.store_unreachable(exc):
                 task_outcome.given_back(self, thread_id, exc, driver.requeued)
-            task_outcome.failed(self, self._meta_after_failure(calls, thread_id, exc), exc)
+            meta = self._meta_after_failure(calls, thread_id, exc)
+            if meta is not None and meta.status == Status.NEEDS_ATTENTION:
+                # Stopped for a person (a checkpoint the store lost): not the task's failure.
+                return task_outcome.finish(self, meta, None, None)
+            task_outcome.failed(self, meta, exc)
             raise
         if meta is None:  # deleted: the driver dropped the message
             raise Ignore()

@@ -20,7 +20,7 @@ from celery.contrib.testing.worker import start_worker
 from celery.result import AsyncResult
 
 import agentq
-from agentq import Done, FunctionAgent, Run
+from agentq import Done, FunctionAgent, Run, Status
 from agentq.celery.drain import draining
 from agentq.celery.task_outcome import HANDED_OVER, NEEDS_ATTENTION, WAITING, WAITING_FOR_KEY
 from agentq.errors import InterruptTimedOut, NeedsAttention
@@ -76,6 +76,19 @@ def define_quiet(app: Celery, entered: threading.Event, release: threading.Event
         return Done("quiet")
 
 
+def define_asking_later(app: Celery) -> None:
+    """An agent that asks a human at its second step, its first one committed."""
+    agent = agentq.agent(app, "tests.states.asks_later")
+
+    @agent.node
+    def start(run: Run) -> Any:
+        return "ask"
+
+    @agent.node
+    def ask(run: Run) -> Any:
+        return Done(run.interrupt({"question": "refund 10?"}))
+
+
 def define(app: Celery, retried: list[tuple[str, BaseException]]) -> FunctionAgent:
     def on_retry(self: Any, exc: BaseException, task_id: str, *args: Any) -> None:
         retried.append((task_id, exc))
@@ -129,6 +142,7 @@ def env(redis_broker: str, result_backend: str, redis_server: RedisServer) -> It
     env = Env(app, define(app, retried), retried)
     define_keyed(app, env.release)
     define_quiet(app, env.entered, env.release)
+    define_asking_later(app)
     listening = threading.Event()
     receivers: list[Any] = []
 
@@ -233,6 +247,21 @@ def test_needs_attention_and_a_failed_thread_say_so(env: Env) -> None:
     failing = env.agent.delay("t5", mode="fail")
     with pytest.raises(ValueError, match="the model said no"):
         failing.get(timeout=20)
+
+
+def test_a_thread_whose_checkpoint_is_gone_needs_attention_in_celery_too(
+    env: Env, redis_server: RedisServer
+) -> None:
+    agent = env.app.tasks["tests.states.asks_later"]
+    agent.delay("t-lost")
+    wait_until(lambda: agent.thread("t-lost").status == Status.WAITING, timeout=20, what="waiting")
+    prefix = env.app._agentq_runtime.settings.prefix
+    with redis_server.client() as client:  # what an evicting server drops, by hand
+        client.delete(*client.keys(f"{prefix}thread:{{t-lost}}:checkpoint:*"))
+    resumed = agent.resume("t-lost", True)
+    wait_until(lambda: resumed.state == NEEDS_ATTENTION, timeout=20, what="NEEDS_ATTENTION")
+    assert "data loss" in resumed.info["error"]
+    assert event_of(env, "task-needs-attention", "t-lost")["error"] == resumed.info["error"]
 
 
 def test_a_cancelled_thread_revokes_the_first_task(env: Env) -> None:

@@ -2,8 +2,9 @@
 
 A driver's writes are safe to send again: a commit resent with the same checkpoint is
 accepted as the one already written, a status is set to what it already is, and every
-write carries the lease's fencing token. So a driver waits and tries again for as long
-as its lease gives it, rather than leave the thread to recovery or fail it.
+write carries the lease's fencing token, which a person's resume or cancel in between
+raises, so a write sent again does not undo it. So a driver waits and tries again for as
+long as its lease gives it, rather than leave the thread to recovery or fail it.
 """
 
 from __future__ import annotations

@@ -850,6 +850,28 @@ def test_reopen_queues_a_waiting_thread_with_its_resume_value(store: Store) -> N
     assert store.meta("t1").resume_value is None  # type: ignore[union-attr]
 
 
+@pytest.mark.parametrize("control", ["resume", "cancel"])
+def test_a_status_write_sent_again_after_a_resume_or_a_cancel_is_refused(
+    store: Store, control: str
+) -> None:
+    """The driver's pause, its reply lost and sent again after a person resumed or
+    cancelled the thread, does not put the thread back to waiting."""
+    token = started(store)
+    pause = {"interrupt": {"ask": "refund?"}, "release_owner": "w1"}
+    store.set_status("t1", token, Status.WAITING, **pause)
+    if control == "resume":
+        store.reopen("t1", from_statuses={Status.WAITING}, resume_value=True, start_grace=0)
+    else:
+        assert store.request_cancel("t1") == Status.CANCELLED
+    before = snapshot(store)
+    with pytest.raises(StaleToken):
+        store.set_status("t1", token, Status.WAITING, **pause)
+    assert snapshot(store) == before
+    meta = store.meta("t1")
+    assert meta is not None
+    assert meta.status == (Status.QUEUED if control == "resume" else Status.CANCELLED)
+
+
 def test_reopen_refuses_other_statuses_and_unknown_threads(store: Store) -> None:
     started(store)
     before = snapshot(store)

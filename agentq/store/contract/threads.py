@@ -140,7 +140,8 @@ class ThreadsContract(ABC):
         it becomes ``queued``, due in ``start_grace`` seconds, with its error, attempts,
         lost workers (``crashes``) and cancel flag cleared and ``resume_value`` stored when
         given (the next driver reads it from the meta); a ``waiting`` thread's timeout is
-        dropped, so it never fires.
+        dropped, so it never fires. The fence goes up: a write of the thread's last driver,
+        sent again after its reply was lost, is refused rather than undo this.
         Raises :class:`~agentq.errors.ThreadStateError` for any other status and
         :class:`~agentq.errors.ThreadNotFound` for an unknown thread. Atomic.
         """
@@ -165,8 +166,9 @@ class ThreadsContract(ABC):
     def request_cancel(self, thread_id: str) -> Status:
         """Cancel the thread and return its status afterwards. A ``running`` thread is
         flagged and its driver stops at the next step boundary; ``done``, ``failed`` and
-        ``cancelled`` threads stay as they are; any other becomes ``cancelled`` at once and
-        leaves the due index. Raises :class:`~agentq.errors.ThreadNotFound`. Atomic."""
+        ``cancelled`` threads stay as they are; any other becomes ``cancelled`` at once,
+        leaves the due index and raises the fence, as :meth:`reopen` does. Raises
+        :class:`~agentq.errors.ThreadNotFound`. Atomic."""
         validate_thread_id(thread_id)
         return self._do_request_cancel(thread_id)
 

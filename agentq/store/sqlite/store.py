@@ -301,6 +301,8 @@ class SQLiteStore(
                 values.update(timeout=None, timeout_at=None)
             now = time.time()
             update(db, thread_id, now, due_at=now + start_grace, **values)
+            # A status write of the last driver, sent again, is refused rather than undo it.
+            db.execute("UPDATE threads SET fence = fence + 1 WHERE thread_id = ?", (thread_id,))
             meta = read_meta(db, thread_id)
         assert meta is not None
         return meta
@@ -322,6 +324,7 @@ class SQLiteStore(
                 due_at=None,
                 timeout_at=None,
             )
+            db.execute("UPDATE threads SET fence = fence + 1 WHERE thread_id = ?", (thread_id,))
             return Status.CANCELLED
 
     def _do_put_artifact(self, thread_id: str, data: bytes) -> str:

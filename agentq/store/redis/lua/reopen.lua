@@ -17,6 +17,9 @@ local now = now_seconds()
 redis.call('HSET', meta, 'status', STATUS.QUEUED, 'attempts', 0, 'crashes', 0, 'updated_at',
   tostring(now))
 redis.call('HDEL', meta, 'error', 'cancel', 'interrupt')
+-- A status write of the last driver, sent again after its reply was lost, is refused
+-- rather than undo this.
+redis.call('HINCRBY', meta, 'fence', 1)
 if status == STATUS.WAITING then
   -- Answered before its timeout: the timeout never fires.
   redis.call('HDEL', meta, 'timeout', 'timeout_at')

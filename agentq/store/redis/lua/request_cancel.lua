@@ -22,5 +22,6 @@ if parked then
 end
 local now = now_seconds()
 redis.call('HSET', meta, 'status', STATUS.CANCELLED, 'updated_at', tostring(now))
+redis.call('HINCRBY', meta, 'fence', 1)  -- as reopen.lua does
 redis.call('HDEL', meta, 'timeout_at')
 return {1, STATUS.CANCELLED, index(ARGV[2], status, STATUS.CANCELLED, 'clear', now)}

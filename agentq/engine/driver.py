@@ -271,6 +271,7 @@ class Driver:
     @instrument.settle
     def _settle(self, what: str, token: int, status: Status, **fields: Any) -> None:
         """Set the thread's status (and ``fields``) and give its lease up."""
+        self._releasing()
         self._calls(
             what,
             self.store.set_status,
@@ -281,6 +282,11 @@ class Driver:
             **fields,
         )
         self._settled = True
+
+    def _releasing(self) -> None:
+        # Before the write: the keeper's renewal may reach the store after it.
+        if self._calls.lease is not None:
+            self._calls.lease.releasing = True
 
     def _start_from(self, latest: Checkpoint | None, meta: ThreadMeta) -> _Position:
         resume_value = meta.resume_value if meta.resumed else NO_VALUE
@@ -335,14 +341,7 @@ class Driver:
         try:
             outcome = self._call(pos.node, run, meta.input if step == 0 else None)
         except Interrupted as pause:
-            self._settle(
-                "pausing", token, Status.WAITING, interrupt=pause.payload, due_in=pause.timeout
-            )
-            paused = self._calls("reading the thread", store.meta, thread_id)
-            if paused is not None and paused.cancel_requested and paused.fence == token:
-                return self._cancel_at_wait(token, step)
-            logger.info("thread %s: waiting for a human at step %d", thread_id, step)
-            return None
+            return self._pause(token, step, pause)
         except LimitWait as wait:  # not a failure: no attempt is counted
             self._settle("waiting for a limit", token, Status.RETRYING, due_in=wait.seconds)
             self.task.on_limit_wait(thread_id, step, pos.node, run.limit_waits)
@@ -366,6 +365,8 @@ class Driver:
             checkpoint, status, extra = checkpoint_after(
                 run, outcome, task=self.task.name, token=token
             )
+            if status != Status.RUNNING:
+                self._releasing()
             cancel = self._calls(
                 "committing",
                 instrument.commit(thread_id, store.commit),
@@ -397,6 +398,17 @@ class Driver:
         pos.step, pos.node, pos.attempts, pos.resume_value = step + 1, checkpoint.node, 0, NO_VALUE
         pos.state, pos.pending, pos.cursors = run.state, run.pending, run.cursors
         return _CONTINUE
+
+    def _pause(self, token: int, step: int, pause: Interrupted) -> None:
+        """Wait for a human, as the node asked with ``run.interrupt()``."""
+        self._settle(
+            "pausing", token, Status.WAITING, interrupt=pause.payload, due_in=pause.timeout
+        )
+        paused = self._calls("reading the thread", self.store.meta, self.thread_id)
+        if paused is not None and paused.cancel_requested and paused.fence == token:
+            return self._cancel_at_wait(token, step)
+        logger.info("thread %s: waiting for a human at step %d", self.thread_id, step)
+        return None
 
     def _report_step(
         self, step: int, node: str, next_node: str | None, limit_waits: list[dict[str, Any]]

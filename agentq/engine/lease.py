@@ -49,6 +49,8 @@ class Lease:
     ttl: float
     renewed_at: float = field(default_factory=time.monotonic)
     lost: threading.Event = field(default_factory=threading.Event)
+    releasing: bool = False
+    """Its driver is giving it up: a renewal refused from then on is no loss to report."""
     _slots: dict[str, tuple[str, ...]] = field(default_factory=dict)
     """The limit keys whose concurrency slots each holder (a call in flight) has."""
     _slots_lock: threading.Lock = field(default_factory=threading.Lock)
@@ -171,7 +173,8 @@ class LeaseKeeper:
                 lease.renewed_at = started
                 slots += lease.slots()
             else:
-                logger.warning("thread %s: lease lost (token %d)", lease.thread_id, lease.token)
+                if not lease.releasing:
+                    logger.warning("thread %s: lease lost (token %d)", lease.thread_id, lease.token)
                 self._lose(lease)
         if slots:
             try:

@@ -77,6 +77,26 @@ def test_a_refused_renewal_loses_that_lease_alone(store: Store) -> None:
         assert not any(lease.lost.is_set() for lease in kept)
 
 
+def test_a_lease_its_driver_gave_up_is_dropped_without_a_warning(
+    store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The driver's last write releases the lease while the keeper's renewal of it may be
+    on its way: refused, it is no loss to report."""
+    caplog.set_level(logging.WARNING, logger="agentq")
+    keeper = LeaseKeeper(store)
+    (released, released_token), (stolen, stolen_token) = acquired(store, 2)
+    with ExitStack() as held:
+        given_up = held.enter_context(keeper.hold(released, "w1", released_token, TTL))
+        lost = held.enter_context(keeper.hold(stolen, "w1", stolen_token, TTL))
+        given_up.releasing = True
+        store.release(released, "w1", released_token)
+        store.release(stolen, "w1", stolen_token)
+        wait_until(given_up.lost.is_set, timeout=10, what="the refused renewal")
+        wait_until(lost.lost.is_set, timeout=10, what="the refused renewal")
+    warned = [r.getMessage() for r in caplog.records if "lease lost" in r.getMessage()]
+    assert warned == [f"thread {stolen}: lease lost (token {stolen_token})"]
+
+
 def test_a_store_outage_loses_the_leases_once_their_ttl_has_passed(tmp_path: Path) -> None:
     with running_redis(tmp_path / "redis") as server, RedisStore.from_url(server.url) as store:
         keeper = LeaseKeeper(store)

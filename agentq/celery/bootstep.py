@@ -1,4 +1,5 @@
-"""agentq inside a Celery worker: the sweeper, and handing threads over on shutdown."""
+"""agentq inside a Celery worker: the sweeper, handing threads over on shutdown, and
+cancelling the threads of revoked messages."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from celery import bootsteps
 from celery.concurrency.thread import TaskPool as ThreadPool
 from celery.signals import worker_shutting_down
 
+from agentq.celery import revoke
 from agentq.celery.drain import draining, relay_drain
 from agentq.celery.recovery import Sweeper
 from agentq.celery.runtime import runtime_of
@@ -43,7 +45,8 @@ def check_store_at_start(app: Any) -> None:
 
 
 class AgentqWorkerStep(bootsteps.StartStopStep):  # type: ignore[misc]
-    """Runs the sweeper in the worker's main process and relays shutdown to the pool."""
+    """Runs the sweeper in the worker's main process, relays shutdown to the pool, and
+    cancels the thread of a revoked agent message (:mod:`agentq.celery.revoke`)."""
 
     requires = ("celery.worker.components:Pool",)
 
@@ -51,6 +54,8 @@ class AgentqWorkerStep(bootsteps.StartStopStep):  # type: ignore[misc]
         super().__init__(worker, **kwargs)
         # Before the pool starts, so that prefork children inherit it.
         runtime_of(worker.app).tasks_at_once = tasks_per_process(worker)
+        # Before any step starts: the first message the consumer reads may be revoked.
+        revoke.connect()
         self.sweeper: Sweeper | None = None
         self._on_signal: Any = None
 

@@ -60,6 +60,12 @@ _RETRY_TIMING: Final = ("max_retries", "interval_start", "interval_step", "inter
 """The keys of a Celery ``retry_policy`` that say how often and how long to try again."""
 
 
+def key_sent_with(meta: ThreadMeta) -> str | None:
+    """The concurrency key ``apply_async`` kept with the thread, if it kept one."""
+    key = (meta.options.get("headers") or {}).get(KEY_HEADER)
+    return key if isinstance(key, str) else None
+
+
 def _stored(options: dict[str, Any]) -> dict[str, Any]:
     return {**options, "headers": {**(options.get("headers") or {}), STORED_HEADER: True}}
 
@@ -287,7 +293,7 @@ class AgentTask(Task):  # type: ignore[misc]
     def _seat_of(self, meta: ThreadMeta) -> KeySeat | None:
         """The concurrency key the thread was sent with, and its cap as declared now
         (none if its declaration is gone)."""
-        key = (meta.options.get("headers") or {}).get(KEY_HEADER)
+        key = key_sent_with(meta)
         if key is None:  # sent by name, without apply_async's header
             key = self.concurrency_key_of(meta.thread_id, meta.input or {})
         if key is None:

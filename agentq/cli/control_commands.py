@@ -15,6 +15,7 @@ from agentq.cli.read_commands import json_option, pass_session
 from agentq.cli.session import Session
 from agentq.ids import validate_thread_id
 from agentq.ops.console import console
+from agentq.ops.control import cancel as cancel_thread
 from agentq.ops.control import requeue
 from agentq.ops.jsonable import plain, short
 from agentq.records import Status
@@ -151,19 +152,42 @@ def retry(session: Session, thread: str, as_json: bool) -> None:
 @json_option
 @pass_session
 def cancel(session: Session, thread: str, as_json: bool) -> None:
-    """Cancel THREAD: at once if idle, at its next step boundary if running."""
-    before = session.meta(thread).status
-    status = session.store.request_cancel(thread)
+    """Cancel THREAD: at once if idle, at its next step boundary if running. With -A
+    module:app it is cancelled as agent.cancel() does: its first Celery task is marked
+    REVOKED, so get() on it stops waiting. Without an app only the store is changed (a
+    concurrency slot held for it goes to the next thread at the next sweep), and that
+    task keeps its state (WAITING, say)."""
+    meta = session.meta(thread)
+    before = meta.status
+    done = cancel_thread(session.store, session.app, thread)
     if as_json:
-        emit_json({"thread_id": thread, "status": status.value, "was": before.value})
+        emit_json(
+            {
+                "thread_id": thread,
+                "status": done.status.value,
+                "was": before.value,
+                "task_revoked": done.task_revoked,
+            }
+        )
         return
-    if status == Status.RUNNING:
+    if done.status == Status.RUNNING:
         message = "cancel requested; its worker stops it at the next step boundary."
-    elif status == Status.CANCELLED and before != Status.CANCELLED:
-        message = "cancelled."
+    elif done.status == Status.CANCELLED and before != Status.CANCELLED:
+        message = "cancelled" + (
+            "; its first Celery task is REVOKED."
+            if done.task_revoked
+            else f". Its first Celery task keeps its state: {_unrevoked(session, meta.task)}."
+        )
     else:
-        message = f"already {status.value}; nothing to cancel."
+        message = f"already {done.status.value}; nothing to cancel."
     console().print(f"[bold cyan]{escape(thread)}[/]: {message}")
+
+
+def _unrevoked(session: Session, task: str) -> str:
+    """Why a cancel left the thread's first task as it was."""
+    if session.app is None:
+        return "pass -A module:app to mark it REVOKED too"
+    return f"the app has no agent task {escape(task)!r} to mark it REVOKED with"
 
 
 CONTROL_COMMANDS: tuple[Any, ...] = (fork, resume, retry, cancel)

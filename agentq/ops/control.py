@@ -1,6 +1,7 @@
-"""Sending a stopped thread on again, as the command line and the inspector both do:
-queue it in the store, then send its message at once with an app, or leave it to the
-workers' sweeper (which sends every due thread) without one."""
+"""Acting on a thread as the command line and the inspector both do. Sending a stopped
+thread on again: queue it in the store, then send its message at once with an app, or
+leave it to the workers' sweeper (which sends every due thread) without one. Cancelling
+it: through its task with an app, as ``agent.cancel()`` does, or in the store alone."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
-from agentq.celery.task import resend_thread
+from agentq.celery.task import AgentTask, key_sent_with, resend_thread
 from agentq.records import Status
 from agentq.store.contract import UNSET, Store
 
@@ -66,3 +67,32 @@ def settle(
     )
     sent = None if app is None else resend_thread(app, meta).id
     return Requeued(thread_id, meta.status, sent)
+
+
+@dataclass(frozen=True)
+class Cancelled:
+    """A cancel asked for: the thread's status after it, and whether its first Celery
+    task was marked ``REVOKED`` (only the app knows the result backend to mark it in; a
+    running thread's task marks it when the thread stops)."""
+
+    thread_id: str
+    status: Status
+    task_revoked: bool
+
+
+def cancel(store: Store, app: Any, thread_id: str) -> Cancelled:
+    """Cancel the thread: at once if idle, at its next step boundary if running. With an
+    app that has the thread's task, as ``agent.cancel()`` does: its first task is marked
+    ``REVOKED`` (``get()`` returns), and a slot its concurrency key reserved for it starts
+    the next waiter now. Without one, in the store alone: the slot is given back, for the
+    workers' sweeper to send the next waiter, and the first task keeps its state."""
+    meta = store.meta(thread_id)
+    task = app.tasks.get(meta.task) if app is not None and meta is not None else None
+    if isinstance(task, AgentTask):
+        status = task.cancel(thread_id)
+        return Cancelled(thread_id, status, status == Status.CANCELLED)
+    status = store.request_cancel(thread_id)
+    if status == Status.CANCELLED and meta is not None and (key := key_sent_with(meta)):
+        # Due at once: no message is sent here, the next sweep sends the woken waiters.
+        store.leave_key(thread_id, meta.fence, key, start_grace=0)
+    return Cancelled(thread_id, status, False)

@@ -12,7 +12,7 @@ from typing import Any, Final
 
 from agentq.errors import InvalidArgument
 from agentq.ids import validate_effect_key, validate_thread_id
-from agentq.ops.control import Requeued, requeue, settle
+from agentq.ops.control import Requeued, cancel, requeue, settle
 from agentq.records import Status
 from agentq.store.contract import Store
 from agentq.store.contract.effects import RESOLVABLE
@@ -93,8 +93,7 @@ def _retry(store: Store, app: Any, grace: float, form: Form) -> Outcome:
 
 
 def _cancel(store: Store, app: Any, grace: float, form: Form) -> Outcome:
-    store.request_cancel(form["id"])
-    return Outcome(form["id"])
+    return Outcome(cancel(store, app, form["id"]).thread_id)
 
 
 def _fork(store: Store, app: Any, grace: float, form: Form) -> Outcome:
@@ -137,7 +136,9 @@ ACTIONS: Final = {
             "cancel",
             "Cancel",
             "An idle thread is cancelled at once; a running one stops at its next step "
-            "boundary. A cancelled thread is not run again.",
+            "boundary. A cancelled thread is not run again. Its first Celery task is "
+            "marked REVOKED when the inspector has the Celery app (agentq -A module:app "
+            "ui); without it, that task keeps its state.",
             "Cancel requested: an idle thread is cancelled, a running one stops at its "
             "next step boundary.",
             frozenset(Status) - {Status.DONE, Status.FAILED, Status.CANCELLED},

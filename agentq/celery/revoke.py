@@ -10,8 +10,8 @@ would take for a lost worker and run the thread again.
 Which revokes stop the thread:
 
 - the thread's first message, whose id is the ``AsyncResult`` that ``delay()`` gave
-  back: revoked, expired or terminated, the thread is cancelled as ``agent.cancel()``
-  does;
+  back: revoked or terminated, or expired before the thread started, the thread is
+  cancelled as ``agent.cancel()`` does;
 - any of its messages terminated: someone killed the run of this thread;
 - not a later message revoked or expired without terminating it (a re-send by recovery,
   a resume, a second ``delay()`` of a running thread): that message is a duplicate
@@ -98,9 +98,10 @@ def _stops_thread(task_id: str, meta: ThreadMeta, terminated: bool, expired: boo
         return True
     if task_id != meta.origin:
         return False
-    # The first message redelivered, expired, after its run was lost: the thread did
-    # start in time, and runs on under recovery's message.
-    return not (expired and meta.status == Status.RUNNING)
+    # Expired, it stops a thread that has not started. The first message redelivered
+    # after its run was lost (acks_late) may expire long after the thread went on
+    # without it: waiting for a person, or running under recovery's message.
+    return not expired or (meta.status == Status.QUEUED and meta.step < 0)
 
 
 def _thread_of(request: Any) -> str | None:

@@ -192,3 +192,13 @@ def test_a_terminated_message_cancels_its_thread_whichever_it_was(env: Env) -> N
     cancel_revoked_thread(sender=env.agent, request=later, terminated=True, expired=False)
     assert status_of(env, "rv-killed") == Status.CANCELLED
     wait_until(lambda: first.state == "REVOKED", timeout=20, what="REVOKED")
+
+
+def test_an_expired_first_message_redelivered_leaves_a_started_thread_alone(env: Env) -> None:
+    """With ``acks_late``, the first message of a run that was lost comes back when the
+    broker redelivers it, maybe long after its ``expires``: the thread went on without it
+    (here it waits for a person), and the expiry of that message does not cancel it."""
+    first = waiting_thread(env, "rv-late")
+    redelivered = SimpleNamespace(id=first.id, args=("rv-late",))
+    cancel_revoked_thread(sender=env.agent, request=redelivered, terminated=False, expired=True)
+    assert status_of(env, "rv-late") == Status.WAITING

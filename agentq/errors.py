@@ -151,6 +151,11 @@ class FinalCheckpoint(AgentqError, ValueError):
     node to run."""
 
 
+class GraphStepMoved(AgentqError, ValueError):
+    """Raised when forking a step of a LangGraph thread that is not where its LangGraph
+    checkpoints stand: an earlier step, or any step while a worker drives the thread."""
+
+
 class ThreadExists(AgentqError):
     """Raised when creating a thread (a fork) under an id that is already taken."""
 

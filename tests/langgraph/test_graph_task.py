@@ -13,8 +13,9 @@ from typing import Any
 import pytest
 from celery import Celery
 from celery.contrib.testing.worker import start_worker
-from click.testing import CliRunner
+from click.testing import CliRunner, Result
 from langchain_core.messages import ToolMessage
+from langgraph.checkpoint.base import CheckpointTuple
 from langgraph.checkpoint.memory import InMemorySaver
 
 from agentq import Status
@@ -164,6 +165,70 @@ def test_a_refusal_through_resume_skips_the_refund(env: Env) -> None:
     env.task.resume("t1", {"approved": False})
     env.task.wait("t1", timeout=30)
     assert env.ledger.tool_calls("t1") == {}
+
+
+def cli_on(env: Env, *args: str) -> Result:
+    """The ``agentq`` command against the env's store (its workers' sweepers send what
+    it queues)."""
+    settings = env.app._agentq_runtime.settings
+    return CliRunner().invoke(cli, ["--store", settings.store, "--prefix", settings.prefix, *args])
+
+
+def graph_data(env: Env, thread_id: str) -> list[CheckpointTuple]:
+    """Every LangGraph checkpoint the store holds for the thread."""
+    return list(env.task.saver.list({"configurable": {"thread_id": thread_id}}))
+
+
+def stood(checkpoint: CheckpointTuple) -> tuple[Any, ...]:
+    """Where a LangGraph checkpoint stands, whichever thread holds it."""
+    configurable = checkpoint.config["configurable"]
+    return (
+        configurable["checkpoint_ns"],
+        configurable["checkpoint_id"],
+        checkpoint.checkpoint,
+        checkpoint.pending_writes,
+    )
+
+
+def test_a_fork_of_a_waiting_graph_thread_resumes_where_the_source_waits(env: Env) -> None:
+    env.task.delay("t1", question("refund?", approval=True))
+    wait_until(lambda: env.task.thread("t1").status == Status.WAITING, timeout=20, what="waiting")
+    source = env.task.thread("t1")
+    before = graph_data(env, "t1")
+    forked = cli_on(env, "fork", "t1", "--from", str(source.step), "--to", "f1")
+    assert forked.exit_code == 0, forked.output
+    assert [stood(t) for t in graph_data(env, "f1")] == [stood(t) for t in before]
+    assert env.task.state("f1").interrupts == env.task.state("t1").interrupts
+    resumed = cli_on(env, "resume", "f1", "--value", '{"approved": false}')
+    assert resumed.exit_code == 0, resumed.output
+    env.task.wait("f1", timeout=30)
+    assert env.task.state("f1").values["approved"] is False
+    assert env.ledger.tool_calls("f1") == {}
+    # The source still waits on its own checkpoints, and takes its own answer.
+    assert env.task.thread("t1").status == Status.WAITING
+    assert graph_data(env, "t1") == before
+    env.task.resume("t1", {"approved": True})
+    assert final_text(env.task.wait("t1", timeout=30)) == "Refunded 10 EUR."
+    assert env.ledger.tool_calls("t1") == env.ledger.as_sent("t1", {"call-refund-1": 1})
+    # Deleting the fork takes its LangGraph data with it.
+    assert env.store.delete_thread("f1")
+    assert graph_data(env, "f1") == []
+    assert graph_data(env, "t1") != []
+
+
+def test_a_fork_of_a_graph_step_its_checkpoints_moved_past_is_refused(env: Env) -> None:
+    env.task.delay("t1", question("refund?", approval=True))
+    wait_until(lambda: env.task.thread("t1").status == Status.WAITING, timeout=20, what="waiting")
+    waited_at = env.task.thread("t1").step
+    env.task.resume("t1", {"approved": True})
+    env.task.wait("t1", timeout=30)
+    forked = cli_on(env, "fork", "t1", "--from", str(waited_at), "--to", "f1")
+    assert forked.exit_code != 0
+    message = " ".join(forked.output.split())
+    assert f"thread 't1', step {waited_at}: cannot fork this LangGraph thread" in message
+    assert "update_state" in message and "checkpoint_id" in message
+    assert env.store.meta("f1") is None
+    assert graph_data(env, "f1") == []
 
 
 def test_a_rate_limit_retries_the_step_from_the_checkpoint(env: Env) -> None:

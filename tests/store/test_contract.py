@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import time
+from typing import Any
 
 import msgpack
 import pytest
@@ -15,6 +16,7 @@ from agentq.errors import (
     CorruptCheckpoint,
     EffectError,
     FinalCheckpoint,
+    GraphStepMoved,
     InvalidArgument,
     InvalidThreadId,
     LeaseHeld,
@@ -31,6 +33,7 @@ from agentq.errors import (
 )
 from agentq.records import Checkpoint, ListedThread, Listing, Status
 from agentq.store.contract import UNSET, Renewal, Store, Taken
+from agentq.store.graph_records import StoredCheckpoint, encode_refs
 from tests.store.raw import overwrite_checkpoint, snapshot
 from tests.support.redis_server import wait_until
 
@@ -558,6 +561,57 @@ def test_fork_of_the_step_a_thread_finished_at_is_refused(store: Store) -> None:
     assert (info.value.thread_id, info.value.step) == ("t1", 1)
     assert store.meta("t1-fork") is None
     assert store.fork("t1", 0, "t1-fork").node == "node0"
+
+
+def _graph_put(store: Store, ns: str, checkpoint_id: str, token: int | None) -> None:
+    field = f"channel:{ns}".encode()
+    stored = StoredCheckpoint(
+        checkpoint_id=checkpoint_id,
+        record=f"record {ns} {checkpoint_id}".encode(),
+        refs=encode_refs([field]),
+        run_id="run1",
+        blobs={field: f"value {checkpoint_id}".encode()},
+    )
+    store.graph().put("t1", ns, stored, token)
+    store.graph().put_writes("t1", ns, checkpoint_id, [(b"task", b"write", False)], token)
+
+
+def _graph_rows(store: Store, thread_id: str) -> list[Any]:
+    graph = store.graph()
+    return [
+        row
+        for ns in graph.namespaces(thread_id)
+        for row in graph.page(thread_id, ns, before=None, limit=9)
+    ]
+
+
+def _without_graph_index(snap: Any) -> Any:
+    # The global LangGraph indexes may name a deleted thread (see graph_keys).
+    return {k: v for k, v in snap.items() if not (isinstance(k, bytes) and b"lg:{index}" in k)}
+
+
+def test_fork_carries_the_langgraph_checkpoints_of_the_step_they_stand_on(store: Store) -> None:
+    token = started(store)
+    store.commit("t1", token, cp(0, token))
+    _graph_put(store, "", "c1", token)
+    _graph_put(store, "sub:task1", "c2", token)
+    running = snapshot(store)
+    # While a worker drives the thread its LangGraph checkpoints move under the fork.
+    with pytest.raises(GraphStepMoved, match=r"step 0: .*it is running") as info:
+        store.fork("t1", 0, "f1")
+    assert (info.value.thread_id, info.value.step) == ("t1", 0)
+    assert snapshot(store) == running
+    store.commit("t1", token, cp(1, token), status=Status.WAITING, release_owner="w1")
+    waiting = snapshot(store)
+    # An earlier step stood on fewer of them, and which is not recorded.
+    with pytest.raises(GraphStepMoved, match=r"moved on to step 1.*checkpoint_id"):
+        store.fork("t1", 0, "f1")
+    assert snapshot(store) == waiting
+    assert store.fork("t1", 1, "f1").status == Status.WAITING
+    assert _graph_rows(store, "f1") == _graph_rows(store, "t1") != []
+    assert "f1" in store.graph().threads()
+    assert store.delete_thread("f1")
+    assert _without_graph_index(snapshot(store)) == _without_graph_index(waiting)
 
 
 def test_delete_thread_removes_everything_it_owns(store: Store) -> None:

@@ -29,6 +29,7 @@ from agentq.store.contract.common import (
     _Unset,
     check_ttl,
     final_checkpoint,
+    refuse_graph_fork,
     retry_not_due,
 )
 from agentq.store.contract.effects import EffectsContract
@@ -46,6 +47,7 @@ __all__ = [
     "_Unset",
     "check_ttl",
     "final_checkpoint",
+    "refuse_graph_fork",
     "retry_not_due",
 ]
 

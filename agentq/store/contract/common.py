@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Final, NamedTuple
 
-from agentq.errors import FinalCheckpoint, InvalidArgument, RetryNotDue
-from agentq.records import ThreadMeta
+from agentq.errors import FinalCheckpoint, GraphStepMoved, InvalidArgument, RetryNotDue
+from agentq.records import Status, ThreadMeta
 
 
 class _Unset:
@@ -70,6 +70,28 @@ def final_checkpoint(thread_id: str, step: int) -> FinalCheckpoint:
     return FinalCheckpoint(
         f"cannot fork step {step}: the thread finished there, so a fork would have no node "
         f"to run; {earlier}, or read the result with meta()",
+        thread_id=thread_id,
+        step=step,
+    )
+
+
+def refuse_graph_fork(thread_id: str, step: int, status: Status, latest: int) -> None:
+    """Refuse a fork of a thread holding LangGraph checkpoints unless ``step`` is where
+    they stand: its latest step, with no worker driving it. They are one chain per thread,
+    and the pending writes of its newest checkpoints change in place as the graph goes on,
+    so no earlier step's view of them can be told apart."""
+    if step == latest and status.is_idle:
+        return
+    why = (
+        f"its LangGraph checkpoints have moved on to step {latest}"
+        if step != latest
+        else f"it is {status.value}, so a worker may be writing its LangGraph checkpoints"
+    )
+    raise GraphStepMoved(
+        f"cannot fork this LangGraph thread at step {step}: {why}, and a fork carries them "
+        "as they stand. Fork its latest step while it waits or has stopped, or go back "
+        "with LangGraph's own time travel on the same thread: graph.get_state_history, "
+        "then graph.update_state or graph.invoke with that checkpoint_id in the config",
         thread_id=thread_id,
         step=step,
     )

@@ -113,11 +113,15 @@ class ThreadsContract(ABC):
         its latest, with the source's task and input, in status ``waiting``, with no lease
         and no effect records. The fork gets copies of the append-only logs up to that
         checkpoint and of every artifact of the source, its own to read and to delete with
-        it: deleting the source afterwards takes nothing the fork refers to.
+        it: deleting the source afterwards takes nothing the fork refers to. A thread holding
+        LangGraph checkpoints (a graph task's) also gets copies of them, all namespaces,
+        blobs and writes, owned and deleted as the rest.
 
         Raises :class:`~agentq.errors.CheckpointNotFound` if the step is not stored,
         :class:`~agentq.errors.FinalCheckpoint` if the thread finished at it (a fork would
-        have nothing to run, and nothing would ever settle it), and
+        have nothing to run, and nothing would ever settle it),
+        :class:`~agentq.errors.GraphStepMoved` if the thread holds LangGraph checkpoints and
+        ``step`` is not where they stand (its latest step, with no worker driving it), and
         :class:`~agentq.errors.ThreadExists` if the new id is taken. Creating the new thread
         is atomic; the source is only read.
         """

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Final
 
 import msgpack
@@ -216,12 +217,27 @@ class RedisGraph(GraphStore):
         )
 
     def copy_thread(self, source: str, target: str) -> None:
-        k = self.keys
+        owned = self.client.smembers(self.store_keys.owned(source))
+        copied = self.read_copy(source, target, [_text(m) for m in owned])
+        if not copied.commands:
+            return
+        self.index_copy(target, copied)
+        self._fenced("restore", target, None, [], [copied.packed()])
+
+    def holds(self, thread_id: str, owned: Sequence[str]) -> bool:
+        """Whether ``owned`` (the thread's owned set) names LangGraph keys."""
+        base = self.keys.base(thread_id)
+        return any(key.startswith(base) for key in owned)
+
+    def read_copy(self, source: str, target: str, owned: Sequence[str]) -> GraphCopy:
+        """The LangGraph keys among ``owned`` (the source's owned set) as commands that
+        write them under ``target``. Only reads the source, key by key: on Cluster the
+        target's keys are in another slot, so one script cannot read one and write the
+        other."""
         commands: list[list[Any]] = []
         runs: list[str] = []
-        source_base, target_base = k.base(source), k.base(target)
-        owned = self.client.smembers(self.store_keys.owned(source))
-        for key in sorted(_text(m) for m in owned if _text(m).startswith(source_base)):
+        source_base, target_base = self.keys.base(source), self.keys.base(target)
+        for key in sorted(k for k in owned if k.startswith(source_base)):
             suffix = key[len(source_base) :]
             copied = target_base + suffix
             kind = self.client.type(key)
@@ -239,7 +255,25 @@ class RedisGraph(GraphStore):
                     commands.append(["SADD", copied, *members])
                 if suffix.startswith("run:"):
                     runs.append(unescape(suffix[len("run:") :]))
-        if not commands:
-            return
-        self._index((k.thread_index(), target), *((k.run_index(r), target) for r in runs))
-        self._fenced("restore", target, None, [], [msgpack.packb(commands, use_bin_type=False)])
+        return GraphCopy(commands, runs)
+
+    def index_copy(self, target: str, copied: GraphCopy) -> None:
+        """Index ``target`` for a copy about to be written: before, so that the indexes
+        never miss a thread holding data (see :mod:`~agentq.store.redis.graph_keys`)."""
+        k = self.keys
+        self._index((k.thread_index(), target), *((k.run_index(r), target) for r in copied.runs))
+
+
+@dataclass(frozen=True)
+class GraphCopy:
+    """A thread's LangGraph keys as read for writing under another thread id."""
+
+    commands: list[list[Any]]
+    """``[command, key, args...]`` for ``graph_restore.lua`` or ``create_fork.lua``, which
+    also add each key to the target's owned set."""
+    runs: list[str]
+    """The run ids whose sets are copied, for the global run index."""
+
+    def packed(self) -> bytes:
+        packed: bytes = msgpack.packb(self.commands, use_bin_type=False)
+        return packed

@@ -13,7 +13,7 @@ import hashlib
 import heapq
 import logging
 from collections.abc import Collection, Mapping, Sequence
-from typing import Any
+from typing import Any, Final
 
 from redis.cluster import RedisCluster
 
@@ -21,18 +21,19 @@ from agentq.codec.envelope import decode_checkpoint, decode_envelope, encode_val
 from agentq.errors import (
     ArtifactNotFound,
     CheckpointNotFound,
+    GraphStepMoved,
     LeaseLost,
     ThreadExists,
     ThreadNotFound,
 )
 from agentq.records import Finding, Schedule, Status, ThreadMeta
-from agentq.store.contract import UNSET, Renewal, Taken, final_checkpoint
+from agentq.store.contract import UNSET, Renewal, Taken, final_checkpoint, refuse_graph_fork
 from agentq.store.meta_fields import meta_from_fields
 from agentq.store.redis.checkpoints import RedisCheckpoints
 from agentq.store.redis.decode import blob, fields, hash_to_fields, log_fields, raise_refusal, text
 from agentq.store.redis.effects import RedisEffects
 from agentq.store.redis.findings import server_findings
-from agentq.store.redis.graph import RedisGraph
+from agentq.store.redis.graph import GraphCopy, RedisGraph
 from agentq.store.redis.limits import RedisLimits
 from agentq.store.redis.listing import RedisListing
 from agentq.store.redis.refusal import Refusal
@@ -40,6 +41,17 @@ from agentq.store.redis.thread_keys import RedisThreadKeys
 from agentq.store.redis.transient import is_transient
 
 logger = logging.getLogger(__name__)
+
+
+_DRIVEN: Final = ("status", "step", "fence")
+"""The meta fields that tell whether a worker has taken a thread since they were read."""
+
+
+def _refuse_driven(thread_id: str, step: int, driven: list[Any]) -> None:
+    status, latest, _ = driven
+    if status is None:
+        raise ThreadNotFound("cannot fork: the thread was deleted meanwhile", thread_id=thread_id)
+    refuse_graph_fork(thread_id, step, Status(text(status)), int(latest))
 
 
 def _millis(ttl: float) -> int:
@@ -163,8 +175,9 @@ class RedisStore(RedisCheckpoints, RedisEffects, RedisLimits, RedisListing, Redi
     def _do_fork(self, thread_id: str, step: int, new_thread_id: str) -> ThreadMeta:
         pipe = self.client.pipeline(transaction=False)
         pipe.get(self.keys.checkpoint(thread_id, step))
-        pipe.hmget(self.keys.meta(thread_id), ["task", "input", "options"])
-        data, (task, input_blob, options_blob) = pipe.execute()
+        pipe.hmget(self.keys.meta(thread_id), ["task", "input", "options", *_DRIVEN])
+        pipe.smembers(self.keys.owned(thread_id))
+        data, (task, input_blob, options_blob, *driven), owned_keys = pipe.execute()
         if data is None:
             raise CheckpointNotFound(
                 "cannot fork: the checkpoint is not stored (never written, or pruned by "
@@ -176,6 +189,8 @@ class RedisStore(RedisCheckpoints, RedisEffects, RedisLimits, RedisListing, Redi
         source = decode_checkpoint(thread_id, blob(data), step=step)
         if source.node is None:
             raise final_checkpoint(thread_id, step)
+        owned = sorted(text(key) for key in owned_keys)
+        graph = self._graph_copy(thread_id, step, new_thread_id, owned, driven)
         _, lengths = decode_envelope(thread_id, blob(data), step=step)
         log_args: list[Any] = [len(lengths)]
         for field, length in lengths.items():
@@ -200,7 +215,8 @@ class RedisStore(RedisCheckpoints, RedisEffects, RedisLimits, RedisListing, Redi
                 log_fields(lengths),
                 options_blob or "",
                 *log_args,
-                *self._artifact_args(thread_id),
+                *self._artifact_args(thread_id, owned),
+                graph.packed() if graph.commands else "",
             ],
             indexed=True,
         )
@@ -212,13 +228,37 @@ class RedisStore(RedisCheckpoints, RedisEffects, RedisLimits, RedisListing, Redi
             )
         return self._meta(new_thread_id, hash_to_fields(flat))
 
-    def _artifact_args(self, thread_id: str) -> list[Any]:
+    def _graph_copy(
+        self, thread_id: str, step: int, new_thread_id: str, owned: list[str], driven: list[Any]
+    ) -> GraphCopy:
+        """The source's LangGraph keys for the fork, refused unless they stand where
+        ``step`` does (:func:`refuse_graph_fork`). ``driven`` is the source's status, step
+        and fence as read before; they are read again after the keys, since no script can
+        read the source and write the fork on Cluster: a fence that moved means a worker
+        took the thread meanwhile and may have written some of them."""
+        graph = self.graph()
+        if not graph.holds(thread_id, owned):
+            return GraphCopy([], [])
+        _refuse_driven(thread_id, step, driven)
+        copied = graph.read_copy(thread_id, new_thread_id, owned)
+        after = self.client.hmget(self.keys.meta(thread_id), list(_DRIVEN))
+        _refuse_driven(thread_id, step, after)
+        if after != driven:
+            raise GraphStepMoved(
+                "cannot fork this LangGraph thread: a worker took it while its LangGraph "
+                "checkpoints were being read; fork it again once it waits or has stopped",
+                thread_id=thread_id,
+                step=step,
+            )
+        graph.index_copy(new_thread_id, copied)
+        return copied
+
+    def _artifact_args(self, thread_id: str, owned: list[str]) -> list[Any]:
         """Every artifact of the thread as create_fork takes them: how many, then each as
         (digest, bytes). All of them, not only those the forked checkpoint names: a
         reference may sit anywhere in the state, its logs or the cursors, and the same
         digest is the same bytes, so a spare copy is only space, a missing one a failure."""
         prefix = self.keys.artifact(thread_id, "")
-        owned = [text(key) for key in self.client.smembers(self.keys.owned(thread_id))]
         keys = [key for key in owned if key.startswith(prefix)]
         # A source deleted since SMEMBERS has no bytes left to copy, as its logs have none.
         found = [

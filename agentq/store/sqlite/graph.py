@@ -198,16 +198,37 @@ class SQLiteGraph(GraphStore):
 
     def copy_thread(self, source: str, target: str) -> None:
         with self._write(target, None) as db:
-            for table, columns in (
-                ("lg_checkpoints", "ns, checkpoint_id, run_id, record, refs"),
-                ("lg_blobs", "ns, field, value"),
-                ("lg_writes", "ns, checkpoint_id, field, value"),
-            ):
-                db.execute(
-                    f"INSERT OR REPLACE INTO {table} (thread_id, {columns}) "
-                    f"SELECT ?, {columns} FROM {table} WHERE thread_id = ?",
-                    (target, source),
-                )
+            copy_rows(db, source, target)
+
+
+def holds(db: sqlite3.Connection, thread_id: str) -> bool:
+    """Whether the thread has LangGraph checkpoints; ``False`` in a file whose LangGraph
+    tables were never made (no saver ever opened it)."""
+    made = db.execute(
+        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'lg_checkpoints'"
+    ).fetchone()
+    return (
+        made is not None
+        and db.execute(
+            "SELECT 1 FROM lg_checkpoints WHERE thread_id = ? LIMIT 1", (thread_id,)
+        ).fetchone()
+        is not None
+    )
+
+
+def copy_rows(db: sqlite3.Connection, source: str, target: str) -> None:
+    """Copy every checkpoint, blob and write of ``source`` under ``target``, in the
+    caller's transaction."""
+    for table, columns in (
+        ("lg_checkpoints", "ns, checkpoint_id, run_id, record, refs"),
+        ("lg_blobs", "ns, field, value"),
+        ("lg_writes", "ns, checkpoint_id, field, value"),
+    ):
+        db.execute(
+            f"INSERT OR REPLACE INTO {table} (thread_id, {columns}) "
+            f"SELECT ?, {columns} FROM {table} WHERE thread_id = ?",
+            (target, source),
+        )
 
 
 def _check_fence(db: sqlite3.Connection, thread_id: str, token: int | None) -> None:

@@ -24,12 +24,12 @@ from agentq.errors import (
 )
 from agentq.records import Finding, Schedule, Status, ThreadMeta
 from agentq.settings import DEFAULT_KEEP_LAST, DEFAULT_MAX_CHECKPOINT_BYTES
-from agentq.store.contract import UNSET, Store, final_checkpoint
+from agentq.store.contract import UNSET, Store, final_checkpoint, refuse_graph_fork
 from agentq.store.meta_fields import meta_from_fields
 from agentq.store.sqlite.checkpoints import CheckpointsMixin
 from agentq.store.sqlite.connection import SharedConnection, durability_findings
 from agentq.store.sqlite.effects import EffectsMixin
-from agentq.store.sqlite.graph import SQLiteGraph
+from agentq.store.sqlite.graph import SQLiteGraph, copy_rows, holds
 from agentq.store.sqlite.leases import LeasesMixin
 from agentq.store.sqlite.limits import LimitsMixin
 from agentq.store.sqlite.listing import ListingMixin
@@ -210,8 +210,8 @@ class SQLiteStore(
     def _do_fork(self, thread_id: str, step: int, new_thread_id: str) -> ThreadMeta:
         with self._conn.write() as db:
             source = db.execute(
-                "SELECT c.data, t.task, t.input, t.options FROM checkpoints c JOIN threads t "
-                "ON t.thread_id = c.thread_id WHERE c.thread_id = ? AND c.step = ?",
+                "SELECT c.data, t.task, t.input, t.options, t.status, t.step FROM checkpoints c "
+                "JOIN threads t ON t.thread_id = c.thread_id WHERE c.thread_id = ? AND c.step = ?",
                 (thread_id, step),
             ).fetchone()
             if source is None:
@@ -219,6 +219,10 @@ class SQLiteStore(
             node = decode_checkpoint(thread_id, source["data"], step=step).node
             if node is None:
                 raise final_checkpoint(thread_id, step)
+            # In this write transaction no LangGraph write lands: the copy is one instant's.
+            graph = holds(db, thread_id)
+            if graph:
+                refuse_graph_fork(thread_id, step, Status(source["status"]), source["step"])
             now = time.time()
             try:
                 db.execute(
@@ -263,6 +267,8 @@ class SQLiteStore(
                 "SELECT ?, digest, data FROM artifacts WHERE thread_id = ?",
                 (new_thread_id, thread_id),
             )
+            if graph:
+                copy_rows(db, thread_id, new_thread_id)
             meta = read_meta(db, new_thread_id)
         assert meta is not None
         return meta

@@ -36,10 +36,19 @@ for _ = 1, tonumber(ARGV[11]) do
   redis.call('SADD', ARGV[8] .. 'logs', field)
   i = i + 2 + count
 end
-for a = i + 1, i + 2 * tonumber(ARGV[i]), 2 do
+local artifacts = tonumber(ARGV[i])
+for a = i + 1, i + 2 * artifacts, 2 do
   local key = ARGV[8] .. 'artifact:' .. ARGV[a]
   redis.call('SET', key, ARGV[a + 1])
   redis.call('SADD', KEYS[4], key)
+end
+local graph = ARGV[i + 1 + 2 * artifacts]
+if graph ~= '' then
+  -- Owned, so deleting or expiring the fork deletes them with it.
+  for _, command in ipairs(cmsgpack.unpack(graph)) do
+    redis.call(unpack(command))
+    redis.call('SADD', KEYS[4], command[2])
+  end
 end
 redis.call('SET', KEYS[2], ARGV[4])
 redis.call('SET', KEYS[3], ARGV[3])

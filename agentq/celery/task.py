@@ -16,7 +16,7 @@ from celery.utils import uuid
 from celery.utils.time import maybe_iso8601, maybe_make_aware
 from kombu.utils.functional import retry_over_time
 
-from agentq.celery import task_outcome
+from agentq.celery import canvas, task_outcome
 from agentq.celery.drain import draining
 from agentq.celery.runtime import Runtime, runtime_of
 from agentq.engine import tracing
@@ -178,7 +178,9 @@ class AgentTask(Task):  # type: ignore[misc]
             raise
         if meta is None:  # deleted: the driver dropped the message
             raise Ignore()
-        return task_outcome.finish(self, meta, driver.retrying, driver.waiting_for)
+        return task_outcome.finish(
+            self, meta, driver.retrying, driver.waiting_for, ended_here=driver.ended is not None
+        )
 
     def _meta_after_failure(
         self, calls: RetriedCalls, thread_id: str, exc: Exception
@@ -219,8 +221,10 @@ class AgentTask(Task):  # type: ignore[misc]
         store, not the message) and send it with the usual Celery ``options``. Its routing
         options (``queue``, ``exchange``, ``routing_key``, ``priority``) are kept too, so
         recovery, hand-overs and resumes send it the same way, and so is its
-        ``concurrency_key`` (else :attr:`concurrency_key`'s). An existing thread keeps
-        its first input and options and is only re-sent, as :meth:`resend` sends it."""
+        ``concurrency_key`` (else :attr:`concurrency_key`'s), and its canvas (``link``,
+        ``link_error``, the chain or chord it is in), which the task that ends the thread
+        carries on. An existing thread keeps its first input and options and is only
+        re-sent, as :meth:`resend` sends it."""
         if not args or len(args) != 1:
             raise InvalidArgument(
                 f"{self.name} takes exactly one positional argument, the thread id (got "
@@ -245,6 +249,7 @@ class AgentTask(Task):  # type: ignore[misc]
             start_grace=delay + self.agentq.settings.start_grace,
             options=kept,
             origin=task_id,
+            canvas=canvas.captured(options),
         )
         if not created:
             return self.resend(meta, **options)

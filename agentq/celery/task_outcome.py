@@ -7,7 +7,8 @@ A task that leaves its thread unfinished does not succeed with ``None``: it ends
 later), ``HANDED_OVER`` (another task carries the thread on, a store outage included) or
 ``NEEDS_ATTENTION``. The states with a thread id in their meta are not ready, so
 ``AsyncResult.get()`` keeps waiting; the task that ends the thread stores its result (or
-error, or revocation) under the thread's first task id too, where ``get()`` finds it.
+error, or revocation) under the thread's first task id too, where ``get()`` finds it, and
+carries on the first task's callbacks, chain and chord (:mod:`agentq.celery.canvas`).
 """
 
 from __future__ import annotations
@@ -17,10 +18,11 @@ import logging
 from typing import Any, Final, NoReturn
 
 from celery import Task
-from celery.app.task import get_actual_ignore_result
+from celery.app.task import Context, get_actual_ignore_result
 from celery.backends.base import DisabledBackend
 from celery.exceptions import Ignore, Retry
 
+from agentq.celery import canvas
 from agentq.engine.thread_keys import KeyWait
 from agentq.errors import ThreadStopped
 from agentq.records import Status, ThreadMeta
@@ -53,10 +55,15 @@ def finish(
     meta: ThreadMeta,
     retrying: tuple[Exception, float] | None,
     waiting_for: KeyWait | None = None,
+    *,
+    ended_here: bool = False,
 ) -> Any:
     """The task's return value if the thread is done; else raise what ends the task in
-    the state that says why (``Retry``, or ``Ignore`` after storing a custom state)."""
+    the state that says why (``Retry``, or ``Ignore`` after storing a custom state).
+    ``ended_here`` says whether this task's commit ended the thread."""
     status = meta.status
+    if status in (Status.DONE, Status.FAILED) and _settled_by_another(task, meta, ended_here):
+        raise Ignore()
     fields: dict[str, Any] = {
         "thread_id": meta.thread_id,
         "step": meta.step,
@@ -73,7 +80,11 @@ def finish(
         )
         raise Ignore()
     if status == Status.DONE:
-        _for_origin(task, meta, lambda backend, id: backend.mark_as_done(id, meta.result))
+        request = _first_request(task, meta) if ended_here else None
+        if request is not None:
+            canvas.succeeded(task, request, meta.result, store_result=stores_results(task))
+        else:
+            _for_origin(task, meta, lambda backend, id: backend.mark_as_done(id, meta.result))
         return meta.result
     if status == Status.RETRYING and retrying is not None:
         exc, delay = retrying
@@ -130,8 +141,14 @@ def given_back(task: Task, thread_id: str, exc: BaseException, requeued: bool) -
 
 
 def failed(task: Task, meta: ThreadMeta | None, exc: BaseException) -> None:
-    """Store the error of a task that failed its thread under the thread's first task id."""
-    if meta is not None and meta.status == Status.FAILED:
+    """Store the error of a task that failed its thread under the thread's first task id,
+    failing the first task's chain and chord and running its errbacks."""
+    if meta is None or meta.status != Status.FAILED:
+        return
+    request = _first_request(task, meta)
+    if request is not None:
+        canvas.failed(task, request, exc, store_result=stores_results(task))
+    else:
         _for_origin(task, meta, lambda backend, id: backend.mark_as_failure(id, exc))
 
 
@@ -156,6 +173,19 @@ def _store(task: Task, write: Any) -> None:
 def _for_origin(task: Task, meta: ThreadMeta, write: Any) -> None:
     if stores_results(task) and meta.origin and meta.origin != task.request.id:
         write(task.backend, meta.origin)
+
+
+def _first_request(task: Task, meta: ThreadMeta) -> Context | None:
+    """The first task's request with its canvas, for another task that ended the thread:
+    the first one's own end is Celery's tracer's to carry on."""
+    return None if meta.origin == task.request.id else canvas.request_of(meta)
+
+
+def _settled_by_another(task: Task, meta: ThreadMeta, ended_here: bool) -> bool:
+    """Whether this is the thread's first task (redelivered, or delayed past its start
+    grace) finding its thread ended by another task, which carried its canvas on:
+    returning or failing now would have Celery's tracer apply it a second time."""
+    return not ended_here and meta.canvas is not None and meta.origin == task.request.id
 
 
 def _event(task: Task, type_: str, **fields: Any) -> None:

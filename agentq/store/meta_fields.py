@@ -33,9 +33,14 @@ META_FIELDS: Final = (
 )
 """The fields of a thread's meta, as both backends store them. ``first`` is the oldest step
 still stored; ``input``, ``result``, ``interrupt`` and ``resume`` hold msgpack bytes.
+``options`` also holds the thread's ``canvas``, under :data:`CANVAS`, read apart from it.
 ``timeout`` and ``timeout_at`` are those of a wait for a human (seconds; a Unix time, only
 while it waits); ``timed_out`` is the unanswered ``interrupt``, copied there when the
 timeout took the thread out of its wait, until a step after it commits."""
+
+CANVAS: Final = "canvas"
+"""The key of the thread's canvas in its stored ``options``: kept there, as the options
+are, from the first send, without a field of its own in either backend."""
 
 
 def meta_from_fields(thread_id: str, fields: Mapping[str, Any]) -> ThreadMeta:
@@ -58,6 +63,8 @@ def meta_from_fields(thread_id: str, fields: Mapping[str, Any]) -> ThreadMeta:
         return decode_value(bytes(value), what=f"meta.{name}", thread_id=thread_id, step=None)
 
     timed_out = fields.get("timed_out") not in (None, b"")
+    options = blob("options") or {}
+    canvas = options.pop(CANVAS, None)
     return ThreadMeta(
         thread_id=thread_id,
         status=Status(text("status") or "queued"),
@@ -77,8 +84,9 @@ def meta_from_fields(thread_id: str, fields: Mapping[str, Any]) -> ThreadMeta:
         resume_value=blob("resume"),
         resumed=fields.get("resume") not in (None, b""),
         cancel_requested=text("cancel") == "1",
-        options=blob("options") or {},
+        options=options,
         origin=text("origin"),
+        canvas=canvas,
         timeout=None if text("timeout") is None else number("timeout"),
         timeout_at=None if text("timeout_at") is None else number("timeout_at"),
         timed_out=timed_out,

@@ -77,6 +77,15 @@ def test_open_thread_keeps_the_task_that_first_sent_it(store: Store) -> None:
     assert store.open_thread("t2", task="agent")[0].origin is None
 
 
+def test_open_thread_keeps_its_first_canvas_apart_from_its_send_options(store: Store) -> None:
+    opened, _ = store.open_thread("t1", task="agent", options={"queue": "gpu"}, canvas="[1]")
+    assert (opened.options, opened.canvas) == ({"queue": "gpu"}, "[1]")
+    store.open_thread("t1", task="agent", canvas="[2]")
+    meta = store.meta("t1")
+    assert meta is not None and (meta.options, meta.canvas) == ({"queue": "gpu"}, "[1]")
+    assert store.open_thread("t2", task="agent")[0].canvas is None
+
+
 def test_meta_of_unknown_thread_is_none(store: Store) -> None:
     assert store.meta("nobody") is None
     assert store.latest("nobody") is None

@@ -11,6 +11,7 @@ from agentq.errors import InvalidArgument
 from agentq.ids import validate_thread_id
 from agentq.records import FINISHED, Listing, Schedule, Status, ThreadMeta
 from agentq.store.contract.common import UNSET
+from agentq.store.meta_fields import CANVAS
 
 COLLECTABLE: Final = FINISHED | {Status.NEEDS_ATTENTION}
 """The statuses ``gc`` may delete: threads nothing drives or will drive by itself."""
@@ -28,16 +29,19 @@ class ThreadsContract(ABC):
         start_grace: float = 30.0,
         options: Mapping[str, Any] | None = None,
         origin: str | None = None,
+        canvas: str | None = None,
     ) -> tuple[ThreadMeta, bool]:
         """Create the thread as ``queued`` unless it exists; return its meta and whether it
         was created. A new thread is due ``start_grace`` seconds from now, so a lost
-        message is re-sent by recovery, and keeps ``options`` (how to send it) and
-        ``origin`` (the id of the task sending it) in its meta. An existing thread is
-        returned unchanged.
+        message is re-sent by recovery, and keeps ``options`` (how to send it),
+        ``origin`` (the id of the task sending it) and ``canvas`` (that task's callbacks,
+        chain and chord) in its meta. An existing thread is returned unchanged.
 
         Atomic.
         """
         validate_thread_id(thread_id)
+        if canvas is not None:  # stored with the options: see meta_fields.CANVAS
+            options = {**(options or {}), CANVAS: canvas}
         return self._do_open_thread(
             thread_id,
             task=task,

@@ -1,0 +1,180 @@
+"""A Celery canvas around a thread that another task finishes: the chain, chord, ``link``
+and ``link_error`` of the first message carry on as if the first task had returned (or
+failed with) the thread's outcome, once, on an in-process worker with a real backend."""
+
+from __future__ import annotations
+
+import gc
+import uuid
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from celery import Celery, Task, chain, chord
+from celery.contrib.testing.worker import start_worker
+from celery.result import AsyncResult
+from celery.signals import task_postrun
+
+import agentq
+from agentq import Done, FunctionAgent, Run
+from agentq.celery.task import STORED_HEADER
+from agentq.celery.task_outcome import WAITING
+from tests.support.redis_server import RedisServer, wait_until
+
+pytestmark = pytest.mark.filterwarnings("ignore:Call to deprecated setex:DeprecationWarning")
+
+
+@dataclass
+class Env:
+    app: Celery
+    agent: FunctionAgent
+    notify: Any
+    collect: Any
+    on_error: Any
+    notified: list[Any] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+    def waiting(self, first: AsyncResult) -> None:
+        wait_until(lambda: first.state == WAITING, timeout=20, what=f"{first.id} WAITING")
+
+
+def define(app: Celery, env_lists: tuple[list[Any], list[str]]) -> tuple[Any, ...]:
+    notified, errors = env_lists
+    agent = agentq.agent(app, "tests.canvas")
+
+    @agent.node
+    def start(run: Run, mode: str) -> Any:
+        if mode == "fast":
+            return Done(run.thread_id)
+        answer = run.interrupt({"question": "go on?"})
+        if mode == "wait_then_fail":
+            raise ValueError(f"refused: {answer}")
+        return Done({"answer": answer})
+
+    @app.task(name="tests.canvas.notify", shared=False)
+    def notify(result: Any) -> Any:
+        notified.append(result)
+        return ["notified", result]
+
+    @app.task(name="tests.canvas.collect", shared=False)
+    def collect(results: list[Any]) -> list[Any]:
+        return results
+
+    @app.task(name="tests.canvas.on_error", shared=False)
+    def on_error(task_id: str) -> None:
+        errors.append(task_id)
+
+    return agent, notify, collect, on_error
+
+
+@pytest.fixture
+def env(redis_broker: str, result_backend: str, redis_server: RedisServer) -> Iterator[Env]:
+    prefix = f"cv{uuid.uuid4().hex[:8]}:"
+    app = Celery("agentq-canvas", broker=redis_broker, backend=result_backend, set_as_current=False)
+    app.conf.update(
+        task_default_queue=f"agentq-test-{prefix}",
+        worker_hijack_root_logger=False,
+        broker_connection_retry_on_startup=True,
+    )
+    agentq.init_app(
+        app, store=redis_server.url, prefix=prefix, lease_ttl=5, start_grace=5, sweep_interval=0.1
+    )
+    notified: list[Any] = []
+    errors: list[str] = []
+    env = Env(app, *define(app, (notified, errors)), notified=notified, errors=errors)
+    with start_worker(
+        app, pool="threads", concurrency=2, perform_ping_check=False, shutdown_timeout=30
+    ):
+        yield env
+    # Results unsubscribe from the backend when collected: now, while it still runs.
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "unclosed <socket.socket", ResourceWarning)
+        gc.collect()
+    app._agentq_runtime.store.close()
+    app.close()
+
+
+def test_a_chain_goes_on_with_the_result_of_a_thread_resumed_in_a_later_task(env: Env) -> None:
+    result = chain(env.agent.si("c1", mode="wait"), env.notify.s()).apply_async()
+    first = result.parent
+    env.waiting(first)
+    resumed = env.agent.resume("c1", "yes")
+    assert resumed.get(timeout=20) == {"answer": "yes"}
+    assert result.get(timeout=20) == ["notified", {"answer": "yes"}]
+    assert first.get(timeout=20) == {"answer": "yes"}
+    assert env.notified == [{"answer": "yes"}]
+    # The resumed task carried no canvas of its own: it applied nothing.
+    assert AsyncResult(resumed.id, app=env.app).children == []
+    assert [child.id for child in first.children] == [result.id]
+
+
+def test_a_chain_whose_thread_ends_in_its_first_task_runs_on_once(env: Env) -> None:
+    result = chain(env.agent.si("c2", mode="fast"), env.notify.s()).apply_async()
+    assert result.get(timeout=20) == ["notified", "c2"]
+    assert env.notified == ["c2"]
+
+
+def test_a_chord_counts_a_part_resumed_in_a_later_task_and_runs_its_body(env: Env) -> None:
+    parts = [env.agent.si("k1", mode="wait"), env.agent.si("k2", mode="fast")]
+    result = chord(parts)(env.collect.s())
+    wait_until(lambda: env.agent.thread("k1").status == "waiting", timeout=20, what="k1 waiting")
+    assert env.agent.wait("k2", timeout=20) == "k2"
+    assert not result.ready()
+    env.agent.resume("k1", "yes")
+    assert result.get(timeout=20) == [{"answer": "yes"}, "k2"]
+
+
+def test_link_runs_after_a_thread_resumed_in_a_later_task(env: Env) -> None:
+    first = env.agent.apply_async(("l1",), {"mode": "wait"}, link=env.notify.s())
+    env.waiting(first)
+    env.agent.resume("l1", "ok")
+    assert first.get(timeout=20) == {"answer": "ok"}
+    wait_until(lambda: env.notified, timeout=20, what="the link run")
+    assert env.notified == [{"answer": "ok"}]
+
+
+def test_link_error_runs_when_the_thread_fails_in_a_later_task(env: Env) -> None:
+    first = env.agent.apply_async(
+        ("e1",), {"mode": "wait_then_fail"}, link=env.notify.s(), link_error=env.on_error.s()
+    )
+    env.waiting(first)
+    resumed = env.agent.resume("e1", "no")
+    with pytest.raises(ValueError, match="refused: no"):
+        first.get(timeout=20)
+    wait_until(lambda: env.errors, timeout=20, what="the errback run")
+    assert env.errors == [first.id]
+    with pytest.raises(ValueError, match="refused: no"):
+        resumed.get(timeout=20)
+    assert env.notified == []
+
+
+def test_the_first_message_again_after_another_task_ended_its_thread_applies_nothing(
+    env: Env,
+) -> None:
+    ended: list[tuple[str, str]] = []
+
+    def record(task_id: str, state: str, **kwargs: Any) -> None:
+        ended.append((task_id, state))
+
+    task_postrun.connect(record, weak=False)
+    try:
+        first = env.agent.apply_async(("r1",), {"mode": "wait"}, link=env.notify.s())
+        env.waiting(first)
+        env.agent.resume("r1", "ok")
+        wait_until(lambda: env.notified, timeout=20, what="the link run")
+        # The first message delivered again (a redelivery, or one delayed past its start
+        # grace), with its canvas: the task that ended the thread applied it already.
+        redelivered = {"task_id": first.id, "headers": {STORED_HEADER: True}}
+        Task.apply_async(env.agent, ("r1",), None, link=env.notify.s(), **redelivered)
+        again = wait_until(
+            lambda: [state for id, state in ended if id == first.id][1:],
+            timeout=20,
+            what="the first again",
+        )
+    finally:
+        task_postrun.disconnect(record)
+    assert again == ["IGNORED"]
+    assert first.get(timeout=20) == {"answer": "ok"}
+    assert env.notified == [{"answer": "ok"}]

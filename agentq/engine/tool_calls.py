@@ -15,7 +15,7 @@ from agentq.engine import aio, limits, tracing
 from agentq.engine.backoff import retry_after
 from agentq.engine.store_retry import RetriedCalls
 from agentq.engine.tool_policy import DID_NOT_RUN, ToolPolicy, policy_of
-from agentq.errors import InvalidArgument, LimitError, NeedsAttention
+from agentq.errors import InvalidArgument, NeedsAttention
 from agentq.outcomes import LimitWait
 from agentq.records import ClaimOutcome
 from agentq.store.contract import Store
@@ -102,7 +102,15 @@ class ToolCalls:
         invoke: Callable[..., Awaitable[Any]],
     ) -> Any:
         """One tool call from its claim to its record; ``offload`` runs the store's calls,
-        ``invoke`` the tool itself."""
+        ``invoke`` the tool itself.
+
+        A claim left pending says the tool may have run, so what can stop a call before it
+        starts comes before its claim or drops it: the limits are taken (and waited for)
+        first, and a lease that cannot be confirmed after the claim drops it again. A
+        worker killed while it waits for a limit leaves no claim behind::
+
+            no record yet ─ take the limits (wait) ─ claim ─ confirm the lease ─ call the tool
+        """
         if options.actual_cost is not None and options.limit is None:
             # Before the claim, which would otherwise be left pending.
             raise InvalidArgument(
@@ -111,18 +119,24 @@ class ToolCalls:
                 step=self.step,
             )
         with tracing.tool_span(self.thread_id, self.step, tool_name(fn), self._token) as note:
-            call = await offload(self._claim, fn, args, kwargs, options)
-            if call.recorded is not _UNSETTLED:
-                note(call.key, "replayed")
-                return call.recorded
-            held = None if options.limit is None else await offload(self._limit, call, options)
+            call = self._call(fn, kwargs, options)
+            held = None
+            # A call already recorded replays and takes nothing; one left pending is
+            # settled by its policy first, and takes its limits only if it runs.
+            if options.limit is not None and await offload(self._unrecorded, call):
+                held = await offload(self._limit, options)
             try:
-                result = await invoke(fn, args, call.kwargs)
-            except Exception as exc:
-                if held is not None and self._retryable(exc):
-                    await offload(held.refused, exc)
-                await offload(self._failed, call, exc)
-                raise
+                held = await offload(self._start, call, fn, args, kwargs, options, held)
+                if call.recorded is not _UNSETTLED:
+                    note(call.key, "replayed")
+                    return call.recorded
+                try:
+                    result = await invoke(fn, args, call.kwargs)
+                except Exception as exc:
+                    if held is not None and self._retryable(exc):
+                        await offload(held.refused, exc)
+                    await offload(self._failed, call, exc)
+                    raise
             finally:
                 if held is not None:
                     await offload(held.release)
@@ -132,9 +146,40 @@ class ToolCalls:
                 await offload(held.settle, options.actual_cost, result)
             return recorded
 
-    def _limit(self, call: _Call, options: Options) -> limits.Held:
-        """Take the call's limits; a wait too long for the step drops its claim, so the
-        retried step claims the call afresh."""
+    def _call(self, fn: Callable[..., Any], kwargs: dict[str, Any], options: Options) -> _Call:
+        """The call's key, policy and arguments, numbered in call order."""
+        declared = policy_of(fn)
+        policy = ToolPolicy(
+            idempotent=declared.idempotent if options.idempotent is None else options.idempotent,
+            reconcile=declared.reconcile if options.reconcile is None else options.reconcile,
+            shared=declared.shared if options.shared is None else options.shared,
+        )
+        self._calls += 1
+        key = options.key if options.key is not None else f"step{self.step}.call{self._calls}"
+        downstream = self._store.downstream_key(self.thread_id, key, shared=policy.shared)
+        # Names this call, so that a claim resent after a lost reply is known as ours.
+        call = _Call(key, downstream, uuid.uuid4().hex, policy, dict(kwargs))
+        parameters = inspect.signature(fn).parameters
+        if "idempotency_key" in parameters:
+            call.kwargs["idempotency_key"] = downstream
+        if "fencing_token" in parameters:
+            call.kwargs["fencing_token"] = self._token
+        return call
+
+    def _unrecorded(self, call: _Call) -> bool:
+        """Whether the call's key has no record yet: a first call, which runs."""
+        effect = self._store_calls(
+            "reading a tool call's record",
+            self._store.effect,
+            self.thread_id,
+            call.key,
+            shared=call.policy.shared,
+        )
+        return effect is None
+
+    def _limit(self, options: Options) -> limits.Held:
+        """Take the call's limits; a wait too long for the step raises
+        :class:`~agentq.outcomes.LimitWait`, so the retried step makes the call afresh."""
         if self._take_limits is None:
             raise InvalidArgument(
                 f"limit={options.limit!r} needs the limits declared with init_app(app, "
@@ -146,50 +191,69 @@ class ToolCalls:
             held = self._take_limits(options.limit, options.cost)
         except LimitWait as wait:
             self.limit_waits.append({"keys": list(wait.keys), "due_at": time.time() + wait.seconds})
-            self._drop_claim(call, "its limit has no room")
-            raise
-        except LimitError:  # the call never ran: a retried thread claims it afresh
-            self._drop_claim(call, "its limit refused the call")
             raise
         if held.waited:
             self.limit_waits.append({"keys": list(held.keys), "waited": held.waited})
         return held
 
-    def _claim(
+    def _start(
         self,
+        call: _Call,
         fn: Callable[..., Any],
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
         options: Options,
-    ) -> _Call:
+        held: limits.Held | None,
+    ) -> limits.Held | None:
+        """Claim the call and ready it to run; return the limits it holds (``held``, or
+        those it took once claimed).
+
+        A call claimed without its limits takes them under its claim: one left pending by
+        a worker that died, which its policy lets run again, or a shared key another thread
+        dropped since it was read. Whatever stops the call from here drops its claim, which
+        would otherwise say that a call that never started may have run."""
+        self._claim(call, fn, args, kwargs)
+        if call.recorded is not _UNSETTLED:
+            return held
+        taken = None
+        try:
+            if held is None and options.limit is not None:
+                taken = held = self._limit(options)
+            # A worker paused since its claim may have been replaced meanwhile: renewing
+            # the lease here, after any wait for a limit and as late as possible, stops it
+            # before the effect rather than after.
+            self._confirm_lease()
+        except BaseException as exc:
+            self._drop_claim(call, f"it was stopped before it ran: {exc!r}")
+            if taken is not None:
+                taken.release()
+            raise
+        return held
+
+    def _claim(
+        self,
+        call: _Call,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> None:
         """Claim the call's key; settle an outcome already recorded or left unknown."""
-        declared = policy_of(fn)
-        policy = ToolPolicy(
-            idempotent=declared.idempotent if options.idempotent is None else options.idempotent,
-            reconcile=declared.reconcile if options.reconcile is None else options.reconcile,
-            shared=declared.shared if options.shared is None else options.shared,
-        )
-        self._calls += 1
-        key = options.key if options.key is not None else f"step{self.step}.call{self._calls}"
-        # Names this call, so that a claim resent after a lost reply is known as ours.
-        claim_id = uuid.uuid4().hex
-        store, thread_id = self._store, self.thread_id
-        downstream = store.downstream_key(thread_id, key, shared=policy.shared)
-        call = _Call(key, downstream, claim_id, policy.shared, dict(kwargs))
+        store, thread_id, policy = self._store, self.thread_id, call.policy
         claim = self._store_calls(
             "claiming a tool call",
             store.claim_effect,
             thread_id,
-            key,
+            call.key,
             self._token,
             shared=policy.shared,
-            claim_id=claim_id,
+            claim_id=call.claim_id,
             tool=tool_name(fn),
         )
         if claim.outcome == ClaimOutcome.DONE:
             call.recorded = claim.effect.result
-            return call
+            return
         if claim.outcome == ClaimOutcome.UNKNOWN:
+            key = call.key
             if not (policy.idempotent or policy.reconcile):
                 name = tool_name(fn)
                 raise NeedsAttention(
@@ -212,23 +276,13 @@ class ToolCalls:
                 self._token,
                 shared=policy.shared,
                 takeover=True,
-                claim_id=claim_id,
+                claim_id=call.claim_id,
                 tool=tool_name(fn),
             )
             if policy.reconcile is not None:
                 found = policy.reconcile(call.downstream, *args, **kwargs)
                 if found is not DID_NOT_RUN:
                     call.recorded = self._record(call, found)
-                    return call
-        parameters = inspect.signature(fn).parameters
-        if "idempotency_key" in parameters:
-            call.kwargs["idempotency_key"] = downstream
-        if "fencing_token" in parameters:
-            call.kwargs["fencing_token"] = self._token
-        # A worker paused since its claim may have been replaced meanwhile: renewing the
-        # lease here, as late as possible, stops it before the effect rather than after.
-        self._confirm_lease()
-        return call
 
     def _record(self, call: _Call, result: Any) -> Any:
         self._store_calls(
@@ -238,7 +292,7 @@ class ToolCalls:
             call.key,
             self._token,
             result,
-            shared=call.shared,
+            shared=call.policy.shared,
         )
         return result
 
@@ -257,7 +311,7 @@ class ToolCalls:
                 call.key,
                 self._token,
                 claim_id=call.claim_id,
-                shared=call.shared,
+                shared=call.policy.shared,
             )
         except Exception:
             # The tool's own error is the one to report; a claim left pending only makes
@@ -292,7 +346,7 @@ class _Call:
     downstream: str
     """The key the tool forwards to the service it calls (``idempotency_key``)."""
     claim_id: str
-    shared: bool
+    policy: ToolPolicy
     kwargs: dict[str, Any]
     recorded: Any = _UNSETTLED
     """The outcome already recorded (a replay) or reconciled, if any."""

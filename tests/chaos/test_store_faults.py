@@ -150,8 +150,11 @@ def test_a_lease_confirmation_answered_too_late_stops_the_tool_call(env: Env) ->
     with pytest.raises(Ignore):  # stopped: "another worker drives it now", HANDED_OVER
         env.agent.run("t1")
     assert env.emails() == 0
-    effect = env.store.effect("t1", "email-1")
-    assert effect is not None and effect.state == "pending"  # left to the next driver
+    # The call never started, so its claim is dropped rather than left to say it may have
+    # run; fenced, the drop would leave alone a claim of a worker that took over meanwhile.
+    assert env.store.effect("t1", "email-1") is None
+    assert env.agent.run("t1") == {"sent": "a@example.com"}  # the next driver sends it
+    assert env.emails() == 1
 
 
 class Counter(TypedDict):

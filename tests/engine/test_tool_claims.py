@@ -1,0 +1,118 @@
+"""A tool call stopped before its tool starts leaves no claim behind: a claim left pending
+says the tool may have run, and would stop the thread in ``needs_attention`` for a call
+that never did. A limit nothing declares, a lease lost before the call (or while it waits
+for its limit) and a worker killed while the call waits for its limit each leave the record
+absent, and the next driver makes the call, once."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from agentq import Status
+from agentq.errors import InvalidArgument
+from agentq.settings import Settings
+from agentq.store.redis.store import RedisStore
+from tests.support.mailer import ONE_EVERY_2S, Mailer, drive
+from tests.support.redis_server import RedisServer, wait_until
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def store(redis_server: RedisServer) -> Iterator[RedisStore]:
+    with RedisStore.from_url(redis_server.url, prefix=f"tc{uuid.uuid4().hex[:8]}:") as made:
+        yield made
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["tool", "atool"])
+def test_a_limit_nothing_declares_leaves_no_claim_and_the_call_runs_once_declared(
+    store: RedisStore, asynchronous: bool
+) -> None:
+    agent = Mailer(store, limit="api", asynchronous=asynchronous)
+    store.open_thread("t1", task=agent.name)
+    with pytest.raises(InvalidArgument, match="limit='api' needs the limits declared"):
+        drive(agent, "t1", store, Settings(store=store))
+    assert store.effect("t1", "mail-1") is None
+    # The operator declares the limit and retries the thread.
+    store.reopen("t1", from_statuses={Status.FAILED}, start_grace=0)
+    declared = Settings(store=store, limits=(ONE_EVERY_2S,))
+    assert drive(agent, "t1", store, declared) == ["sent to to-1"]
+    assert agent.sent() == ["to-1"]
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["tool", "atool"])
+def test_a_lease_lost_before_the_call_leaves_no_claim_and_the_next_driver_runs_it(
+    store: RedisStore, asynchronous: bool
+) -> None:
+    def lease_runs_out() -> None:
+        # The model call outlasted the lease (a paused worker, a store it could not reach),
+        # and no other worker has taken the thread over yet.
+        if not agent.sent():
+            store.client.delete(store.keys.lock("t1"))
+
+    agent = Mailer(store, asynchronous=asynchronous, before=lease_runs_out)
+    store.open_thread("t1", task=agent.name)
+    settings = Settings(store=store)
+    assert drive(agent, "t1", store, settings) is None  # stopped before the tool
+    assert agent.sent() == []
+    assert store.effect("t1", "mail-1") is None
+    agent.before = lambda: None
+    assert drive(agent, "t1", store, settings) == ["sent to to-1"]
+    assert agent.sent() == ["to-1"]
+
+
+def test_a_lease_lost_while_the_call_waits_for_its_limit_stops_it_before_the_tool(
+    store: RedisStore,
+) -> None:
+    """The lease is confirmed after the wait, right before the tool, not before the wait."""
+    agent = Mailer(store, mails=2, limit="api")
+    store.open_thread("t1", task=agent.name)
+    settings = Settings(store=store, limits=(ONE_EVERY_2S,), limit_wait=10)
+    first = threading.Thread(target=drive, args=(agent, "t1", store, settings))
+    first.start()
+    try:
+        # The second take is granted with its turn reserved: the call waits for it.
+        wait_until(lambda: store.limit_takes().get("api") == 2, timeout=30, what="the second take")
+        store.client.delete(store.keys.lock("t1"))  # the lease runs out meanwhile
+    finally:
+        first.join()
+    assert agent.sent() == ["to-1"]
+    assert store.effect("t1", "mail-2") is None
+    assert drive(agent, "t1", store, settings) == ["sent to to-1", "sent to to-2"]
+    assert agent.sent() == ["to-1", "to-2"]
+
+
+def test_a_worker_killed_while_its_call_waits_for_its_limit_leaves_no_claim(
+    store: RedisStore, redis_server: RedisServer
+) -> None:
+    """The second of two calls waits about 2 s in place for its turn; the worker is
+    killed meanwhile, and the thread, recovered, sends that mail once."""
+    agent = Mailer(store, mails=2, limit="api")
+    store.open_thread("t1", task=agent.name)
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "tests.support.mailer", redis_server.url, store.keys.prefix, "t1"],
+        cwd=REPO,
+        start_new_session=True,
+    )
+    try:
+        # The second take is granted with its turn reserved: the call waits for it.
+        wait_until(lambda: store.limit_takes().get("api") == 2, timeout=30, what="the second take")
+    finally:
+        worker.kill()
+        worker.wait()
+    assert agent.sent() == ["to-1"]
+    assert store.effect("t1", "mail-2") is None
+    settings = Settings(store=store, lease_ttl=1, limits=(ONE_EVERY_2S,), limit_wait=10)
+    # Left to its driver until the dead worker's lease runs out.
+    result = wait_until(
+        lambda: drive(agent, "t1", store, settings), timeout=30, what="the thread recovered"
+    )
+    assert result == ["sent to to-1", "sent to to-2"]
+    assert agent.sent() == ["to-1", "to-2"]

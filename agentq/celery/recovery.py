@@ -52,6 +52,9 @@ class Sweeper:
         for thread_id in store.claim_due(hold=settings.start_grace, limit=500):
             meta = store.meta(thread_id)
             if meta is None or not meta.runs_by_itself:
+                # Due by an index entry its last change left behind (on Redis Cluster, a
+                # lost second call): put the entries right, or it comes back every sweep.
+                store.sync_index(thread_id)
                 continue
             resend_thread(self.app, meta)
             logger.info("thread %s (%s, step %d) re-sent", thread_id, meta.status.value, meta.step)

@@ -102,6 +102,14 @@ class LeaseContract(ABC):
         so a concurrent sweeper does not send it again before the thread has had time to
         start. Atomic."""
 
+    def sync_index(self, thread_id: str) -> None:
+        """Set the thread's entries in the global indexes (its status, its due time) from
+        its meta, or remove them if the thread does not exist. The sweeper calls it for a
+        thread it found due but not to be run. Nothing to do where the indexes change with
+        the thread in one transaction (the default); on Redis Cluster they follow in a
+        second call, which a lost reply or a crashed client can leave unsent."""
+        validate_thread_id(thread_id)
+
     def lease_sweeper(self, owner: str, ttl: float) -> bool:
         """Take or extend the sweeper's lease for ``ttl`` seconds; ``False`` while another
         owner holds it. Lets one of many workers sweep at a time. Atomic."""

@@ -4,7 +4,7 @@ the keys, the scripts, the global indexes, and the latest steps it has seen.
 Every write is one Lua script on the thread's keys (see :mod:`agentq.ids`), so it is
 atomic and costs one round trip. On a single server the global indexes change in the
 same script; on Redis Cluster they live in another slot and follow in a second call
-(see ``lua/_prelude.lua`` for why that ordering is safe).
+(see ``lua/_prelude.lua`` for how they catch up when that call is lost).
 """
 
 from __future__ import annotations
@@ -157,11 +157,20 @@ class RedisBase(Store):
         return replies
 
     def _apply_index_ops(self, reply: Any) -> None:
-        """On Redis Cluster, apply the index changes a thread script returned."""
+        """On Redis Cluster, put in place the index entries a thread script returned."""
         if self.cluster and isinstance(reply, list) and isinstance(reply[-1], list):
-            self._scripts["index"](
-                keys=[self.keys.due()], args=[self.keys.status_index_prefix(), *reply[-1]]
-            )
+            self._scripts["index"](keys=self._sync_keys(), args=self._sync_args(reply[-1]))
+
+    def _sync_keys(self) -> list[str]:
+        return [self.keys.due(), self.keys.synced()]
+
+    def _sync_args(self, ops: list[Any]) -> list[Any]:
+        return [self.keys.status_index_prefix(), *ops]
+
+    def sync_index(self, thread_id: str) -> None:
+        super().sync_index(thread_id)
+        if self.cluster:
+            self._run("sync_index", [self.keys.meta(thread_id)], [thread_id], indexed=True)
 
     def _send(self, commands: Sequence[Sequence[EncodableT]], *, transaction: bool) -> list[Any]:
         return send(self.client, commands, transaction=transaction)

@@ -21,7 +21,10 @@ key                                        type    contents
                                                    for a human's, see meta_fields.py), parked
                                                    (while it waits for a concurrency key: the
                                                    key's queue), lost_token (the token of the
-                                                   last take that counted a lost worker)
+                                                   last take that counted a lost worker); on
+                                                   Redis Cluster also due_at (a Unix time or
+                                                   ``clear``) and index_seq (counts its index
+                                                   changes), the index entries it should have
 ``P thread:{T}:staged``                    string  the snapshot of a commit in flight: SET
                                                    in the commit's MULTI, then renamed to its
                                                    checkpoint key, or deleted if the commit
@@ -39,6 +42,10 @@ key                                        type    contents
 ``P effect:{<key>}``                       hash    a global (cross-thread) effect record
 ``P index:{index}:due``                    zset    thread id -> Unix time it is due to run
 ``P index:{index}:status:<status>``        zset    thread id -> Unix time of its last update
+``P index:{index}:synced``                 hash    Redis Cluster only: thread id -> the meta's
+                                                   ``index_seq`` the indexes were last set
+                                                   from, so an older state never overwrites
+                                                   a newer one
 ``P index:{index}:sweeper``                string  the owner of the sweeper lease (PX TTL)
 ``P limit:{limits}:<key>``                 hash    req_tat, tok_tat (GCRA times), paused
                                                    (Unix time a 429 asked to wait until)
@@ -116,6 +123,9 @@ class Keys:
 
     def status_index(self, status: str) -> str:
         return f"{self.status_index_prefix()}{status}"
+
+    def synced(self) -> str:
+        return f"{self.prefix}index:{{index}}:synced"
 
     def sweeper(self) -> str:
         return f"{self.prefix}index:{{index}}:sweeper"

@@ -23,6 +23,7 @@ RedisClient = redis.Redis | RedisCluster
 
 STORE_SCRIPTS = (
     "index",
+    "sync_index",
     "open_thread",
     "acquire",
     "renew",

@@ -397,10 +397,7 @@ class RedisStore(RedisCheckpoints, RedisEffects, RedisLimits, RedisListing, Redi
                 for reply in replies
                 if not isinstance(reply, Exception) and isinstance(reply[-1], list)
             ]
-            self._run_many(
-                "index",
-                [([self.keys.due()], [self.keys.status_index_prefix(), *op]) for op in ops],
-            )
+            self._run_many("index", [(self._sync_keys(), self._sync_args(op)) for op in ops])
         return renewed
 
     def _do_release(self, thread_id: str, owner: str, token: int) -> bool:

@@ -3,9 +3,15 @@
 -- Convention for those scripts: ARGV[1] is the status-index key prefix and the due index
 -- key is the last of KEYS, so the indexes change in the same atomic step. On Redis
 -- Cluster the indexes live in another slot: the caller then passes ARGV[1] = '' and no
--- due key, and the script returns the index changes ("ops") for index.lua to apply
--- next. Index entries are only ever removed after the thread changed, so a crash between
--- the two leaves an early due time (recovery re-checks the thread), never a missing one.
+-- due key, and the script returns the thread's index entries ("ops") for index.lua to
+-- apply next. Those ops are the thread's state, not its change: the due time is kept in
+-- the meta ('due_at') beside the status and updated_at (the status index's score), and
+-- every reply of a script that found the thread carries them, also the "already done"
+-- and refused ones. So when the second call is lost (a lost reply, a failover of the
+-- index node, a client crash) and the caller sends the operation again, the resend puts
+-- the indexes where the meta says, whatever the first run left. Each change also counts
+-- up 'index_seq', which index.lua keeps per thread, so an older state whose second call
+-- arrives late never overwrites a newer one.
 --
 -- The status names (STATUS.RUNNING, ...) and the sets LIVE, IDLE and FINISHED come before
 -- this prelude, generated from agentq.records, so no script spells a status set by hand.
@@ -60,13 +66,37 @@ local function apply_index(due_key, status_prefix, thread_id, old_status, new_st
   end
 end
 
-local function index(thread_id, old_status, new_status, due, now)
-  old_status = old_status or ''
+-- On Redis Cluster, the thread's index entries as its meta stands: {thread_id, status,
+-- updated_at, due_at ('clear', a Unix time, or 'keep' for a thread written before
+-- due_at was kept), index_seq}; 0 on a single server, whose indexes never lag, or for a
+-- thread that does not exist.
+local function sync(meta, thread_id)
   if ARGV[1] ~= '' then
-    apply_index(KEYS[#KEYS], ARGV[1], thread_id, old_status, new_status, due, now)
     return 0
   end
-  return {thread_id, old_status, new_status, tostring(due), tostring(now)}
+  local state = redis.call('HMGET', meta, 'status', 'updated_at', 'due_at', 'index_seq')
+  if not state[1] then
+    return 0
+  end
+  return {thread_id, state[1], state[2], state[3] or 'keep', state[4] or '0'}
+end
+
+-- Moves the thread from old_status to new_status ('' for no change, '-' for deleted) and
+-- sets its due time (see apply_index): at once on a single server; on Redis Cluster
+-- through the meta, returning sync()'s ops (for a deleted thread, ops that remove it).
+local function index(meta, thread_id, old_status, new_status, due, now)
+  if ARGV[1] ~= '' then
+    apply_index(KEYS[#KEYS], ARGV[1], thread_id, old_status or '', new_status, due, now)
+    return 0
+  end
+  if new_status == '-' then
+    return {thread_id, '-', '0', 'clear', '0'}
+  end
+  if due ~= 'keep' then
+    redis.call('HSET', meta, 'due_at', due == 'clear' and due or string.format('%.17g', due))
+  end
+  redis.call('HINCRBY', meta, 'index_seq', 1)
+  return sync(meta, thread_id)
 end
 
 -- A thread starting to wait for a human: with a timeout ('' for none) it is due at
@@ -110,7 +140,7 @@ local function update_thread(meta, lock, thread_id, new_status, due_in, release,
   if new_status == STATUS.WAITING then
     wait_for_human(meta, due_in, due)
   end
-  return index(thread_id, old_status, new_status, due, now)
+  return index(meta, thread_id, old_status, new_status, due, now)
 end
 
 -- Fencing check shared by every driver write: {code, fence} on refusal, nil when allowed.

@@ -52,7 +52,7 @@ local function wake(holders, queue, tp, cap, live, grace, now)
       redis.call('HDEL', meta, 'parked')
       live = live + 1
       if status == STATUS.QUEUED then
-        index(id, status, '', now + grace, now)
+        index(meta, id, status, '', now + grace, now)
       end
       woken[#woken + 1] = id
     end

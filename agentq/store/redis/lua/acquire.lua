@@ -8,7 +8,7 @@
 -- A waiting thread whose timeout passed becomes running, its question copied to
 -- 'timed_out' for the node that runs next; before then it is refused like an early retry.
 -- Returns {1, token, the meta as HGETALL gives it, 1 if it counted a lost worker else 0,
--- ops}; {0, 0, the meta, 0, 0} for a thread ARGV[5] leaves unleased;
+-- ops}; {0, 0, the meta, 0, ops} for a thread ARGV[5] leaves unleased;
 -- {LEASE_HELD, remaining ms, 0} while another owner holds it; {THREAD_NOT_FOUND, 0, 0};
 -- {RETRY_NOT_DUE, ms until its retry time, ops} for a retrying thread sent early, whose
 -- due time goes back to its retry time (on Redis Cluster the sweeper claimed it on
@@ -20,14 +20,16 @@ if not status then
 end
 local timed_out = status == STATUS.WAITING and timeout_at
 if ARGV[5] == '1' and not (LIVE[status] or timed_out) then
-  return {0, 0, redis.call('HGETALL', KEYS[2]), 0, 0}
+  return {0, 0, redis.call('HGETALL', KEYS[2]), 0, sync(KEYS[2], ARGV[2])}
 end
 local at = (status == STATUS.RETRYING and retry_at) or (timed_out and timeout_at)
 if at then
   local now = now_seconds()
   at = tonumber(at)
   if at > now then
-    return {REFUSAL.RETRY_NOT_DUE, math.ceil((at - now) * 1000), index(ARGV[2], '', '', at, now)}
+    -- On a single server the due time goes back by hand; on Cluster its meta holds it.
+    local ops = ARGV[1] == '' and sync(KEYS[2], ARGV[2]) or index(KEYS[2], ARGV[2], '', '', at, now)
+    return {REFUSAL.RETRY_NOT_DUE, math.ceil((at - now) * 1000), ops}
   end
 end
 local current = redis.call('GET', KEYS[1])
@@ -51,7 +53,7 @@ end
 if LIVE[status] or timed_out then
   local now = now_seconds()
   redis.call('HSET', KEYS[2], 'status', STATUS.RUNNING, 'updated_at', tostring(now))
-  ops = index(ARGV[2], status, STATUS.RUNNING, now + tonumber(ARGV[4]) / 1000, now)
+  ops = index(KEYS[2], ARGV[2], status, STATUS.RUNNING, now + tonumber(ARGV[4]) / 1000, now)
 end
 local lost = 0
 if ARGV[5] == '1' and status == STATUS.RUNNING then

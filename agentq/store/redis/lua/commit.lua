@@ -17,7 +17,8 @@
 -- '' when it is staged, [13] how many logs follow, each as (field, length before, count,
 -- count items).
 -- The thread id and key prefix are read from KEYS[1].
--- Returns {1, cancel requested 0|1, ops}; {STALE_TOKEN, current fence, 0};
+-- Returns {1, cancel requested 0|1, ops} (also for a resend that finds its own write);
+-- {STALE_TOKEN, current fence, 0};
 -- {STEP_CONFLICT, latest, 0}; {THREAD_NOT_FOUND, 0, 0}; {LOG_CONFLICT, field, 0} when a
 -- log's length is not the one the checkpoint extends; an error reply for a key of another
 -- type. A refusal or an error changes no key: it deletes the staged snapshot its own
@@ -53,7 +54,7 @@ if latest == step then
     return refuse(REFUSAL.STEP_CONFLICT, latest)
   end
   drop_staged()
-  return {1, cancel, 0}
+  return {1, cancel, sync(meta, string.match(meta, '{([^}]*)}'))}
 end
 if latest ~= step - 1 then
   return refuse(REFUSAL.STEP_CONFLICT, latest)
@@ -194,4 +195,4 @@ if ARGV[6] ~= '' and redis.call('GET', KEYS[4]) == ARGV[6] then
   redis.call('DEL', KEYS[4])
 end
 local thread_id = string.match(meta, '{([^}]*)}')
-return {1, cancel, index(thread_id, current[4], ARGV[4], due, now)}
+return {1, cancel, index(meta, thread_id, current[4], ARGV[4], due, now)}

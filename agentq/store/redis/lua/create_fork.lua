@@ -6,10 +6,10 @@
 -- prefix, [9] the names of the append-only fields (msgpack; '' for none), [10] the send
 -- options (msgpack; '' for none), [11] how many append-only logs follow, each as (field,
 -- count, count items), then how many artifacts follow, each as (sha256, bytes).
--- Returns {1, meta as a flat HGETALL list, ops}, or {0, 0, 0} if the id is taken.
+-- Returns {1, meta as a flat HGETALL list, ops}, or {0, 0, ops} if the id is taken.
 local meta = KEYS[1]
 if redis.call('EXISTS', meta) == 1 then
-  return {0, 0, 0}
+  return {0, 0, sync(meta, ARGV[2])}
 end
 local now = now_seconds()
 redis.call('HSET', meta, 'status', STATUS.WAITING, 'step', ARGV[4], 'task', ARGV[6], 'attempts', 0,
@@ -52,5 +52,5 @@ if graph ~= '' then
 end
 redis.call('SET', KEYS[2], ARGV[4])
 redis.call('SET', KEYS[3], ARGV[3])
-local ops = index(ARGV[2], '', STATUS.WAITING, 'clear', now)
+local ops = index(meta, ARGV[2], '', STATUS.WAITING, 'clear', now)
 return {1, redis.call('HGETALL', meta), ops}

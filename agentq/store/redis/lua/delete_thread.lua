@@ -4,11 +4,14 @@
 -- ARGV[1]: status prefix or '', [2] thread id, [3] checkpoint key prefix, [4] '' or a
 -- Unix time: then only delete if the thread is in one of ARGV[6..] and was last updated
 -- before it; [5] the thread's key prefix; [6..] the statuses gc may delete.
--- Returns {1, ops} if deleted, {0, 0} if absent or (with ARGV[4]) not deletable.
+-- Returns {1, ops} if deleted, {0, ops} if absent, {0, 0} if (with ARGV[4]) not
+-- deletable.
 local meta = KEYS[1]
 local status = redis.call('HGET', meta, 'status')
 if not status then
-  return {0, 0}
+  -- On Redis Cluster a resend finds the thread gone, and its entries maybe not (the first
+  -- run's index call lost): they go now. A single server removed them with the thread.
+  return {0, ARGV[1] == '' and index(meta, ARGV[2], '', '-', 'clear', 0) or 0}
 end
 if ARGV[4] ~= '' then
   if not listed_from(6, status) or tonumber(redis.call('HGET', meta, 'updated_at')) >= tonumber(ARGV[4]) then
@@ -32,4 +35,4 @@ for _, field in ipairs(redis.call('SMEMBERS', ARGV[5] .. 'logs')) do
 end
 redis.call('DEL', ARGV[5] .. 'logs', ARGV[5] .. 'staged')
 redis.call('DEL', meta, KEYS[2], KEYS[3], KEYS[4])
-return {1, index(ARGV[2], status, '-', 'clear', now_seconds())}
+return {1, index(meta, ARGV[2], status, '-', 'clear', now_seconds())}

@@ -7,7 +7,7 @@
 -- Returns {created 0|1, meta as a flat HGETALL list, index ops}.
 local meta = KEYS[1]
 if redis.call('EXISTS', meta) == 1 then
-  return {0, redis.call('HGETALL', meta), 0}
+  return {0, redis.call('HGETALL', meta), sync(meta, ARGV[2])}
 end
 local now = now_seconds()
 redis.call('HSET', meta, 'status', STATUS.QUEUED, 'step', -1, 'task', ARGV[3], 'attempts', 0,
@@ -21,5 +21,5 @@ end
 if ARGV[7] ~= '' then
   redis.call('HSET', meta, 'origin', ARGV[7])
 end
-local ops = index(ARGV[2], '', STATUS.QUEUED, now + tonumber(ARGV[5]), now)
+local ops = index(meta, ARGV[2], '', STATUS.QUEUED, now + tonumber(ARGV[5]), now)
 return {1, redis.call('HGETALL', meta), ops}

@@ -9,6 +9,6 @@ redis.call('PEXPIRE', KEYS[1], ARGV[4])
 local ops = 0
 if redis.call('HGET', KEYS[2], 'status') == STATUS.RUNNING then
   local now = now_seconds()
-  ops = index(ARGV[2], '', '', now + tonumber(ARGV[4]) / 1000, now)
+  ops = index(KEYS[2], ARGV[2], '', '', now + tonumber(ARGV[4]) / 1000, now)
 end
 return {1, ops}

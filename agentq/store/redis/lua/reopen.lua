@@ -4,14 +4,15 @@
 -- ARGV[1]: status prefix or '', [2] thread id, [3] start grace in seconds, [4] resume
 -- value (msgpack) or '' for none, [5..] the statuses it may be reopened from.
 -- Returns {1, meta as a flat HGETALL list, ops}; {THREAD_NOT_FOUND, 0, 0};
--- {STATUS_REFUSED, current status, 0} when the status does not allow it.
+-- {STATUS_REFUSED, current status, ops} when the status does not allow it (a resend
+-- after a lost reply finds it queued already).
 local meta = KEYS[1]
 local status = redis.call('HGET', meta, 'status')
 if not status then
   return {REFUSAL.THREAD_NOT_FOUND, 0, 0}
 end
 if not listed_from(5, status) then
-  return {REFUSAL.STATUS_REFUSED, status, 0}
+  return {REFUSAL.STATUS_REFUSED, status, sync(meta, ARGV[2])}
 end
 local now = now_seconds()
 redis.call('HSET', meta, 'status', STATUS.QUEUED, 'attempts', 0, 'crashes', 0, 'updated_at',
@@ -27,5 +28,5 @@ end
 if ARGV[4] ~= '' then
   redis.call('HSET', meta, 'resume', ARGV[4])
 end
-local ops = index(ARGV[2], status, STATUS.QUEUED, now + tonumber(ARGV[3]), now)
+local ops = index(meta, ARGV[2], status, STATUS.QUEUED, now + tonumber(ARGV[3]), now)
 return {1, redis.call('HGETALL', meta), ops}

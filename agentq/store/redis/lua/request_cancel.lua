@@ -8,11 +8,11 @@ if not status then
   return {REFUSAL.THREAD_NOT_FOUND, 0, 0}
 end
 if FINISHED[status] then
-  return {1, status, 0}
+  return {1, status, sync(meta, ARGV[2])}
 end
 redis.call('HSET', meta, 'cancel', '1')
 if status == STATUS.RUNNING then
-  return {1, status, 0}
+  return {1, status, sync(meta, ARGV[2])}
 end
 -- A thread parked on a concurrency key leaves its queue: it will never start.
 local parked = redis.call('HGET', meta, 'parked')
@@ -24,4 +24,4 @@ local now = now_seconds()
 redis.call('HSET', meta, 'status', STATUS.CANCELLED, 'updated_at', tostring(now))
 redis.call('HINCRBY', meta, 'fence', 1)  -- as reopen.lua does
 redis.call('HDEL', meta, 'timeout_at')
-return {1, STATUS.CANCELLED, index(ARGV[2], status, STATUS.CANCELLED, 'clear', now)}
+return {1, STATUS.CANCELLED, index(meta, ARGV[2], status, STATUS.CANCELLED, 'clear', now)}

@@ -6,8 +6,9 @@
 -- the effect did not run (the record goes) else '0', [5] the result (msgpack) it recorded,
 -- [6..] the statuses it may be settled in.
 -- Returns {1, meta as a flat HGETALL list, ops}; {THREAD_NOT_FOUND, 0, 0};
--- {LEASE_HELD, ms left, 0}; {STATUS_REFUSED, current status, 0}; {NOT_CLAIMED, 0, 0} no
--- record; {NOT_HOLDER, holder, 0} when the record is done already.
+-- {LEASE_HELD, ms left, ops}; {STATUS_REFUSED, current status, ops}; {NOT_CLAIMED, 0, ops}
+-- no record; {NOT_HOLDER, holder, ops} when the record is done already (the refusals a
+-- resend after a lost reply meets carry the ops too).
 local meta = KEYS[1]
 local status = redis.call('HGET', meta, 'status')
 if not status then
@@ -15,17 +16,17 @@ if not status then
 end
 local ttl = redis.call('PTTL', KEYS[2])
 if ttl > 0 then
-  return {REFUSAL.LEASE_HELD, ttl, 0}
+  return {REFUSAL.LEASE_HELD, ttl, sync(meta, ARGV[2])}
 end
 if not listed_from(6, status) then
-  return {REFUSAL.STATUS_REFUSED, status, 0}
+  return {REFUSAL.STATUS_REFUSED, status, sync(meta, ARGV[2])}
 end
 local state = redis.call('HGET', KEYS[3], 'state')
 if not state then
-  return {REFUSAL.NOT_CLAIMED, 0, 0}
+  return {REFUSAL.NOT_CLAIMED, 0, sync(meta, ARGV[2])}
 end
 if state ~= 'pending' then
-  return {REFUSAL.NOT_HOLDER, tonumber(redis.call('HGET', KEYS[3], 'token')), 0}
+  return {REFUSAL.NOT_HOLDER, tonumber(redis.call('HGET', KEYS[3], 'token')), sync(meta, ARGV[2])}
 end
 -- A new fence: a worker frozen with the old token cannot record over this.
 local fence = redis.call('HINCRBY', meta, 'fence', 1)
@@ -40,5 +41,5 @@ local now = now_seconds()
 redis.call('HSET', meta, 'status', STATUS.QUEUED, 'attempts', 0, 'crashes', 0, 'updated_at',
   tostring(now))
 redis.call('HDEL', meta, 'error', 'cancel')
-local ops = index(ARGV[2], status, STATUS.QUEUED, now + tonumber(ARGV[3]), now)
+local ops = index(meta, ARGV[2], status, STATUS.QUEUED, now + tonumber(ARGV[3]), now)
 return {1, redis.call('HGETALL', meta), ops}

@@ -1,0 +1,281 @@
+"""On Redis Cluster the global indexes follow a thread's change in a second call, to the
+node of the ``{index}`` slot. These tests lose that call (a proxy in front of every node
+drops it, as a failover of the index node would) or the thread script's own reply, send
+the operation again as the caller does after a store error (RetriedCalls for a driver's
+writes; a user told to try again), and check that the indexes then say what the meta
+says: the thread in its status's index and no other, due exactly when it runs by itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+import pytest
+from redis.backoff import NoBackoff
+from redis.cluster import RedisCluster
+from redis.retry import Retry
+
+from agentq.errors import ThreadStateError
+from agentq.records import Checkpoint, Status
+from agentq.store.redis.store import RedisStore
+from tests.chaos.flaky_proxy import FlakyProxy
+from tests.support.redis_server import RedisServer
+
+pytestmark = pytest.mark.cluster
+
+T = TypeVar("T")
+
+TTL = 30.0
+
+_prefixes = itertools.count()
+
+
+class Faults:
+    """A :class:`FlakyProxy` in front of each node of the cluster, the client routed
+    through them."""
+
+    def __init__(self, nodes: list[RedisServer]) -> None:
+        self.proxies = {node.port: FlakyProxy(node.port) for node in nodes}
+
+    def remap(self, address: tuple[str, int]) -> tuple[str, int]:
+        proxy = self.proxies.get(address[1])
+        return (address[0], proxy.port) if proxy else address
+
+    def drop(self, data: bytes) -> None:
+        """Every request containing ``data`` fails without reaching its node."""
+        for proxy in self.proxies.values():
+            proxy.drop = data
+
+    def lose_reply(self, data: bytes) -> None:
+        """The next request containing ``data`` runs, but its reply never arrives."""
+        for proxy in self.proxies.values():
+            proxy.lose_reply_to = data
+
+    def heal(self) -> None:
+        for proxy in self.proxies.values():
+            proxy.drop = proxy.lose_reply_to = None
+
+    def close(self) -> None:
+        for proxy in self.proxies.values():
+            proxy.close()
+
+
+@pytest.fixture
+def faults(redis_cluster: list[RedisServer]) -> Iterator[Faults]:
+    faults = Faults(redis_cluster)
+    try:
+        yield faults
+    finally:
+        faults.close()
+
+
+@pytest.fixture
+def store(faults: Faults, redis_cluster: list[RedisServer]) -> Iterator[RedisStore]:
+    entry = faults.proxies[redis_cluster[0].port]
+    # One retry without backoff: a dropped call fails in milliseconds, not seconds.
+    client = RedisCluster(
+        host="127.0.0.1", port=entry.port, address_remap=faults.remap, retry=Retry(NoBackoff(), 1)
+    )
+    with RedisStore(client, prefix=f"ci{next(_prefixes)}:") as store:
+        yield store
+
+
+def sha(store: RedisStore, script: str) -> bytes:
+    return store._scripts[script].sha.encode()
+
+
+def resent(store: RedisStore, faults: Faults, call: Callable[[], T]) -> T:
+    """``call()``, which fails with a store error, then again once the store is healed:
+    what RetriedCalls does for a driver's writes, and a user for resume or retry."""
+    with pytest.raises(Exception) as failed:
+        call()
+    assert store.is_transient(failed.value), failed.value
+    faults.heal()
+    return call()
+
+
+def index_entries(store: RedisStore, thread_id: str) -> tuple[set[Status], float | None]:
+    client = store.client
+    statuses = {
+        status
+        for status in Status
+        if client.zscore(store.keys.status_index(status.value), thread_id) is not None
+    }
+    return statuses, client.zscore(store.keys.due(), thread_id)
+
+
+def assert_indexes_follow_meta(store: RedisStore, thread_id: str) -> float | None:
+    """The thread is in its status's index, with its updated_at, and in no other; it is in
+    the due index exactly when it runs by itself. Returns its due time."""
+    meta = store.meta(thread_id)
+    assert meta is not None
+    statuses, due = index_entries(store, thread_id)
+    assert statuses == {meta.status}
+    score = store.client.zscore(store.keys.status_index(meta.status.value), thread_id)
+    assert score == pytest.approx(meta.updated_at)
+    assert (due is not None) == meta.runs_by_itself, (meta.status, due)
+    return due
+
+
+def running(store: RedisStore, thread_id: str) -> int:
+    store.open_thread(thread_id, task="agent", start_grace=60)
+    token = store.acquire_to_run(thread_id, "w1", TTL).token
+    assert token is not None
+    return token
+
+
+def checkpoint(step: int, token: int) -> Checkpoint:
+    return Checkpoint(step=step, node="model", state={"n": step}, token=token, task="agent")
+
+
+def test_a_commit_to_done_resent_after_its_index_call_failed_leaves_the_indexes(
+    store: RedisStore, faults: Faults
+) -> None:
+    token = running(store, "t1")
+    faults.drop(sha(store, "index"))
+    resent(
+        store,
+        faults,
+        lambda: store.commit(
+            "t1", token, checkpoint(0, token), status=Status.DONE, result=1, release_owner="w1"
+        ),
+    )
+    assert index_entries(store, "t1") == ({Status.DONE}, None)
+    assert_indexes_follow_meta(store, "t1")
+    assert store.gc(0.0) == 1
+
+
+def test_a_commit_whose_reply_was_lost_still_moves_the_indexes(
+    store: RedisStore, faults: Faults
+) -> None:
+    token = running(store, "t1")
+    faults.lose_reply(sha(store, "commit"))
+    # The client sends the script again on a new connection, by itself or through the
+    # caller: either way the second run finds the checkpoint already written.
+    with contextlib.suppress(Exception):
+        store.commit(
+            "t1", token, checkpoint(0, token), status=Status.DONE, result=1, release_owner="w1"
+        )
+    faults.heal()
+    store.commit(
+        "t1", token, checkpoint(0, token), status=Status.DONE, result=1, release_owner="w1"
+    )
+    assert sum(proxy.lost for proxy in faults.proxies.values()) == 1
+    assert index_entries(store, "t1") == ({Status.DONE}, None)
+    assert_indexes_follow_meta(store, "t1")
+
+
+@pytest.mark.parametrize(
+    ("status", "options"),
+    [
+        (Status.FAILED, {"error": "boom"}),
+        (Status.RETRYING, {"due_in": 30.0}),
+        (Status.WAITING, {"interrupt": {"ask": "ok?"}, "due_in": 600.0}),
+        (Status.WAITING, {"interrupt": {"ask": "ok?"}}),
+        (Status.QUEUED, {"due_in": 0.0}),
+    ],
+)
+def test_a_status_change_resent_after_its_index_call_failed_leaves_the_indexes(
+    store: RedisStore, faults: Faults, status: Status, options: dict[str, Any]
+) -> None:
+    token = running(store, "t1")
+    faults.drop(sha(store, "index"))
+    resent(
+        store,
+        faults,
+        lambda: store.set_status("t1", token, status, release_owner="w1", **options),
+    )
+    due = assert_indexes_follow_meta(store, "t1")
+    meta = store.meta("t1")
+    assert meta is not None and meta.status == status
+    if status == Status.RETRYING:
+        assert due is not None and due > store._now() + 25
+    if meta.timeout_at is not None:
+        assert due == pytest.approx(meta.timeout_at)
+
+
+def test_a_reopen_resent_after_its_index_call_failed_makes_the_thread_due(
+    store: RedisStore, faults: Faults
+) -> None:
+    token = running(store, "t1")
+    store.set_status("t1", token, Status.FAILED, error="boom", release_owner="w1")
+    faults.drop(sha(store, "index"))
+
+    def reopen() -> None:
+        store.reopen("t1", from_statuses={Status.FAILED}, start_grace=0)
+
+    # The second try finds the thread queued already and says so; its reply still puts
+    # the indexes right.
+    with pytest.raises(ThreadStateError):
+        resent(store, faults, reopen)
+    assert index_entries(store, "t1")[0] == {Status.QUEUED}
+    assert assert_indexes_follow_meta(store, "t1") is not None
+    assert store.claim_due(hold=60) == ["t1"]
+
+
+def test_an_open_thread_resent_after_its_index_call_failed_indexes_the_thread(
+    store: RedisStore, faults: Faults
+) -> None:
+    faults.drop(sha(store, "index"))
+    _, created = resent(store, faults, lambda: store.open_thread("t1", task="agent"))
+    assert not created
+    assert index_entries(store, "t1")[0] == {Status.QUEUED}
+    assert assert_indexes_follow_meta(store, "t1") is not None
+    assert [meta.thread_id for meta in store.threads(Status.QUEUED)] == ["t1"]
+
+
+def test_a_cancel_resent_after_its_index_call_failed_leaves_the_indexes(
+    store: RedisStore, faults: Faults
+) -> None:
+    store.open_thread("t1", task="agent")
+    faults.drop(sha(store, "index"))
+    assert resent(store, faults, lambda: store.request_cancel("t1")) == Status.CANCELLED
+    assert index_entries(store, "t1") == ({Status.CANCELLED}, None)
+    assert_indexes_follow_meta(store, "t1")
+
+
+def test_a_delete_resent_after_its_index_call_failed_leaves_no_entry(
+    store: RedisStore, faults: Faults
+) -> None:
+    store.open_thread("t1", task="agent")
+    faults.drop(sha(store, "index"))
+    assert not resent(store, faults, lambda: store.delete_thread("t1"))
+    assert index_entries(store, "t1") == (set(), None)
+
+
+def test_an_older_state_arriving_late_does_not_overwrite_a_newer_one(
+    store: RedisStore,
+) -> None:
+    token = running(store, "t1")
+    # The thread's entries while it runs, as a slow client would send them ...
+    (older,) = store._scripts["sync_index"](keys=[store.keys.meta("t1")], args=["", "t1"])
+    store.set_status("t1", token, Status.FAILED, error="boom", release_owner="w1")
+    # ... after the failure's own entries are in place.
+    applied = store._scripts["index"](
+        keys=[store.keys.due(), store.keys.synced()],
+        args=[store.keys.status_index_prefix(), *older],
+    )
+    assert applied == 0
+    assert index_entries(store, "t1") == ({Status.FAILED}, None)
+
+
+def test_sync_index_repairs_what_a_lost_index_call_left(store: RedisStore, faults: Faults) -> None:
+    token = running(store, "t1")
+    faults.drop(sha(store, "index"))
+    # The worker's client dies here: nothing sends the commit again.
+    with pytest.raises(Exception) as failed:
+        store.commit(
+            "t1", token, checkpoint(0, token), status=Status.DONE, result=1, release_owner="w1"
+        )
+    assert store.is_transient(failed.value)
+    faults.heal()
+    assert index_entries(store, "t1")[1] is not None  # the sweeper would find it due
+    store.sync_index("t1")
+    assert index_entries(store, "t1") == ({Status.DONE}, None)
+    store.client.delete(store.keys.meta("t1"))  # the thread gone, its entries not
+    store.client.zadd(store.keys.due(), {"t1": 0})
+    store.sync_index("t1")
+    assert index_entries(store, "t1") == (set(), None)

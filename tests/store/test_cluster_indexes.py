@@ -279,3 +279,23 @@ def test_sync_index_repairs_what_a_lost_index_call_left(store: RedisStore, fault
     store.client.zadd(store.keys.due(), {"t1": 0})
     store.sync_index("t1")
     assert index_entries(store, "t1") == (set(), None)
+
+
+def test_a_thread_id_created_again_after_a_lost_delete_is_indexed(
+    store: RedisStore, faults: Faults
+) -> None:
+    """The delete's index call lost for good (its client died): the entries of the
+    thread's first life stay, with the last state applied for it. The same id, created
+    again, still gets its own entries and is due."""
+    token = running(store, "t1")
+    for step in range(3):  # some changes, so that its first life's count is past 1
+        store.commit("t1", token, checkpoint(step, token))
+    store.set_status("t1", token, Status.WAITING, release_owner="w1")
+    faults.drop(sha(store, "index"))
+    with pytest.raises(Exception) as failed:
+        store.delete_thread("t1")
+    assert store.is_transient(failed.value)
+    faults.heal()
+    store.open_thread("t1", task="agent", start_grace=60)
+    assert index_entries(store, "t1")[1] is not None
+    assert_indexes_follow_meta(store, "t1")

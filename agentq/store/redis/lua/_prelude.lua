@@ -95,6 +95,12 @@ local function index(meta, thread_id, old_status, new_status, due, now)
   if due ~= 'keep' then
     redis.call('HSET', meta, 'due_at', due == 'clear' and due or string.format('%.17g', due))
   end
+  if redis.call('HEXISTS', meta, 'index_seq') == 0 then
+    -- Counted from the server's clock in microseconds, not from 1: a thread id deleted
+    -- and created again must not start below what index.lua kept for its last life.
+    local t = redis.call('TIME')
+    redis.call('HSET', meta, 'index_seq', t[1] .. string.format('%06d', tonumber(t[2])))
+  end
   redis.call('HINCRBY', meta, 'index_seq', 1)
   return sync(meta, thread_id)
 end

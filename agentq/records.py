@@ -99,9 +99,10 @@ class ThreadMeta:
     origin: str | None = None
     """The id of the Celery task that first sent the thread, whose result the caller of
     ``delay()`` holds: the task that ends the thread stores the outcome under it too."""
-    canvas: str | None = None
-    """The callbacks, errbacks, chain and chord the first message carried, as JSON in the
-    shape of Celery's request fields; the task that ends the thread, if it is not the
+    canvas: dict[str, Any] | None = None
+    """The callbacks, errbacks, chain and chord the first message carried, in the shape of
+    Celery's request fields, encoded as the message encoded them (``content_type``,
+    ``encoding``, ``body``); the task that ends the thread, if it is not the
     first one, applies them. Never sent with a later message."""
     timeout: float | None = None
     """The seconds a wait for a human may last (``interrupt(..., timeout=)``), kept from

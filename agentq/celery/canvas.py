@@ -15,13 +15,13 @@ thread the first task ends keeps Celery's own tracer.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any, Final
 
 from celery import Celery, Task, group
 from celery.app.task import Context
 from celery.canvas import Signature, maybe_signature
-from kombu.utils import json
+from kombu.serialization import dumps, loads, prepare_accept_content
 
 from agentq.records import ThreadMeta
 
@@ -41,9 +41,10 @@ _APPLIED: Final = ("callbacks", "errbacks", "chain", "chord")
 """The fields that make a canvas; the others only place the task in it."""
 
 
-def captured(options: Mapping[str, Any]) -> str | None:
-    """The canvas in ``apply_async`` ``options`` as JSON, ``None`` if they have none.
-    Encoded as the message encodes it, so signatures come back as the worker reads them."""
+def captured(options: Mapping[str, Any], serializer: str) -> dict[str, Any] | None:
+    """The canvas in ``apply_async`` ``options``, ``None`` if they have none. Encoded as
+    the message encodes it, with the task's ``serializer``, so that what the message can
+    carry the thread can keep, and signatures come back as the worker reads them."""
     fields = {name: options.get(option) for option, name in _REQUEST_FIELDS.items()}
     if not any(fields[name] for name in _APPLIED):
         return None
@@ -51,17 +52,24 @@ def captured(options: Mapping[str, Any]) -> str | None:
         if isinstance(fields[name], Mapping):
             fields[name] = [fields[name]]
     kept = {name: value for name, value in fields.items() if value is not None}
-    text: str = json.dumps(kept)  # type: ignore[no-untyped-call]
-    return text
+    content_type, encoding, body = dumps(kept, serializer=serializer)  # type: ignore[no-untyped-call]
+    return {"content_type": content_type, "encoding": encoding, "body": body}
 
 
-def request_of(meta: ThreadMeta) -> Context | None:
-    """The request of the thread's first task as far as its canvas goes; ``None`` without
-    a canvas or a first task (a fork keeps its source's canvas but has no first task)."""
+def request_of(meta: ThreadMeta, accept: Collection[str]) -> Context | None:
+    """The request of the thread's first task as far as its canvas goes, decoded if its
+    content type is one the worker ``accept``s; ``None`` without a canvas or a first task
+    (a fork keeps its source's canvas but has no first task)."""
     if meta.canvas is None or meta.origin is None:
         return None
+    stored = meta.canvas
     return Context(
-        json.loads(meta.canvas),  # type: ignore[no-untyped-call]
+        loads(  # type: ignore[no-untyped-call]
+            stored["body"],
+            stored["content_type"],
+            stored["encoding"],
+            accept=prepare_accept_content(accept),  # type: ignore[no-untyped-call]
+        ),
         id=meta.origin,
         task=meta.task,
         args=[meta.thread_id],

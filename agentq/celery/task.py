@@ -178,9 +178,7 @@ class AgentTask(Task):  # type: ignore[misc]
             raise
         if meta is None:  # deleted: the driver dropped the message
             raise Ignore()
-        return task_outcome.finish(
-            self, meta, driver.retrying, driver.waiting_for, ended_here=driver.ended is not None
-        )
+        return task_outcome.finish(self, meta, driver.retrying, driver.waiting_for)
 
     def _meta_after_failure(
         self, calls: RetriedCalls, thread_id: str, exc: Exception
@@ -249,7 +247,7 @@ class AgentTask(Task):  # type: ignore[misc]
             start_grace=delay + self.agentq.settings.start_grace,
             options=kept,
             origin=task_id,
-            canvas=canvas.captured(options),
+            canvas=canvas.captured(options, options.get("serializer") or self.serializer),
         )
         if not created:
             return self.resend(meta, **options)

@@ -55,15 +55,11 @@ def finish(
     meta: ThreadMeta,
     retrying: tuple[Exception, float] | None,
     waiting_for: KeyWait | None = None,
-    *,
-    ended_here: bool = False,
 ) -> Any:
     """The task's return value if the thread is done; else raise what ends the task in
-    the state that says why (``Retry``, or ``Ignore`` after storing a custom state).
-    ``ended_here`` says whether this task's commit ended the thread."""
+    the state that says why (``Retry``, or ``Ignore`` after storing a custom state)."""
     status = meta.status
-    if status in (Status.DONE, Status.FAILED) and _settled_by_another(task, meta, ended_here):
-        raise Ignore()
+    carries = status in (Status.DONE, Status.FAILED) and _carries_canvas(task, meta)
     fields: dict[str, Any] = {
         "thread_id": meta.thread_id,
         "step": meta.step,
@@ -80,10 +76,10 @@ def finish(
         )
         raise Ignore()
     if status == Status.DONE:
-        request = _first_request(task, meta) if ended_here else None
+        request = _first_request(task, meta, carries)
         if request is not None:
             canvas.succeeded(task, request, meta.result, store_result=stores_results(task))
-        else:
+        elif meta.canvas is None:
             _for_origin(task, meta, lambda backend, id: backend.mark_as_done(id, meta.result))
         return meta.result
     if status == Status.RETRYING and retrying is not None:
@@ -101,13 +97,16 @@ def finish(
         _store(task, lambda backend, id: backend.mark_as_revoked(id, reason))
         cancelled(task, meta)
         raise Ignore()
-    if status == Status.FAILED:  # a later message for a thread that failed before
-        raise ThreadStopped(
+    if status == Status.FAILED:  # failed for lost workers, or before this message came
+        stopped = ThreadStopped(
             "thread is failed" + (f": {meta.error.splitlines()[0]}" if meta.error else ""),
             thread_id=meta.thread_id,
             status=status.value,
             error=meta.error,
         )
+        if request := _first_request(task, meta, carries):
+            canvas.failed(task, request, stopped, store_result=stores_results(task))
+        raise stopped
     event, state = _EVENTS.get(status, ("task-handed-over", HANDED_OVER))
     if status == Status.WAITING:
         fields["interrupt"] = meta.interrupt
@@ -145,11 +144,12 @@ def failed(task: Task, meta: ThreadMeta | None, exc: BaseException) -> None:
     failing the first task's chain and chord and running its errbacks."""
     if meta is None or meta.status != Status.FAILED:
         return
-    request = _first_request(task, meta)
-    if request is not None:
-        canvas.failed(task, request, exc, store_result=stores_results(task))
-    else:
+    if meta.canvas is None:
         _for_origin(task, meta, lambda backend, id: backend.mark_as_failure(id, exc))
+        return
+    carries = _carries_canvas(task, meta)
+    if request := _first_request(task, meta, carries):
+        canvas.failed(task, request, exc, store_result=stores_results(task))
 
 
 def cancelled(task: Task, meta: ThreadMeta) -> None:
@@ -175,17 +175,27 @@ def _for_origin(task: Task, meta: ThreadMeta, write: Any) -> None:
         write(task.backend, meta.origin)
 
 
-def _first_request(task: Task, meta: ThreadMeta) -> Context | None:
-    """The first task's request with its canvas, for another task that ended the thread:
-    the first one's own end is Celery's tracer's to carry on."""
-    return None if meta.origin == task.request.id else canvas.request_of(meta)
+def _carries_canvas(task: Task, meta: ThreadMeta) -> bool:
+    """Whether this task carries the ended thread's canvas on: the store names one task
+    for it, the first to find the thread ended (and that task again, redelivered after a
+    crash). The thread's first task that is not it ends ``IGNORED``: Celery's tracer
+    would apply the canvas a second time."""
+    if meta.canvas is None or meta.origin is None:
+        return False
+    store, taker = task.agentq.store, task.request.id or ""
+    what = "naming the task that carries its canvas on"
+    taken = bool(task._store_call(what, meta.thread_id, store.take_canvas, meta.thread_id, taker))
+    if not taken and meta.origin == task.request.id:
+        raise Ignore()
+    return taken
 
 
-def _settled_by_another(task: Task, meta: ThreadMeta, ended_here: bool) -> bool:
-    """Whether this is the thread's first task (redelivered, or delayed past its start
-    grace) finding its thread ended by another task, which carried its canvas on:
-    returning or failing now would have Celery's tracer apply it a second time."""
-    return not ended_here and meta.canvas is not None and meta.origin == task.request.id
+def _first_request(task: Task, meta: ThreadMeta, carries: bool) -> Context | None:
+    """The first task's request with its canvas, for another task that carries it on:
+    the first task's own is Celery's tracer's to carry on."""
+    if not carries or meta.origin == task.request.id:
+        return None
+    return canvas.request_of(meta, task.app.conf.accept_content)
 
 
 def _event(task: Task, type_: str, **fields: Any) -> None:

@@ -8,7 +8,7 @@ import gc
 import uuid
 import warnings
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pytest
@@ -16,11 +16,14 @@ from celery import Celery, Task, chain, chord
 from celery.contrib.testing.worker import start_worker
 from celery.result import AsyncResult
 from celery.signals import task_postrun
+from kombu.exceptions import ContentDisallowed
 
 import agentq
-from agentq import Done, FunctionAgent, Run
+from agentq import Done, FunctionAgent, Run, Status
+from agentq.celery import canvas
 from agentq.celery.task import STORED_HEADER
 from agentq.celery.task_outcome import WAITING
+from agentq.records import Checkpoint, ThreadMeta
 from tests.support.redis_server import RedisServer, wait_until
 
 pytestmark = pytest.mark.filterwarnings("ignore:Call to deprecated setex:DeprecationWarning")
@@ -178,3 +181,75 @@ def test_the_first_message_again_after_another_task_ended_its_thread_applies_not
     assert again == ["IGNORED"]
     assert first.get(timeout=20) == {"answer": "ok"}
     assert env.notified == [{"answer": "ok"}]
+
+
+def test_the_first_message_redelivered_after_its_run_ended_the_thread_carries_the_canvas_on(
+    env: Env,
+) -> None:
+    """The first task committed the thread's end and its worker died before Celery applied
+    the canvas (``acks_late``): the redelivered message carries it on."""
+    store, first_id = env.agent.agentq.store, uuid.uuid4().hex
+    store.open_thread(
+        "r2",
+        task=env.agent.name,
+        input={"mode": "fast"},
+        origin=first_id,
+        canvas=canvas.captured({"link": env.notify.s()}, "json"),
+        start_grace=3600,
+    )
+    token = store.acquire("r2", "the-lost-worker", 30)
+    store.commit(
+        "r2", token, Checkpoint(step=0, node=None, token=token), status=Status.DONE, result="r2"
+    )
+    redelivered = {"task_id": first_id, "headers": {STORED_HEADER: True}}
+    Task.apply_async(env.agent, ("r2",), None, link=env.notify.s(), **redelivered)
+    assert AsyncResult(first_id, app=env.app).get(timeout=20) == "r2"
+    wait_until(lambda: env.notified, timeout=20, what="the link run")
+    assert env.notified == ["r2"]
+
+
+def test_link_error_runs_when_a_later_message_finds_the_thread_failed(env: Env) -> None:
+    """A thread failed without its canvas carried on (here by hand; by its lost workers in
+    a recovery message alike): the next message of it carries the canvas on."""
+    first = env.agent.apply_async(("e2",), {"mode": "wait"}, link_error=env.on_error.s())
+    env.waiting(first)
+    store = env.agent.agentq.store
+    store.reopen("e2", from_statuses={Status.WAITING}, start_grace=3600)
+    token = store.acquire("e2", "the-lost-worker", 30)
+    store.set_status("e2", token, Status.FAILED, error="worker lost 3 times", release_owner="x")
+    env.agent.delay("e2")
+    wait_until(lambda: env.errors, timeout=20, what="the errback run")
+    assert env.errors == [first.id]
+    # Celery's result backend cannot rebuild agentq's exception, only its type and message.
+    with pytest.raises(Exception, match=r"ThreadStopped.*worker lost 3 times"):
+        first.get(timeout=20)
+
+
+STORED = ThreadMeta(
+    thread_id="p1",
+    status=Status.DONE,
+    step=0,
+    node=None,
+    task="tests.canvas",
+    attempts=0,
+    crashes=0,
+    fence=1,
+    error=None,
+    created_at=0.0,
+    updated_at=0.0,
+    origin="first",
+)
+
+
+def test_a_canvas_is_kept_with_the_serializer_its_message_uses() -> None:
+    """What a pickled message carries (a set among a callback's arguments), the thread
+    keeps: the canvas is encoded as the message is, and read back only if accepted."""
+    app = Celery("agentq-canvas-pickle", set_as_current=False)
+    callback = app.signature("tests.canvas.notify", args=({"a", "b"},))
+    kept = canvas.captured({"link": callback}, "pickle")
+    assert kept is not None and kept["content_type"] == "application/x-python-serialize"
+    meta = replace(STORED, canvas=kept)
+    request = canvas.request_of(meta, ["pickle"])
+    assert request is not None and request.callbacks[0]["args"] == ({"a", "b"},)
+    with pytest.raises(ContentDisallowed):
+        canvas.request_of(meta, ["json"])

@@ -78,11 +78,12 @@ def test_open_thread_keeps_the_task_that_first_sent_it(store: Store) -> None:
 
 
 def test_open_thread_keeps_its_first_canvas_apart_from_its_send_options(store: Store) -> None:
-    opened, _ = store.open_thread("t1", task="agent", options={"queue": "gpu"}, canvas="[1]")
-    assert (opened.options, opened.canvas) == ({"queue": "gpu"}, "[1]")
-    store.open_thread("t1", task="agent", canvas="[2]")
+    first, second = {"body": "[1]"}, {"body": "[2]"}
+    opened, _ = store.open_thread("t1", task="agent", options={"queue": "gpu"}, canvas=first)
+    assert (opened.options, opened.canvas) == ({"queue": "gpu"}, first)
+    store.open_thread("t1", task="agent", canvas=second)
     meta = store.meta("t1")
-    assert meta is not None and (meta.options, meta.canvas) == ({"queue": "gpu"}, "[1]")
+    assert meta is not None and (meta.options, meta.canvas) == ({"queue": "gpu"}, first)
     assert store.open_thread("t2", task="agent")[0].canvas is None
 
 
@@ -933,6 +934,15 @@ def test_a_status_write_sent_again_after_a_resume_or_a_cancel_is_refused(
     meta = store.meta("t1")
     assert meta is not None
     assert meta.status == (Status.QUEUED if control == "resume" else Status.CANCELLED)
+
+
+def test_take_canvas_names_one_taker_and_answers_it_again(store: Store) -> None:
+    started(store)
+    assert store.take_canvas("t1", "task-a")
+    assert store.take_canvas("t1", "task-a")  # asked again: a redelivery, a lost reply
+    assert not store.take_canvas("t1", "task-b")
+    assert not store.take_canvas("nobody", "task-a")
+    assert store.meta("nobody") is None
 
 
 def test_reopen_refuses_other_statuses_and_unknown_threads(store: Store) -> None:

@@ -302,6 +302,7 @@ def test_thread_columns_are_the_shared_meta_fields(tmp_path: Path) -> None:
     with sqlite3.connect(tmp_path / "agentq.db") as db:
         columns = [row[1] for row in db.execute("PRAGMA table_info(threads)")]
     lease = ["lock_owner", "lock_token", "lock_expires", "lock_lost", "due_at", "retry_at"]
+    lease.append("canvas_taker")
     assert columns == ["thread_id", *META_FIELDS, *lease]
 
 
@@ -365,7 +366,7 @@ def test_a_version_2_database_is_upgraded_in_place(tmp_path: Path) -> None:
         db.execute("ALTER TABLE threads DROP COLUMN origin")
         db.execute("ALTER TABLE effects DROP COLUMN tool")
         db.execute("ALTER TABLE effects DROP COLUMN claimed_at")
-        for column in ("timeout", "timeout_at", "timed_out", "lock_lost"):
+        for column in ("timeout", "timeout_at", "timed_out", "lock_lost", "canvas_taker"):
             db.execute(f"ALTER TABLE threads DROP COLUMN {column}")
         db.execute("PRAGMA user_version = 2")
     with SQLiteStore(path) as store:

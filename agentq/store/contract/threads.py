@@ -29,7 +29,7 @@ class ThreadsContract(ABC):
         start_grace: float = 30.0,
         options: Mapping[str, Any] | None = None,
         origin: str | None = None,
-        canvas: str | None = None,
+        canvas: Mapping[str, Any] | None = None,
     ) -> tuple[ThreadMeta, bool]:
         """Create the thread as ``queued`` unless it exists; return its meta and whether it
         was created. A new thread is due ``start_grace`` seconds from now, so a lost
@@ -182,6 +182,17 @@ class ThreadsContract(ABC):
 
     @abstractmethod
     def _do_request_cancel(self, thread_id: str) -> Status: ...
+
+    def take_canvas(self, thread_id: str, taker: str) -> bool:
+        """Whether ``taker`` (a Celery task id) carries the thread's canvas on: ``True``
+        for the first caller, and for that caller asked again (a message redelivered, a
+        reply lost); ``False`` for every other, and for a thread that does not exist.
+        Atomic: of the tasks that find the thread ended, one runs its callbacks."""
+        validate_thread_id(thread_id)
+        return self._do_take_canvas(thread_id, taker)
+
+    @abstractmethod
+    def _do_take_canvas(self, thread_id: str, taker: str) -> bool: ...
 
     def put_artifact(self, thread_id: str, data: bytes) -> str:
         """Store ``data`` under its SHA-256 (hex, returned) in the thread's own keyspace;

@@ -21,7 +21,9 @@ key                                        type    contents
                                                    for a human's, see meta_fields.py), parked
                                                    (while it waits for a concurrency key: the
                                                    key's queue), lost_token (the token of the
-                                                   last take that counted a lost worker); on
+                                                   last take that counted a lost worker),
+                                                   canvas_taker (the task that carries its
+                                                   canvas on, once one does); on
                                                    Redis Cluster also due_at (a Unix time or
                                                    ``clear``) and index_seq (counts its index
                                                    changes), the index entries it should have

@@ -38,6 +38,7 @@ STORE_SCRIPTS = (
     "claim_due",
     "reopen",
     "request_cancel",
+    "take_canvas",
     "put_artifact",
     "lease_sweeper",
     "release_effect",

@@ -297,6 +297,9 @@ class RedisStore(RedisCheckpoints, RedisEffects, RedisLimits, RedisListing, Redi
         raise_refusal(code, 0, thread_id=thread_id)
         return Status(text(status))
 
+    def _do_take_canvas(self, thread_id: str, taker: str) -> bool:
+        return bool(self._run("take_canvas", [self.keys.meta(thread_id)], [taker], indexed=False))
+
     def _do_put_artifact(self, thread_id: str, data: bytes) -> str:
         digest = hashlib.sha256(data).hexdigest()
         key = self.keys.artifact(thread_id, digest)

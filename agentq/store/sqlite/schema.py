@@ -45,7 +45,7 @@ SCHEMA: Final = (
     "CREATE TABLE IF NOT EXISTS threads (thread_id TEXT PRIMARY KEY, "
     + ", ".join(f'"{name}" {_META_TYPES[name]}' for name in META_FIELDS)
     + ", lock_owner TEXT, lock_token INTEGER, lock_expires REAL, lock_lost INTEGER NOT NULL "
-    "DEFAULT 0, due_at REAL, retry_at REAL)",
+    "DEFAULT 0, due_at REAL, retry_at REAL, canvas_taker TEXT)",
     "CREATE INDEX IF NOT EXISTS threads_due ON threads(due_at) WHERE due_at IS NOT NULL",
     "CREATE INDEX IF NOT EXISTS threads_status ON threads(status, updated_at)",
     "CREATE INDEX IF NOT EXISTS threads_updated ON threads(updated_at)",
@@ -100,6 +100,8 @@ def migrate(db: sqlite3.Connection, path: str) -> None:
     if version in (1, 2, 3, 4):  # version 5: the timeout of a wait for a human
         for column in ("timeout REAL", "timeout_at REAL", "timed_out BLOB"):
             db.execute(f"ALTER TABLE threads ADD COLUMN {column}")
-    if version in (1, 2, 3, 4, 5):  # version 6: whether a lease's take counted a lost worker
+    if version in (1, 2, 3, 4, 5):  # version 6: whether a lease's take counted a lost
+        # worker, and which task carries the thread's canvas on
         db.execute("ALTER TABLE threads ADD COLUMN lock_lost INTEGER NOT NULL DEFAULT 0")
+        db.execute("ALTER TABLE threads ADD COLUMN canvas_taker TEXT")
     db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")

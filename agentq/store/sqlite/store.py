@@ -333,6 +333,17 @@ class SQLiteStore(
             db.execute("UPDATE threads SET fence = fence + 1 WHERE thread_id = ?", (thread_id,))
             return Status.CANCELLED
 
+    def _do_take_canvas(self, thread_id: str, taker: str) -> bool:
+        with self._conn.write() as db:
+            db.execute(
+                "UPDATE threads SET canvas_taker = ? WHERE thread_id = ? AND canvas_taker IS NULL",
+                (taker, thread_id),
+            )
+            row = db.execute(
+                "SELECT canvas_taker FROM threads WHERE thread_id = ?", (thread_id,)
+            ).fetchone()
+        return row is not None and row["canvas_taker"] == taker
+
     def _do_put_artifact(self, thread_id: str, data: bytes) -> str:
         digest = hashlib.sha256(data).hexdigest()
         with self._conn.write() as db:

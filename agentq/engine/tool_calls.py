@@ -3,13 +3,16 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import functools
 import inspect
 import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 from agentq.engine import aio, limits, tracing
 from agentq.engine.backoff import retry_after
@@ -21,6 +24,8 @@ from agentq.records import ClaimOutcome
 from agentq.store.contract import Store
 
 logger = logging.getLogger("agentq")
+
+_T = TypeVar("_T")
 
 _UNSETTLED: Final = object()
 """``_Call.recorded`` while the call has no outcome to return yet."""
@@ -90,7 +95,7 @@ class ToolCalls:
         """A call awaited in the node's event loop, the store's round trips (claim, record)
         off it, in the pool slot waiting for the node, so a slow store never stalls the
         other nodes sharing the loop."""
-        return await self._effect(fn, args, kwargs, options, aio.blocking, _called_awaited)
+        return await self._effect(fn, args, kwargs, options, _to_its_end, _called_awaited)
 
     async def _effect(
         self,
@@ -120,13 +125,16 @@ class ToolCalls:
             )
         with tracing.tool_span(self.thread_id, self.step, tool_name(fn), self._token) as note:
             call = self._call(fn, kwargs, options)
-            held = None
-            # A call already recorded replays and takes nothing; one left pending is
-            # settled by its policy first, and takes its limits only if it runs.
-            if options.limit is not None and await offload(self._unrecorded, call):
-                held = await offload(self._limit, options)
+            held = await offload(
+                self._ready,
+                call,
+                fn,
+                args,
+                kwargs,
+                options,
+                undo=functools.partial(self._unready, call),
+            )
             try:
-                held = await offload(self._start, call, fn, args, kwargs, options, held)
                 if call.recorded is not _UNSETTLED:
                     note(call.key, "replayed")
                     return call.recorded
@@ -195,6 +203,35 @@ class ToolCalls:
         if held.waited:
             self.limit_waits.append({"keys": list(held.keys), "waited": held.waited})
         return held
+
+    def _ready(
+        self,
+        call: _Call,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        options: Options,
+    ) -> limits.Held | None:
+        """Everything before the tool: return the limits the call holds. A call already
+        recorded replays and takes nothing; one left pending is settled by its policy
+        first, and takes its limits only if it runs."""
+        held = None
+        if options.limit is not None and self._unrecorded(call):
+            held = self._limit(options)
+        try:
+            return self._start(call, fn, args, kwargs, options, held)
+        except BaseException:
+            if held is not None:
+                held.release()
+            raise
+
+    def _unready(self, call: _Call, held: limits.Held | None) -> None:
+        """Undo :meth:`_ready` for a call its coroutine was cancelled from before the tool
+        started (LangGraph cancels the branches beside one that failed)."""
+        if call.recorded is _UNSETTLED:
+            self._drop_claim(call, "its coroutine was cancelled before the tool started")
+        if held is not None:
+            held.release()
 
     def _start(
         self,
@@ -352,8 +389,36 @@ class _Call:
     """The outcome already recorded (a replay) or reconciled, if any."""
 
 
-async def _inline(fn: Callable[..., Any], *args: Any) -> Any:
+async def _inline(fn: Callable[..., Any], *args: Any, undo: object = None) -> Any:
     return fn(*args)
+
+
+async def _to_its_end(
+    fn: Callable[..., _T], *args: Any, undo: Callable[[_T], None] | None = None
+) -> _T:
+    """``fn(*args)`` off the loop (:func:`aio.blocking`), run to its end even when the
+    caller is cancelled meanwhile: a store call handed to the pool slot cannot be taken
+    back half done, and what it did (a claim taken, a result recorded) must be kept or
+    undone, not left for the next driver to guess at. On a cancel, ``undo(result)`` runs
+    before the cancel goes on."""
+    job = asyncio.ensure_future(aio.blocking(fn, *args))
+    try:
+        return await asyncio.shield(job)
+    except asyncio.CancelledError:
+        await _outlasting_cancels(job)
+        if undo is not None and not job.cancelled() and job.exception() is None:
+            undone = asyncio.ensure_future(aio.blocking(undo, job.result()))
+            await _outlasting_cancels(undone)
+            if not undone.cancelled() and undone.exception() is not None:
+                # Left as a crash here would leave it: the next driver settles it.
+                logger.warning("could not undo %s after a cancel", fn, exc_info=undone.exception())
+        raise
+
+
+async def _outlasting_cancels(job: asyncio.Future[Any]) -> None:
+    while not job.done():
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait({job})
 
 
 async def _called_plain(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: Any) -> Any:

@@ -6,16 +6,19 @@ absent, and the next driver makes the call, once."""
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from agentq import Status
+import agentq
+from agentq import Done, Run, Status
 from agentq.errors import InvalidArgument
 from agentq.settings import Settings
 from agentq.store.redis.store import RedisStore
@@ -116,3 +119,60 @@ def test_a_worker_killed_while_its_call_waits_for_its_limit_leaves_no_claim(
     )
     assert result == ["sent to to-1", "sent to to-2"]
     assert agent.sent() == ["to-1", "to-2"]
+
+
+class _HeldStore(RedisStore):
+    """Holds each call of the method ``hold``, once made, until the test lets it go on."""
+
+    hold: str
+    made: threading.Event
+    go_on: threading.Event
+
+    def _held(self, name: str, answer: Any) -> Any:
+        if name == self.hold:
+            self.made.set()
+            assert self.go_on.wait(10)
+        return answer
+
+    def claim_effect(self, *args: Any, **kwargs: Any) -> Any:
+        return self._held("claim_effect", super().claim_effect(*args, **kwargs))
+
+    def take_limits(self, *args: Any, **kwargs: Any) -> Any:
+        return self._held("take_limits", super().take_limits(*args, **kwargs))
+
+
+class _CancellingMailer(Mailer):
+    """Its node starts a mail's call and cancels it while the store holds the call, as
+    LangGraph cancels the sibling branches of one that failed."""
+
+    def __init__(self, store: _HeldStore, limit: str | None) -> None:
+        super().__init__(store, asynchronous=True, limit=limit)
+        self.entry_node = "send_cancelled"
+        self.held = store
+
+    async def send_cancelled(self, run: Run) -> Done:
+        call = asyncio.create_task(run.atool(self.amail, "to-1", key="mail-1", limit=self.limit))
+        assert await asyncio.to_thread(self.held.made.wait, 10)
+        call.cancel()
+        self.held.go_on.set()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        return Done("cancelled")
+
+
+@pytest.mark.parametrize("hold", ["claim_effect", "take_limits"])
+def test_an_atool_cancelled_before_its_tool_leaves_no_claim_and_gives_its_slot_back(
+    redis_server: RedisServer, hold: str
+) -> None:
+    """The tool never started, so no record may say it might have (the next call of the key
+    runs it, rather than stopping the thread in ``needs_attention``), and the concurrency
+    slot it took is free for the next call, however far the store's calls had got."""
+    with _HeldStore.from_url(redis_server.url, prefix=f"tc{uuid.uuid4().hex[:8]}:") as held:
+        held.hold, held.made, held.go_on = hold, threading.Event(), threading.Event()
+        agent = _CancellingMailer(held, limit="one-at-a-time")
+        held.open_thread("t1", task=agent.name)
+        settings = Settings(store=held, limits=(agentq.limit("one-at-a-time", concurrency=1),))
+        assert drive(agent, "t1", held, settings) == "cancelled"
+        assert agent.sent() == []
+        assert held.effect("t1", "mail-1") is None
+        assert held.limit_states()["one-at-a-time"].in_flight == 0

@@ -21,8 +21,9 @@ from langgraph.graph import END, START, StateGraph
 
 import agentq
 from agentq import AgentTask, Done, Run, Status
-from agentq.errors import LeaseHeld, ThreadStopped
+from agentq.errors import LeaseHeld, ThreadExists, ThreadStopped
 from agentq.langgraph import graph_task
+from agentq.records import Checkpoint
 from agentq.store.contract import Taken
 from agentq.store.redis.store import RedisStore
 from tests.chaos.flaky_proxy import FlakyProxy
@@ -177,3 +178,45 @@ def test_a_store_outage_in_a_graph_checkpoint_write_gives_the_thread_back(env: E
     meta = env.store.meta("t2")
     assert meta is not None
     assert (meta.status, meta.attempts, meta.crashes) == (Status.QUEUED, 0, 0), meta.error
+
+
+def _stopped_on_a_claim(store: RedisStore) -> int:
+    """t1 stopped in needs_attention on ``email-1``, claimed by a worker that died."""
+    token = store.acquire("t1", "w1", 30)
+    store.claim_effect("t1", "email-1", token, claim_id="c1")
+    store.set_status("t1", token, Status.NEEDS_ATTENTION, error="unknown", release_owner="w1")
+    return token
+
+
+def test_a_reopen_resent_after_its_reply_was_lost_reports_what_it_did(env: Env) -> None:
+    """redis-py resends the reopen, which finds the thread queued already: the resend
+    answers as the reopen did, not with "the thread is not failed"."""
+    _stopped_on_a_claim(env.store)
+    env.proxy.lose_reply_to = env.sha("reopen")
+    meta = env.store.reopen("t1", from_statuses={Status.NEEDS_ATTENTION}, start_grace=0)
+    assert env.proxy.lost == 1
+    assert meta.status == Status.QUEUED
+    assert env.store.meta("t1") == meta
+
+
+def test_a_resolve_resent_after_its_reply_was_lost_reports_what_it_did(env: Env) -> None:
+    token = _stopped_on_a_claim(env.store)
+    env.proxy.lose_reply_to = env.sha("resolve_effect")
+    meta = env.store.resolve_effect("t1", "email-1", result={"sent": "a@example.com"})
+    assert env.proxy.lost == 1
+    assert (meta.status, meta.fence) == (Status.QUEUED, token + 1)  # settled once
+    effect = env.store.effect("t1", "email-1")
+    assert effect is not None and effect.result == {"sent": "a@example.com"}
+    assert env.agent.run("t1") == {"sent": "a@example.com"}
+    assert env.emails() == 0
+
+
+def test_a_fork_resent_after_its_reply_was_lost_reports_the_fork(env: Env) -> None:
+    token = env.store.acquire("t1", "w1", 30)
+    env.store.commit("t1", token, Checkpoint(step=0, node="start", token=token, task=Mailer.name))
+    env.proxy.lose_reply_to = env.sha("create_fork")
+    meta = env.store.fork("t1", 0, "t1-fork")
+    assert env.proxy.lost == 1
+    assert (meta.thread_id, meta.status, meta.step) == ("t1-fork", Status.WAITING, 0)
+    with pytest.raises(ThreadExists):  # a fork of its own into the same id is still refused
+        env.store.fork("t1", 0, "t1-fork")

@@ -9,6 +9,7 @@ same script; on Redis Cluster they live in another slot and follow in a second c
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Sequence
 from typing import Any, Self
 from urllib.parse import urlsplit
@@ -38,6 +39,13 @@ redis-py's own default since 8.0, set here for the earlier versions, which wait 
 limit. Every script agentq runs takes milliseconds, so a wait this long means a frozen
 server or a lost network path, which TCP alone takes minutes to report: meanwhile a
 worker's leases could be neither renewed nor given up."""
+
+
+def request_id() -> str:
+    """Names one operator request (a reopen, a settled effect, a fork) for its script,
+    which keeps the id of the last one it applied: redis-py resends a call whose reply was
+    lost, and the resend must answer as the first run did, not be refused by what it left."""
+    return uuid.uuid4().hex
 
 
 class RedisBase(Store):

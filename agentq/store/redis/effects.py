@@ -16,7 +16,7 @@ from agentq.store.contract.effects import (
     not_resolvable,
     status_not_resolvable,
 )
-from agentq.store.redis.base import RedisBase
+from agentq.store.redis.base import RedisBase, request_id
 from agentq.store.redis.decode import (
     fields,
     hash_to_fields,
@@ -134,6 +134,7 @@ class RedisEffects(RedisBase):
                 start_grace,
                 "1" if did_not_run else "0",
                 data,
+                request_id(),
                 *sorted(status.value for status in RESOLVABLE),
             ],
             indexed=True,

@@ -23,7 +23,9 @@ key                                        type    contents
                                                    key's queue), lost_token (the token of the
                                                    last take that counted a lost worker),
                                                    canvas_taker (the task that carries its
-                                                   canvas on, once one does); on
+                                                   canvas on, once one does), request (the
+                                                   id of the last reopen, settled effect or
+                                                   fork it applied); on
                                                    Redis Cluster also due_at (a Unix time or
                                                    ``clear``) and index_seq (counts its index
                                                    changes), the index entries it should have

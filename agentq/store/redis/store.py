@@ -29,6 +29,7 @@ from agentq.errors import (
 from agentq.records import Finding, Schedule, Status, ThreadMeta
 from agentq.store.contract import UNSET, Renewal, Taken, final_checkpoint, refuse_graph_fork
 from agentq.store.meta_fields import meta_from_fields
+from agentq.store.redis.base import request_id
 from agentq.store.redis.checkpoints import RedisCheckpoints
 from agentq.store.redis.decode import blob, fields, hash_to_fields, log_fields, raise_refusal, text
 from agentq.store.redis.effects import RedisEffects
@@ -214,6 +215,7 @@ class RedisStore(RedisCheckpoints, RedisEffects, RedisLimits, RedisListing, Redi
                 self.keys.thread(new_thread_id),
                 log_fields(lengths),
                 options_blob or "",
+                request_id(),
                 *log_args,
                 *self._artifact_args(thread_id, owned),
                 graph.packed() if graph.commands else "",
@@ -284,7 +286,7 @@ class RedisStore(RedisCheckpoints, RedisEffects, RedisLimits, RedisListing, Redi
         code, flat, _ = self._run(
             "reopen",
             [self.keys.meta(thread_id)],
-            [thread_id, start_grace, blob, *(s.value for s in from_statuses)],
+            [thread_id, start_grace, blob, request_id(), *(s.value for s in from_statuses)],
             indexed=True,
         )
         raise_refusal(code, flat, thread_id=thread_id)

@@ -45,6 +45,13 @@ local function listed_from(first, status)
   return false
 end
 
+-- Whether the operator's request `id` (reopen, resolve_effect, create_fork) is the one the
+-- thread's meta last applied: sent again by the client after its reply was lost, it
+-- answers as it did, rather than be refused by the state it left.
+local function applied(meta, id)
+  return redis.call('HGET', meta, 'request') == id
+end
+
 local function now_seconds()
   local t = redis.call('TIME')
   return tonumber(t[1]) + tonumber(t[2]) / 1000000

@@ -220,3 +220,19 @@ def test_a_fork_resent_after_its_reply_was_lost_reports_the_fork(env: Env) -> No
     assert (meta.thread_id, meta.status, meta.step) == ("t1-fork", Status.WAITING, 0)
     with pytest.raises(ThreadExists):  # a fork of its own into the same id is still refused
         env.store.fork("t1", 0, "t1-fork")
+
+
+def test_a_park_resent_after_its_reply_was_lost_reports_the_place(env: Env) -> None:
+    """The thread's entry into a full concurrency key parked it (queued, its lease given
+    up); the resend finds it parked, and answers with its place rather than "the thread
+    is not running", which would fail its task."""
+    seated = env.store.acquire("t1", "w1", 30)
+    assert env.store.enter_key("t1", "w1", seated, "tenant-a", 1) == 0
+    env.store.open_thread("t2", task=Mailer.name)
+    token = env.store.acquire("t2", "w2", 30)
+    env.proxy.lose_reply_to = env.store._key_scripts["enter_key"].sha.encode()
+    assert env.store.enter_key("t2", "w2", token, "tenant-a", 1) == 1
+    assert env.proxy.lost == 1
+    meta = env.store.meta("t2")
+    assert meta is not None and meta.status == Status.QUEUED
+    assert env.store.leave_key("t1", seated, "tenant-a", start_grace=0) == ["t2"]

@@ -6,7 +6,8 @@
 -- [6] cap, [7] the key's name, [8] its limit hash (whose 'takes' counts entries),
 -- [9] 'parked', [10] the queue's key name.
 -- Returns {1, 0, 0} when seated; {1, position, ops} when parked (the thread is queued,
--- out of the due index, its lease released); {STALE_TOKEN, fence, 0};
+-- out of the due index, its lease released), also to the same call resent after its
+-- reply was lost; {STALE_TOKEN, fence, 0};
 -- {STATUS_REFUSED, status, 0} unless the thread is running; {THREAD_NOT_FOUND, 0, 0}.
 local holders, queue, state, active, meta, lock = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local id, token, cap = ARGV[3], ARGV[4], tonumber(ARGV[6])
@@ -16,6 +17,11 @@ if refused then
 end
 -- Only a thread about to run may wait: parking one that stopped would queue it again.
 local status = redis.call('HGET', meta, 'status')
+local rank = redis.call('ZRANK', queue, id)
+if status == STATUS.QUEUED and rank and redis.call('HGET', meta, 'parked') == ARGV[10] then
+  -- Parked by this very call (the fence is still its token): redis-py sent it again.
+  return {1, rank + 1, sync(meta, id)}
+end
 if status ~= STATUS.RUNNING then
   return {REFUSAL.STATUS_REFUSED, status, 0}
 end
@@ -29,7 +35,6 @@ if redis.call('HEXISTS', holders, id) == 1 then
   return {1, 0, 0}
 end
 local free = cap - live_slots(holders, ARGV[2])
-local rank = redis.call('ZRANK', queue, id)
 if free > 0 and ((not rank and redis.call('ZCARD', queue) == 0) or (rank and rank < free)) then
   if rank then
     redis.call('ZREM', queue, id)

@@ -9,9 +9,10 @@ is kept with the thread from the first send (:func:`captured`), in the shape of 
 request fields, and the task that ends the thread applies it as the tracer would have for
 the first task: its callbacks and the chain's next task get the thread's result, a chord
 counts the part under the first task's id, a failure runs the errbacks and fails the
-chord. The store names the one task that carries it on (``Store.take_canvas``), the first
-to find the thread ended, so it runs once; when that is the first task, Celery's own
-tracer applies it.
+chord, a cancel revokes the first task (its chord counts the part as failed). The store
+names the one task that carries it on (``Store.take_canvas``), the first to find the
+thread ended, so it runs once; when that is the first task, Celery's own tracer applies
+it.
 """
 
 from __future__ import annotations

@@ -64,6 +64,13 @@ def cancel_revoked_thread(
     how = "terminated" if terminated else "expired" if expired else "revoked"
     try:
         meta = sender.thread(thread_id)
+        if request.id == meta.origin and meta.canvas is not None:
+            # Celery counted the revoked first task's chord part: the canvas is applied,
+            # by Celery, and no task that ends the thread later applies it again.
+            store = sender.agentq.store
+            sender._store_call(
+                "taking its canvas", thread_id, store.take_canvas, thread_id, request.id
+            )
         if not _stops_thread(request.id, meta, terminated, expired):
             logger.info(
                 "thread %s: a later message (%s) was %s; the thread carries on (cancel it "

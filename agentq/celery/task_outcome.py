@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import datetime
 import logging
+import uuid
 from typing import Any, Final, NoReturn
 
 from celery import Task
@@ -93,8 +94,9 @@ def finish(
         raise Retry(message, exc=exc, when=due) from exc
     if status == Status.CANCELLED:
         _event(task, "task-revoked", terminated=False, signum=None, expired=False, **fields)
-        reason = f"thread {meta.thread_id} was cancelled"
-        _store(task, lambda backend, id: backend.mark_as_revoked(id, reason))
+        if task.request.id != meta.origin:
+            reason = f"thread {meta.thread_id} was cancelled"
+            _store(task, lambda backend, id: backend.mark_as_revoked(id, reason))
         cancelled(task, meta)
         raise Ignore()
     if status == Status.FAILED:  # failed for lost workers, or before this message came
@@ -153,9 +155,21 @@ def failed(task: Task, meta: ThreadMeta | None, exc: BaseException) -> None:
 
 
 def cancelled(task: Task, meta: ThreadMeta) -> None:
-    """Revoke the thread's first task, for a thread cancelled while no task ran it."""
+    """Revoke the thread's first task, as Celery revokes a task: marked ``REVOKED``, its
+    chord counts the part as failed (once: by the task, or the caller of ``cancel()``, the
+    store names to carry the canvas on), and no callback or chain runs."""
+    if meta.origin is None:
+        return
     reason = f"thread {meta.thread_id} was cancelled"
-    _for_origin(task, meta, lambda backend, id: backend.mark_as_revoked(id, reason))
+    request = None
+    # A cancel() outside a task is a taker of its own: a second one finds the canvas taken.
+    if meta.canvas is not None and _takes_canvas(task, meta, task.request.id or uuid.uuid4().hex):
+        own = meta.origin == task.request.id
+        request = task.request if own else canvas.request_of(meta, task.app.conf.accept_content)
+    if request is not None or stores_results(task):
+        task.backend.mark_as_revoked(
+            meta.origin, reason, request=request, store_result=stores_results(task)
+        )
 
 
 def stores_results(task: Task) -> bool:
@@ -182,12 +196,16 @@ def _carries_canvas(task: Task, meta: ThreadMeta) -> bool:
     would apply the canvas a second time."""
     if meta.canvas is None or meta.origin is None:
         return False
-    store, taker = task.agentq.store, task.request.id or ""
-    what = "naming the task that carries its canvas on"
-    taken = bool(task._store_call(what, meta.thread_id, store.take_canvas, meta.thread_id, taker))
+    taken = _takes_canvas(task, meta, task.request.id or "")
     if not taken and meta.origin == task.request.id:
         raise Ignore()
     return taken
+
+
+def _takes_canvas(task: Task, meta: ThreadMeta, taker: str) -> bool:
+    store = task.agentq.store
+    what = "naming the task that carries its canvas on"
+    return bool(task._store_call(what, meta.thread_id, store.take_canvas, meta.thread_id, taker))
 
 
 def _first_request(task: Task, meta: ThreadMeta, carries: bool) -> Context | None:

@@ -5,6 +5,7 @@ failed with) the thread's outcome, once, on an in-process worker with a real bac
 from __future__ import annotations
 
 import gc
+import threading
 import uuid
 import warnings
 from collections.abc import Iterator
@@ -14,8 +15,9 @@ from typing import Any
 import pytest
 from celery import Celery, Task, chain, chord
 from celery.contrib.testing.worker import start_worker
+from celery.exceptions import ChordError
 from celery.result import AsyncResult
-from celery.signals import task_postrun
+from celery.signals import task_postrun, task_revoked
 from kombu.exceptions import ContentDisallowed
 
 import agentq
@@ -73,9 +75,15 @@ def define(app: Celery, env_lists: tuple[list[Any], list[str]]) -> tuple[Any, ..
 
 
 @pytest.fixture
-def env(redis_broker: str, result_backend: str, redis_server: RedisServer) -> Iterator[Env]:
+def env(
+    request: pytest.FixtureRequest,
+    redis_broker: str,
+    result_backend: str,
+    redis_server: RedisServer,
+) -> Iterator[Env]:
     prefix = f"cv{uuid.uuid4().hex[:8]}:"
-    app = Celery("agentq-canvas", broker=redis_broker, backend=result_backend, set_as_current=False)
+    backend = getattr(request, "param", None) or result_backend
+    app = Celery("agentq-canvas", broker=redis_broker, backend=backend, set_as_current=False)
     app.conf.update(
         task_default_queue=f"agentq-test-{prefix}",
         worker_hijack_root_logger=False,
@@ -127,6 +135,53 @@ def test_a_chord_counts_a_part_resumed_in_a_later_task_and_runs_its_body(env: En
     assert not result.ready()
     env.agent.resume("k1", "yes")
     assert result.get(timeout=20) == [{"answer": "yes"}, "k2"]
+
+
+def test_a_chord_fails_once_a_part_is_cancelled_as_when_a_part_is_revoked(env: Env) -> None:
+    """Celery counts a revoked part, and fails the chord with a ``ChordError`` naming it;
+    a part whose thread is cancelled while it waits for a person is counted the same way,
+    rather than leave the chord waiting for good."""
+    parts = [env.agent.si("k5", mode="wait"), env.agent.si("k6", mode="fast")]
+    result = chord(parts)(env.collect.s())
+    wait_until(lambda: env.agent.thread("k5").status == "waiting", timeout=20, what="k5 waiting")
+    assert env.agent.wait("k6", timeout=20) == "k6"
+    assert env.agent.cancel("k5") == Status.CANCELLED
+    with pytest.raises(ChordError, match="was cancelled"):
+        result.get(timeout=20, follow_parents=False)
+    assert AsyncResult(result.parent.results[0].id, app=env.app).state == "REVOKED"
+    assert env.agent.cancel("k5") == Status.CANCELLED  # asked again: counted once
+
+
+# Celery's Redis backend ignores a part counted twice; its key-value backends do not.
+@pytest.mark.parametrize("env", [None, "cache+memory://"], ids=["redis", "cache"], indirect=True)
+def test_a_chord_counts_a_revoked_part_once(env: Env) -> None:
+    """Celery counts the revoked first message's part itself; the cancel of its thread that
+    follows counts nothing more, so the chord still waits for its other parts."""
+    handled = threading.Event()
+
+    def after_agentqs_handler(**_: Any) -> None:  # connected after it: called after it
+        handled.set()
+
+    parts = [
+        env.agent.si("k7", mode="fast").set(countdown=1),
+        env.agent.si("k8", mode="wait"),
+        env.agent.si("k9", mode="fast"),
+    ]
+    task_revoked.connect(after_agentqs_handler, weak=False)
+    try:
+        result = chord(parts)(env.collect.s())
+        first = result.parent.results[0]
+        first.revoke()
+        wait_until(lambda: env.agent.thread("k8").status == "waiting", timeout=20, what="k8")
+        assert env.agent.wait("k9", timeout=20) == "k9"
+        assert handled.wait(20)
+    finally:
+        task_revoked.disconnect(after_agentqs_handler)
+    assert env.agent.thread("k7").status == Status.CANCELLED
+    assert not result.ready()  # counted twice, the revoked part would have fired the body
+    env.agent.resume("k8", "yes")
+    with pytest.raises(ChordError, match="TaskRevokedError"):
+        result.get(timeout=20, follow_parents=False)
 
 
 def test_link_runs_after_a_thread_resumed_in_a_later_task(env: Env) -> None:

@@ -20,13 +20,33 @@ from typing import Final
 
 from agentq.errors import StoreConfigError
 from agentq.records import Finding
-from agentq.store.sqlite.schema import migrate
+from agentq.store.sqlite.schema import SCHEMA_VERSION, migrate
 
 BUSY_TIMEOUT: Final = 30.0
 """Seconds a write waits for another process's transaction before giving up."""
 
 _BUSY_SLEEPS: Final = (0.001, 0.002, 0.005, 0.01, 0.015, 0.02, 0.025, 0.025, 0.025, 0.05, 0.05)
 """SQLite's own busy handler's sleeps between tries, in seconds; 0.1 after them."""
+
+_PASSING_ERRORS: Final = frozenset(
+    {
+        sqlite3.SQLITE_BUSY,
+        sqlite3.SQLITE_LOCKED,
+        sqlite3.SQLITE_IOERR,
+        sqlite3.SQLITE_FULL,
+        sqlite3.SQLITE_CANTOPEN,
+    }
+)
+"""Primary result codes of errors that pass: another process's lock, the disk."""
+
+
+def passes(exc: BaseException) -> bool:
+    """Whether ``exc`` is a store outage that passes: "database is locked" past the busy
+    timeout, or the disk failing, full or gone."""
+    code = getattr(exc, "sqlite_errorcode", None)  # absent on one raised by hand
+    return isinstance(exc, sqlite3.OperationalError) and (
+        code is None or code & 0xFF in _PASSING_ERRORS
+    )
 
 
 def _begin_immediate(db: sqlite3.Connection) -> None:
@@ -66,13 +86,16 @@ _held_for_fork: list[threading.Lock] = []
 
 
 def _hold_for_fork() -> None:
-    # SQLite keeps the locks of a process's connections in the process: a child forked
-    # while a parent thread writes would believe it holds the write lock for good, and
-    # wait out the busy timeout on every write. Bounded, in case the forking thread is
-    # the one writing.
+    # No connection may cross fork(): SQLite keeps a file's locks per process, so a child's
+    # own connection would share what it inherited and take no lock of its own (fcntl
+    # locks stay with the parent). Once the parent died, a process closing the database
+    # would find no other user and delete the WAL the child goes on committing to. So
+    # each is closed, after the transaction a parent thread may be in, and opened again on
+    # next use. Bounded, in case the forking thread is the one writing.
     for shared in list(_shared):
         if shared._lock.acquire(timeout=BUSY_TIMEOUT):
             _held_for_fork.append(shared._lock)
+            shared._close_for_fork()
 
 
 def _release_after_fork() -> None:
@@ -89,17 +112,18 @@ os.register_at_fork(
 
 class SharedConnection:
     """One connection to ``path``, shared by the threads of a process under a lock (a
-    heartbeat thread renews the lease while the task commits). A process forked after
-    opening (Celery prefork) opens its own connection on first use: SQLite connections
-    must not cross ``fork()``."""
+    heartbeat thread renews the lease while the task commits). It is closed before a
+    ``fork()`` (Celery prefork) and each process opens its own on first use: SQLite
+    connections must not cross it."""
 
     def __init__(self, path: str) -> None:
         self.path = path
         self._lock = threading.Lock()
         self._pid = os.getpid()
         self._db: sqlite3.Connection | None = None
-        # Connections inherited through fork() are kept referenced, never closed: closing
-        # one in the child could run SQLite's last-connection cleanup on the parent's WAL.
+        # A connection inherited through fork() (one a parent thread held past the busy
+        # timeout) is kept referenced, never closed: closing it in the child could run
+        # SQLite's last-connection cleanup on the parent's WAL.
         self._inherited: list[sqlite3.Connection] = []
         _shared.add(self)
 
@@ -137,6 +161,12 @@ class SharedConnection:
                 self._db.close()
                 self._db = None
 
+    def _close_for_fork(self) -> None:
+        # Under the lock, which the fork hook holds.
+        if self._db is not None and self._pid == os.getpid():
+            self._db.close()
+            self._db = None
+
     def _after_fork(self) -> None:
         if self._pid != os.getpid():
             # The lock may have been held by a parent thread that does not exist here.
@@ -164,10 +194,16 @@ def _connect(path: str) -> sqlite3.Connection:
         # only while another connection rebuilds the log's index after a crash, for
         # moments; it then fails as a transient store error.
         db.execute("PRAGMA busy_timeout=0")
-        with immediate_transaction(db):
-            migrate(db, path)
+        # Only a database to create or migrate takes the write lock: opening one is a read,
+        # which another process's long write does not hold up.
+        (version,) = db.execute("PRAGMA user_version").fetchone()
+        if version != SCHEMA_VERSION:
+            with immediate_transaction(db):
+                migrate(db, path)
     except sqlite3.DatabaseError as exc:
         db.close()
+        if passes(exc):
+            raise
         raise StoreConfigError(
             f"cannot use SQLite store {path!r} ({exc}); check that it is an agentq "
             "database on a local disk and that no process keeps it locked"

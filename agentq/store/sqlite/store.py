@@ -27,7 +27,7 @@ from agentq.settings import DEFAULT_KEEP_LAST, DEFAULT_MAX_CHECKPOINT_BYTES
 from agentq.store.contract import UNSET, Store, final_checkpoint, refuse_graph_fork
 from agentq.store.meta_fields import meta_from_fields
 from agentq.store.sqlite.checkpoints import CheckpointsMixin
-from agentq.store.sqlite.connection import SharedConnection, durability_findings
+from agentq.store.sqlite.connection import SharedConnection, durability_findings, passes
 from agentq.store.sqlite.effects import EffectsMixin
 from agentq.store.sqlite.graph import SQLiteGraph, copy_rows, holds
 from agentq.store.sqlite.leases import LeasesMixin
@@ -49,18 +49,6 @@ _URL_PREFIX: Final = "sqlite:///"
 _GC_BATCH: Final = 500
 
 
-_PASSING_ERRORS: Final = frozenset(
-    {
-        sqlite3.SQLITE_BUSY,
-        sqlite3.SQLITE_LOCKED,
-        sqlite3.SQLITE_IOERR,
-        sqlite3.SQLITE_FULL,
-        sqlite3.SQLITE_CANTOPEN,
-    }
-)
-"""Primary result codes of errors that pass: another process's lock, the disk."""
-
-
 class SQLiteStore(
     CheckpointsMixin, EffectsMixin, LeasesMixin, LimitsMixin, ListingMixin, ThreadKeysMixin, Store
 ):
@@ -75,10 +63,7 @@ class SQLiteStore(
         """ "database is locked" past the busy timeout, or the disk failing, full or gone:
         retry later. A read-only file, a missing table or a bad statement fails the same
         way every time, and retrying it would only keep the thread from failing."""
-        code = getattr(exc, "sqlite_errorcode", None)  # absent on one raised by hand
-        return isinstance(exc, sqlite3.OperationalError) and (
-            code is None or code & 0xFF in _PASSING_ERRORS
-        )
+        return passes(exc)
 
     def __init__(
         self,

@@ -124,6 +124,7 @@ class AgentTask(Task):  # type: ignore[misc]
 
     acks_late = True
     reject_on_worker_lost = True
+    Request = "agentq.celery.request:AgentRequest"
 
     @property
     def agentq(self) -> Runtime:

@@ -154,6 +154,22 @@ def failed(task: Task, meta: ThreadMeta | None, exc: BaseException) -> None:
         canvas.failed(task, request, exc, store_result=stores_results(task))
 
 
+def timed_out(task: Task, meta: ThreadMeta, message_id: str, exc: BaseException) -> None:
+    """Fail the first task's canvas for a thread failed because its message ``message_id``
+    outlived its hard time limit. Celery marks that message's failure itself, with its own
+    canvas: when it is the thread's first, the store only names it as the canvas's taker,
+    so that no later task carries the canvas on again."""
+    if meta.origin is None:
+        return
+    own = meta.origin == message_id
+    if meta.canvas is not None and _takes_canvas(task, meta, message_id) and not own:
+        request = canvas.request_of(meta, task.app.conf.accept_content)
+        if request is not None:
+            canvas.failed(task, request, exc, store_result=stores_results(task))
+    elif meta.canvas is None and not own and stores_results(task):
+        task.backend.mark_as_failure(meta.origin, exc)
+
+
 def cancelled(task: Task, meta: ThreadMeta) -> None:
     """Revoke the thread's first task, as Celery revokes a task: marked ``REVOKED``, its
     chord counts the part as failed (once: by the task, or the caller of ``cancel()``, the

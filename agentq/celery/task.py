@@ -126,9 +126,32 @@ class AgentTask(Task):  # type: ignore[misc]
     reject_on_worker_lost = True
     Request = "agentq.celery.request:AgentRequest"
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if getattr(cls, "autoretry_for", ()):
+            # Celery's retry would come after the thread failed, and send the task again.
+            raise InvalidArgument(
+                f"agent {getattr(cls, 'name', None) or cls.__name__} sets autoretry_for; an "
+                f"agent retries a failing step itself, keeping its progress: list the errors "
+                "in retry_on instead (the delay follows their Retry-After or backoff_base, "
+                "up to max_attempts, set in init_app)"
+            )
+
     @property
     def agentq(self) -> Runtime:
         return runtime_of(self.app)
+
+    def retry(self, *args: Any, **kwargs: Any) -> Never:
+        """Refused: an agent retries a failing step, not the task (see :attr:`retry_on`)."""
+        request_args = self.request.args or ()
+        thread_id = request_args[0] if request_args and isinstance(request_args[0], str) else None
+        raise InvalidArgument(
+            "Task.retry() would send the whole task again after its thread failed; an agent "
+            "retries a failing step itself, keeping its progress: raise the error and list "
+            "its class in retry_on (the delay follows its Retry-After or backoff_base, up to "
+            "max_attempts, set in init_app)",
+            thread_id=thread_id,
+        )
 
     def _store_call(
         self, what: str, thread_id: str, call: Callable[..., T], *args: Any, **kwargs: Any

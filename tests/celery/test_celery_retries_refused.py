@@ -1,0 +1,69 @@
+"""Celery's own retries, which would send the whole task again after its thread failed,
+are refused with the way an agent retries a step: ``autoretry_for`` when the agent is
+defined, ``self.retry()`` when a node calls it (the thread fails with that message, and
+no second message is sent to find it failed)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from celery import Celery
+
+import agentq
+from agentq import AgentTask, Done, Run, Status
+from agentq.errors import InvalidArgument
+from agentq.store.redis.store import RedisStore
+from tests.support.redis_server import RedisServer
+
+
+class Flaky(Exception):
+    pass
+
+
+def test_an_agent_class_with_autoretry_for_is_refused_with_retry_on() -> None:
+    with pytest.raises(InvalidArgument, match=r"agent tests\.auto sets autoretry_for.*retry_on"):
+
+        class AutoRetrying(AgentTask):
+            name = "tests.auto"
+            autoretry_for = (Flaky,)
+
+            def start(self, run: Run) -> Any:
+                return Done(None)
+
+
+def test_a_function_agent_with_autoretry_for_is_refused_with_retry_on() -> None:
+    app = Celery("refused", broker="memory://", set_as_current=False)
+    with pytest.raises(InvalidArgument, match=r"agent tests\.fn sets autoretry_for.*retry_on"):
+        agentq.agent(app, "tests.fn", autoretry_for=(Flaky,))
+    assert "tests.fn" not in app.tasks
+    app.close()
+
+
+class SelfRetrying(AgentTask):
+    name = "tests.self_retrying"
+
+    def start(self, run: Run) -> Any:
+        raise self.retry(countdown=1, max_retries=3)
+
+
+@pytest.fixture
+def app(redis_server: RedisServer) -> Iterator[Celery]:
+    made = Celery("refused", broker="memory://", set_as_current=False)
+    store = RedisStore.from_url(redis_server.url, prefix=f"rr{uuid.uuid4().hex[:8]}:")
+    agentq.init_app(made, store=store)
+    yield made
+    store.close()
+    made.close()
+
+
+def test_self_retry_in_a_node_fails_the_thread_saying_to_use_retry_on(app: Celery) -> None:
+    agent = app.register_task(SelfRetrying())
+    agent.agentq.store.open_thread("t1", task=agent.name)
+    with pytest.raises(InvalidArgument, match=r"Task\.retry\(\) would send the whole task"):
+        agent.run("t1")
+    meta = agent.thread("t1")
+    assert meta.status == Status.FAILED
+    assert meta.error is not None and "list its class in retry_on" in meta.error

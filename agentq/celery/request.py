@@ -13,6 +13,7 @@ task's canvas is carried on as a failure, once.
 from __future__ import annotations
 
 import logging
+import os
 import socket
 
 from celery.exceptions import TimeLimitExceeded
@@ -42,8 +43,11 @@ class AgentRequest(Request):  # type: ignore[misc]
         thread_id, task = args[0], self.task
         store = task.agentq.store
         (lease,) = store.schedules([thread_id])
-        killed = f"{socket.gethostname()}:{self.worker_pid}:"
-        if lease.token is None or not (lease.owner or "").startswith(killed):
+        # The killed prefork child's, or this process's where the pool runs tasks in it
+        # (gevent, eventlet: worker_pid names a greenlet there).
+        ran = {f"{socket.gethostname()}:{pid}:" for pid in (self.worker_pid, os.getpid())}
+        owner = lease.owner or ""
+        if lease.token is None or not any(owner.startswith(prefix) for prefix in ran):
             return
         meta = store.meta(thread_id)
         if meta is None:
@@ -55,7 +59,7 @@ class AgentRequest(Request):  # type: ignore[misc]
         )
         try:
             store.set_status(
-                thread_id, lease.token, Status.FAILED, error=error, release_owner=lease.owner
+                thread_id, lease.token, Status.FAILED, error=error, release_owner=owner
             )
         except StaleToken:
             return  # another worker drives it now

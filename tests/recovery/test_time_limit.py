@@ -1,7 +1,8 @@
 """A hard ``time_limit`` fails the thread as it fails the task: the first task ends
 ``FAILURE`` with ``TimeLimitExceeded`` and runs its errbacks, and recovery does not run the
 thread again (which would finish it, turn its first task to ``SUCCESS`` and run its
-callbacks after its errbacks). A real prefork worker, whose pool kills the child."""
+callbacks after its errbacks). Real workers: prefork's pool kills the child, gevent's
+raises in the greenlet."""
 
 from __future__ import annotations
 
@@ -26,7 +27,9 @@ def ledger(redis_server: RedisServer) -> Iterator[redis.Redis]:
     client.close()
 
 
+@pytest.mark.parametrize("pool", ["prefork", "gevent"])
 def test_a_hard_time_limit_fails_the_thread_and_its_first_task_once(
+    pool: str,
     redis_server: RedisServer,
     redis_broker: str,
     result_backend: str,
@@ -46,7 +49,9 @@ def test_a_hard_time_limit_fails_the_thread_and_its_first_task_once(
         redis_broker, result_backend, redis_server.url, prefix + ":", env["AGENTQ_TEST_QUEUE"]
     )
     agent, note = app.tasks["tests.slow_once"], app.tasks["tests.note"]
-    worker = WorkerProcess(app, env, tmp_path, app_module="tests.support.time_limit_app").start()
+    worker = WorkerProcess(
+        app, env, tmp_path, pool=pool, app_module="tests.support.time_limit_app"
+    ).start()
     try:
         first = agent.apply_async(
             ("t1",), link=note.si(tag="callback"), link_error=note.si(tag="errback")

@@ -139,11 +139,13 @@ class ToolCalls:
                     note(call.key, "replayed")
                     return call.recorded
                 try:
-                    result = await invoke(fn, args, call.kwargs)
+                    result = await invoke(call, fn, args)
                 except Exception as exc:
                     if held is not None and self._retryable(exc):
                         await offload(held.refused, exc)
                     await offload(self._failed, call, exc)
+                    if call.cancelled:
+                        raise asyncio.CancelledError from exc
                     raise
             finally:
                 if held is not None:
@@ -152,6 +154,8 @@ class ToolCalls:
             recorded = await offload(self._record, call, result)
             if held is not None and options.actual_cost is not None:
                 await offload(held.settle, options.actual_cost, result)
+            if call.cancelled:
+                raise asyncio.CancelledError
             return recorded
 
     def _call(self, fn: Callable[..., Any], kwargs: dict[str, Any], options: Options) -> _Call:
@@ -387,6 +391,8 @@ class _Call:
     kwargs: dict[str, Any]
     recorded: Any = _UNSETTLED
     """The outcome already recorded (a replay) or reconciled, if any."""
+    cancelled: bool = False
+    """Whether the node cancelled the call while its tool ran, which then ran to its end."""
 
 
 async def _inline(fn: Callable[..., Any], *args: Any, undo: object = None) -> Any:
@@ -421,11 +427,27 @@ async def _outlasting_cancels(job: asyncio.Future[Any]) -> None:
             await asyncio.wait({job})
 
 
-async def _called_plain(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: Any) -> Any:
-    return fn(*args, **kwargs)
+async def _called_plain(call: _Call, fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+    return fn(*args, **call.kwargs)
 
 
-async def _called_awaited(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: Any) -> Any:
+async def _called_awaited(call: _Call, fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+    """The tool awaited to its end, even when the node cancels the call meanwhile (LangGraph
+    cancels the branches beside one that failed, ``asyncio.wait_for`` at its timeout): cut
+    off, its outcome would be unknown and the thread would stop for a person; finished, it
+    is recorded (a retried step gets it back) and the cancel goes on after."""
+    job = asyncio.ensure_future(_awaited_call(fn, args, call.kwargs))
+    try:
+        return await asyncio.shield(job)
+    except asyncio.CancelledError:
+        if job.cancelled():
+            raise
+        call.cancelled = True
+        await _outlasting_cancels(job)
+        return job.result()
+
+
+async def _awaited_call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: Any) -> Any:
     result = fn(*args, **kwargs)
     return await result if inspect.isawaitable(result) else result
 

@@ -54,6 +54,8 @@ class _Position:
     cursors: dict[str, Any]
     resume_value: Any
     attempts: int
+    crashes: int
+    """The workers lost running this step, as the take counted them."""
 
 
 _CONTINUE: Final = object()
@@ -293,7 +295,9 @@ class Driver:
         if meta.timed_out:
             resume_value = TimedOut(meta.interrupt, meta.timeout)
         if latest is None:
-            return _Position(0, self.task.entry_node, {}, [], {}, resume_value, meta.attempts)
+            return _Position(
+                0, self.task.entry_node, {}, [], {}, resume_value, meta.attempts, meta.crashes
+            )
         assert latest.node is not None
         return _Position(
             latest.step + 1,
@@ -303,6 +307,7 @@ class Driver:
             latest.cursors,
             resume_value,
             meta.attempts,
+            meta.crashes,
         )
 
     def _hand_over(self, token: int, meta: ThreadMeta, step: int) -> None:
@@ -323,6 +328,8 @@ class Driver:
             pending=pos.pending,
             cursors=pos.cursors,
             resume_value=pos.resume_value,
+            retries=pos.attempts,
+            lost_workers=pos.crashes,
             max_artifact_bytes=settings.max_artifact_bytes,
             calls=self._calls,
             confirm_lease=functools.partial(
@@ -395,7 +402,8 @@ class Driver:
             logger.info("thread %s: cancelled after step %d", thread_id, step)
             return None
         assert checkpoint.node is not None
-        pos.step, pos.node, pos.attempts, pos.resume_value = step + 1, checkpoint.node, 0, NO_VALUE
+        pos.step, pos.node, pos.resume_value = step + 1, checkpoint.node, NO_VALUE
+        pos.attempts = pos.crashes = 0  # as the commit left them in the store
         pos.state, pos.pending, pos.cursors = run.state, run.pending, run.cursors
         return _CONTINUE
 

@@ -55,6 +55,8 @@ class Run:
         pending: list[Any],
         cursors: dict[str, Any],
         resume_value: Any,
+        retries: int,
+        lost_workers: int,
         max_artifact_bytes: int,
         calls: RetriedCalls,
         confirm_lease: Callable[[], None],
@@ -68,6 +70,13 @@ class Run:
         self.pending = pending
         self.cursors = cursors
         self._resume_value = resume_value
+        self.retries = retries
+        """How many times this step failed with a ``retry_on`` error before this run (0 on
+        its first run), as Celery's ``request.retries`` counts a task's. Its commit clears
+        it; after ``max_attempts`` the thread fails."""
+        self.lost_workers = lost_workers
+        """How many workers were lost running this step before this run; its commit
+        clears it, and at ``max_crashes`` the thread fails."""
         self.artifacts = Artifacts(store, calls, thread_id, max_artifact_bytes)
         self._token = token
         self._tools = ToolCalls(

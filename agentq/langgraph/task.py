@@ -174,34 +174,43 @@ class GraphTask(AgentTask):
         first = self._first_input(graph, saver, config, run, input)
         run_async = self.run_async if self.run_async is not None else has_async_nodes(graph)
         if run_async:
-            stopped = run_coroutine(self._astream(graph, first, config, run.thread_id))
+            stopped = run_coroutine(self._astream(graph, first, config, run))
         else:
-            stopped = self._stream(graph, first, config, run.thread_id)
+            stopped = self._stream(graph, first, config, run)
         if stopped:
-            return self.entry_node  # commit here: the driver hands over or cancels
+            # Committed here: the driver hands over, cancels, or runs the graph on.
+            return self.entry_node
         snapshot = graph.get_state(config)
         if snapshot.interrupts or snapshot.next:
             # A static breakpoint (interrupt_before/after) stops with no Interrupt object.
             run.state["interrupts"] = [i.id for i in snapshot.interrupts]
+            run.state["interrupted_at"] = snapshot.config["configurable"].get("checkpoint_id")
             payload = [{"id": i.id, "value": i.value} for i in snapshot.interrupts]
             return Interrupt(
                 to_plain(payload or {"next": list(snapshot.next)}), resume_at=self.entry_node
             )
         return Done(self.result(snapshot.values))
 
-    def _stream(self, graph: AnyGraph, first: Any, config: RunnableConfig, thread_id: str) -> bool:
-        """Run the graph; whether it stopped early, between two super-steps."""
+    def _stream(self, graph: AnyGraph, first: Any, config: RunnableConfig, run: Run) -> bool:
+        """Run the graph; whether it stopped early, between two super-steps: for a worker
+        stopping, a cancel, or once past a super-step that failed or lost a worker before,
+        so that the commit clears those counts. Each super-step is a step of its own there,
+        as each node of an agent is: its failures and lost workers are counted apart."""
+        again = run.retries > 0 or run.lost_workers > 0
         for _ in graph.stream(first, config, stream_mode="updates", durability="sync"):
-            if draining.is_set() or self._cancel_requested(thread_id):
+            if again or draining.is_set() or self._cancel_requested(run.thread_id):
                 return True
         return False
 
-    async def _astream(
-        self, graph: AnyGraph, first: Any, config: RunnableConfig, thread_id: str
-    ) -> bool:
+    async def _astream(self, graph: AnyGraph, first: Any, config: RunnableConfig, run: Run) -> bool:
         """:meth:`_stream` with ``astream``."""
+        again = run.retries > 0 or run.lost_workers > 0
         async for _ in graph.astream(first, config, stream_mode="updates", durability="sync"):
-            if draining.is_set() or await aio.blocking(self._cancel_requested, thread_id):
+            if (
+                again
+                or draining.is_set()
+                or await aio.blocking(self._cancel_requested, run.thread_id)
+            ):
                 return True
         return False
 
@@ -211,13 +220,30 @@ class GraphTask(AgentTask):
         if run.resume_value is not NO_VALUE:
             pending = [i.id for i in graph.get_state(config).interrupts]
             # After a crash the resume may already be applied: never answer a newer
-            # interrupt with a value meant for an older one.
-            if pending and pending == run.state.get("interrupts"):
+            # interrupt with a value meant for an older one. A state edited meanwhile
+            # (update_state) leaves none pending, and the graph has not gone on: LangGraph
+            # answers the interrupt then, and so does this.
+            asked = run.state.get("interrupts")
+            if (pending and pending == asked) or (
+                not pending and asked and not self._went_on(saver, run)
+            ):
                 return Command(resume=self._unpack(run.resume_value))
             return None
         if input is not None and saver.get_tuple(config) is None:
             return self._unpack(input)
         return None  # LangGraph resumes from the latest checkpoint
+
+    def _went_on(self, saver: AgentqSaver, run: Run) -> bool:
+        """Whether the graph's own loop saved a checkpoint since it stopped to ask, as it
+        does once an answer is applied; ``update_state``'s checkpoints are not its."""
+        asked_at = run.state.get("interrupted_at")
+        config: RunnableConfig = {"configurable": {"thread_id": run.thread_id, "checkpoint_ns": ""}}
+        for saved in saver.list(config):
+            if saved.config["configurable"]["checkpoint_id"] == asked_at:
+                return False
+            if (saved.metadata or {}).get("source") == "loop":
+                return True
+        return True  # the checkpoint it stopped at is gone: take it as gone on
 
     def _cancel_requested(self, thread_id: str) -> bool:
         meta = self.agentq.store.meta(thread_id)
@@ -271,15 +297,20 @@ def _as_attribute(graph: Any) -> Any:
 
 def to_plain(value: Any) -> Any:
     """``value`` as data agentq's codec stores: pydantic models (LangChain messages among
-    them) as their JSON dump, dataclasses as dicts, other objects as their ``str``."""
+    them) as their JSON dump, dataclasses and named tuples as dicts, other objects as
+    their ``str``."""
     if value is None or isinstance(value, (str, bytes, int, float, bool, dt.date)):
         return value
     if isinstance(value, Mapping):
         return {k if isinstance(k, (str, int)) else str(k): to_plain(v) for k, v in value.items()}
     if isinstance(value, list):
         return [to_plain(v) for v in value]
+    if isinstance(value, tuple) and hasattr(value, "_asdict"):  # a NamedTuple, as a dataclass
+        return to_plain(value._asdict())
     if isinstance(value, (tuple, set, frozenset)):
-        return type(value)(to_plain(v) for v in value)
+        # The plain type: a subclass's constructor may not take one iterable.
+        plain = tuple if isinstance(value, tuple) else set if isinstance(value, set) else frozenset
+        return plain(to_plain(v) for v in value)
     dump: Callable[..., Any] | None = getattr(value, "model_dump", None)
     if callable(dump):
         return to_plain(dump(mode="json"))

@@ -1,0 +1,204 @@
+"""A graph run by a graph task behaves as the same graph under LangGraph's own saver: an
+interrupt answered after its state was edited, a state holding a named tuple, a sibling
+branch cancelled while its async tool ran, retries counted per super-step. An in-process
+worker with a Redis broker and store."""
+
+from __future__ import annotations
+
+import asyncio
+import operator
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Annotated, Any, NamedTuple, TypedDict
+
+import pytest
+import redis
+from celery import Celery
+from celery.contrib.testing.worker import start_worker
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.graph import START, StateGraph
+from langgraph.types import Command, interrupt
+
+import agentq
+from agentq import Status
+from agentq.langgraph import GraphTask, atool_call, graph_task
+from tests.support.agents import RateLimitError
+from tests.support.redis_server import RedisServer, wait_until
+
+
+class Log(TypedDict, total=False):
+    log: Annotated[list[str], operator.add]
+
+
+class Hits:
+    """How often each node or tool of a thread ran, counted in Redis."""
+
+    def __init__(self, url: str, namespace: str) -> None:
+        self.client = redis.Redis.from_url(url, decode_responses=True)
+        self.namespace = namespace
+
+    def hit(self, config: RunnableConfig, name: str) -> int:
+        thread_id = config["configurable"]["thread_id"]
+        return int(self.client.hincrby(f"{self.namespace}:hits:{thread_id}", name, 1))
+
+    def of(self, thread_id: str) -> dict[str, int]:
+        found = self.client.hgetall(f"{self.namespace}:hits:{thread_id}")
+        return {name: int(count) for name, count in found.items()}
+
+
+def asking() -> StateGraph[Log]:
+    def ask(state: Log) -> dict[str, Any]:
+        return {"log": ["answer:" + str(interrupt("go on?"))]}
+
+    graph = StateGraph(Log)
+    graph.add_node("ask", ask)
+    graph.add_edge(START, "ask")
+    return graph
+
+
+class Point(NamedTuple):
+    x: int
+    y: int
+
+
+class Shapes(TypedDict, total=False):
+    corner: Point
+
+
+def drawing() -> StateGraph[Shapes]:
+    graph = StateGraph(Shapes)
+    graph.add_node("draw", lambda state: {"corner": Point(1, 2)})
+    graph.add_edge(START, "draw")
+    return graph
+
+
+def siblings(hits: Hits) -> StateGraph[Log]:
+    """Branch ``a`` charges through an async tool; branch ``b`` meets a 429 while it does,
+    and LangGraph cancels ``a``."""
+
+    async def a(state: Log, config: RunnableConfig) -> dict[str, Any]:
+        async def charge(amount: int) -> str:
+            hits.hit(config, "charge-start")
+            await asyncio.sleep(0.5)
+            return f"charged {amount}"
+
+        return {"log": [await atool_call("call-charge", charge, 10)]}
+
+    async def b(state: Log, config: RunnableConfig) -> dict[str, Any]:
+        await asyncio.sleep(0.1)
+        if hits.hit(config, "b") == 1:
+            raise RateLimitError(retry_after="0.2")
+        return {"log": ["b"]}
+
+    graph = StateGraph(Log)
+    graph.add_node("a", a)
+    graph.add_node("b", b)
+    graph.add_edge(START, "a")
+    graph.add_edge(START, "b")
+    return graph
+
+
+def flaky_chain(hits: Hits) -> StateGraph[Log]:
+    """Five nodes in a row, each meeting one 429 at its first run."""
+    graph = StateGraph(Log)
+    previous = START
+    for n in range(1, 6):
+
+        def node(state: Log, config: RunnableConfig, name: str = f"n{n}") -> dict[str, Any]:
+            if hits.hit(config, name) == 1:
+                raise RateLimitError(retry_after="0.1")
+            return {"log": [name]}
+
+        graph.add_node(f"n{n}", node)
+        graph.add_edge(previous, f"n{n}")
+        previous = f"n{n}"
+    return graph
+
+
+GRAPHS: dict[str, Callable[[Hits], StateGraph[Any]]] = {
+    "tests.asking": lambda hits: asking(),
+    "tests.drawing": lambda hits: drawing(),
+    "tests.siblings": siblings,
+    "tests.flaky_chain": flaky_chain,
+}
+
+
+class Env:
+    def __init__(self, app: Celery, hits: Hits) -> None:
+        self.app = app
+        self.hits = hits
+
+    def task(self, name: str) -> GraphTask:
+        return self.app.tasks[name]
+
+
+@pytest.fixture
+def env(redis_broker: str, redis_server: RedisServer) -> Iterator[Env]:
+    prefix = f"gs{uuid.uuid4().hex[:8]}:"
+    app = Celery("graph-semantics", broker=redis_broker, set_as_current=False)
+    app.conf.update(
+        task_default_queue=f"agentq-test-{prefix}",
+        broker_connection_retry_on_startup=True,
+        worker_hijack_root_logger=False,
+    )
+    agentq.init_app(
+        app,
+        store=redis_server.url,
+        prefix=prefix,
+        lease_ttl=3,
+        sweep_interval=0.2,
+        start_grace=5,
+        backoff_base=0.1,
+    )
+    hits = Hits(redis_server.url, prefix.rstrip(":"))
+    for name, build in GRAPHS.items():
+        graph_task(app, (lambda build=build: build(hits)), name=name, retry_on=(RateLimitError,))
+    with start_worker(
+        app, pool="threads", concurrency=2, perform_ping_check=False, shutdown_timeout=30
+    ):
+        yield Env(app, hits)
+    hits.client.close()
+    app._agentq_runtime.store.close()
+
+
+def test_an_interrupt_answered_after_its_state_was_edited_takes_the_answer(env: Env) -> None:
+    memory = asking().compile(checkpointer=InMemorySaver())
+    config: RunnableConfig = {"configurable": {"thread_id": "m"}}
+    memory.invoke({"log": []}, config)
+    memory.update_state(config, {"log": ["edited"]})
+    assert memory.invoke(Command(resume="yes"), config)["log"] == ["edited", "answer:yes"]
+
+    task = env.task("tests.asking")
+    task.delay("t1", {"log": []})
+    wait_until(lambda: task.thread("t1").status == Status.WAITING, timeout=20, what="waiting")
+    task.compiled().update_state({"configurable": {"thread_id": "t1"}}, {"log": ["edited"]})
+    task.resume("t1", "yes")
+    assert task.wait("t1", timeout=20)["log"] == ["edited", "answer:yes"]
+
+
+def test_a_state_holding_a_named_tuple_finishes_as_data(env: Env) -> None:
+    task = env.task("tests.drawing")
+    task.delay("t1", {})
+    assert task.wait("t1", timeout=20) == {"corner": {"x": 1, "y": 2}}
+    assert task.state("t1").values["corner"] == Point(1, 2)
+
+
+def test_a_sibling_cancelled_while_its_async_tool_runs_is_recorded_not_left_unknown(
+    env: Env,
+) -> None:
+    """LangGraph cancels branch ``a`` when ``b`` fails; its charge, under way, finishes and
+    is recorded, so the retried step gets it back rather than stop for a person."""
+    task = env.task("tests.siblings")
+    task.delay("t1", {"log": []})
+    assert sorted(task.wait("t1", timeout=30)["log"]) == ["b", "charged 10"]
+    assert env.hits.of("t1")["charge-start"] == 1
+
+
+def test_rate_limits_at_different_super_steps_are_retried_each(env: Env) -> None:
+    """Attempts count per super-step, as they count per node of an AgentTask: five 429s
+    at five nodes in a row are five first attempts, not a thread out of attempts."""
+    task = env.task("tests.flaky_chain")
+    task.delay("t1", {"log": []})
+    assert task.wait("t1", timeout=30)["log"] == ["n1", "n2", "n3", "n4", "n5"]
+    assert env.hits.of("t1") == {f"n{n}": 2 for n in range(1, 6)}

@@ -59,7 +59,13 @@ class AgentRequest(Request):  # type: ignore[misc]
         )
         try:
             store.set_status(
-                thread_id, lease.token, Status.FAILED, error=error, release_owner=owner
+                thread_id,
+                lease.token,
+                Status.FAILED,
+                error=error,
+                release_owner=owner,
+                # The pool kills the child after this: until then it may still commit.
+                raise_fence=True,
             )
         except StaleToken:
             return  # another worker drives it now

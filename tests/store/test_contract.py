@@ -510,6 +510,31 @@ def test_set_status_is_fenced_and_schedules(store: Store) -> None:
     assert store.due() == []
 
 
+def test_a_status_set_with_a_raised_fence_refuses_the_runs_later_writes(store: Store) -> None:
+    """A run failed from outside (its hard time limit) while its process may still write:
+    its next commit, claim or status change is refused, and the thread stays failed."""
+    token = started(store)
+    store.commit("t1", token, cp(0, token))
+    store.set_status(
+        "t1", token, Status.FAILED, error="time limit", release_owner="w1", raise_fence=True
+    )
+    with pytest.raises(StaleToken):
+        store.commit("t1", token, cp(1, token))
+    with pytest.raises(StaleToken):
+        store.claim_effect("t1", "mail-1", token)
+    with pytest.raises(StaleToken):
+        store.set_status("t1", token, Status.RUNNING)
+    meta = store.meta("t1")
+    assert meta is not None
+    assert (meta.status, meta.step, meta.error, meta.fence) == (
+        Status.FAILED,
+        0,
+        "time limit",
+        token + 1,
+    )
+    assert store.schedules(["t1"])[0].owner is None
+
+
 def test_a_commit_clears_the_error_an_earlier_attempt_left(store: Store) -> None:
     token = started(store)
     store.set_status(

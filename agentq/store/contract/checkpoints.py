@@ -94,6 +94,7 @@ class CheckpointsContract(ABC):
         result: Any = UNSET,
         interrupt: Any = UNSET,
         release_owner: str | None = None,
+        raise_fence: bool = False,
     ) -> None:
         """Change the thread's status without a new checkpoint (a retry being scheduled, a
         failure, an interrupt), fenced by ``token`` like ``commit``. Meta values left
@@ -101,7 +102,8 @@ class CheckpointsContract(ABC):
         acquired before then. A thread set ``waiting`` with ``due_in`` waits with that
         timeout (``timeout``, ``timeout_at`` in its meta): :meth:`acquire` refuses it
         before then and takes it out of the wait after; without ``due_in`` it waits until
-        reopened. Atomic."""
+        reopened. ``raise_fence`` refuses every later write under ``token``: for a run
+        stopped from outside, whose process may still write before it dies. Atomic."""
         validate_thread_id(thread_id)
         self._do_set_status(
             thread_id,
@@ -114,6 +116,7 @@ class CheckpointsContract(ABC):
             result=result,
             interrupt=interrupt,
             release_owner=release_owner,
+            raise_fence=raise_fence,
         )
 
     @abstractmethod
@@ -130,6 +133,7 @@ class CheckpointsContract(ABC):
         result: Any,
         interrupt: Any,
         release_owner: str | None,
+        raise_fence: bool,
     ) -> None: ...
 
     def latest(self, thread_id: str) -> Checkpoint | None:

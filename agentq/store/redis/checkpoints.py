@@ -119,8 +119,9 @@ class RedisCheckpoints(RedisBase):
         result: Any,
         interrupt: Any,
         release_owner: str | None,
+        raise_fence: bool,
     ) -> None:
-        fields: dict[str, Any] = {}
+        fields: dict[str, Any] = {"fence": token + 1} if raise_fence else {}
         if not isinstance(error, _Unset):
             fields["error"] = error or ""
         if not isinstance(attempts, _Unset):

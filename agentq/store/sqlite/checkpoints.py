@@ -114,8 +114,11 @@ class CheckpointsMixin:
         result: Any,
         interrupt: Any,
         release_owner: str | None,
+        raise_fence: bool,
     ) -> None:
         values: dict[str, Any] = {"status": Status(status).value}
+        if raise_fence:
+            values["fence"] = token + 1
         for name, value in (("error", error), ("attempts", attempts), ("crashes", crashes)):
             if value is not UNSET:
                 values[name] = value

@@ -175,10 +175,14 @@ def _run_job(call: Callable[[], Any], done: concurrent.futures.Future[Any]) -> N
         result = call()
     except Exception as exc:
         done.set_exception(exc)
+    except BaseException as exc:
+        # A time limit or a shutdown goes on up through the slot's wait, which cancels the
+        # coroutine; handed to the coroutine it would end the loop's thread instead. The
+        # coroutine still hears that the call ended, or it would wait for it for good.
+        done.set_exception(RuntimeError(f"the pool slot running it stopped: {exc!r}"))
+        raise
     else:
         done.set_result(result)
-    # A time limit or a shutdown goes on up through the slot's wait, which cancels the
-    # coroutine; handed to the coroutine it would end the loop's thread instead.
 
 
 class _HubCalls:

@@ -176,3 +176,26 @@ def test_an_atool_cancelled_before_its_tool_leaves_no_claim_and_gives_its_slot_b
         assert agent.sent() == []
         assert held.effect("t1", "mail-1") is None
         assert held.limit_states()["one-at-a-time"].in_flight == 0
+
+
+def test_a_gevent_time_limit_during_an_atool_leaves_nothing_on_the_loop(
+    redis_server: RedisServer,
+) -> None:
+    """The greenlet stopped while its slot ran the call's store work: the coroutine hears
+    that the call ended, rather than wait on agentq's loop for good."""
+    pytest.importorskip("gevent")
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tests.engine.gevent_time_limit_script",
+            redis_server.url,
+            f"gl{uuid.uuid4().hex[:8]}:",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert "timed out after ['to-1']" in out.stdout, out.stderr
+    assert "LEFT 0" in out.stdout, out.stdout + out.stderr

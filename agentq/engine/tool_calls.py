@@ -134,26 +134,26 @@ class ToolCalls:
                 options,
                 undo=functools.partial(self._unready, call),
             )
-            try:
-                if call.recorded is not _UNSETTLED:
-                    note(call.key, "replayed")
-                    return call.recorded
-                try:
-                    result = await invoke(call, fn, args)
-                except Exception as exc:
-                    if held is not None and self._retryable(exc):
-                        await offload(held.refused, exc)
-                    await offload(self._failed, call, exc)
-                    if call.cancelled:
-                        raise asyncio.CancelledError from exc
-                    raise
-            finally:
+            if call.recorded is not _UNSETTLED:
                 if held is not None:
                     await offload(held.release)
+                note(call.key, "replayed")
+                return call.recorded
+            try:
+                result = await invoke(call, fn, args)
+            except Exception as exc:
+                # One store call from here, run to its end: a cancel in between would
+                # leave the claim of a call that is over.
+                await offload(self._settle_failure, call, held, exc)
+                if call.cancelled:
+                    raise asyncio.CancelledError from exc
+                raise
+            except BaseException:
+                if held is not None:
+                    await offload(held.release)
+                raise
             note(call.key, "called")
-            recorded = await offload(self._record, call, result)
-            if held is not None and options.actual_cost is not None:
-                await offload(held.settle, options.actual_cost, result)
+            recorded = await offload(self._settle_result, call, held, result, options)
             if call.cancelled:
                 raise asyncio.CancelledError
             return recorded
@@ -336,6 +336,28 @@ class ToolCalls:
             shared=call.policy.shared,
         )
         return result
+
+    def _settle_result(
+        self, call: _Call, held: limits.Held | None, result: Any, options: Options
+    ) -> Any:
+        """Give the limits back and record the result."""
+        if held is not None:
+            held.release()
+        recorded = self._record(call, result)
+        if held is not None and options.actual_cost is not None:
+            held.settle(options.actual_cost, result)
+        return recorded
+
+    def _settle_failure(self, call: _Call, held: limits.Held | None, exc: Exception) -> None:
+        """Give the limits back, after a refusal pausing them, and drop the claim of a
+        call the error proves did nothing."""
+        try:
+            if held is not None and self._retryable(exc):
+                held.refused(exc)
+            self._failed(call, exc)
+        finally:
+            if held is not None:
+                held.release()
 
     def _failed(self, call: _Call, exc: Exception) -> None:
         # Only a refusal that names when to come back proves nothing happened: retry_on

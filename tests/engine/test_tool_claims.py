@@ -140,6 +140,9 @@ class _HeldStore(RedisStore):
     def take_limits(self, *args: Any, **kwargs: Any) -> Any:
         return self._held("take_limits", super().take_limits(*args, **kwargs))
 
+    def release_limits(self, *args: Any, **kwargs: Any) -> Any:
+        return self._held("release_limits", super().release_limits(*args, **kwargs))
+
 
 class _CancellingMailer(Mailer):
     """Its node starts a mail's call and cancels it while the store holds the call, as
@@ -158,6 +161,23 @@ class _CancellingMailer(Mailer):
         with pytest.raises(asyncio.CancelledError):
             await call
         return Done("cancelled")
+
+
+def test_an_atool_cancelled_as_it_gives_its_slot_back_records_what_its_tool_returned(
+    redis_server: RedisServer,
+) -> None:
+    """The tool ran and returned; the cancel came while the call gave its concurrency slot
+    back, before its record: the record is written all the same."""
+    with _HeldStore.from_url(redis_server.url, prefix=f"tc{uuid.uuid4().hex[:8]}:") as held:
+        held.hold, held.made, held.go_on = "release_limits", threading.Event(), threading.Event()
+        agent = _CancellingMailer(held, limit="one-at-a-time")
+        held.open_thread("t1", task=agent.name)
+        settings = Settings(store=held, limits=(agentq.limit("one-at-a-time", concurrency=1),))
+        assert drive(agent, "t1", held, settings) == "cancelled"
+        assert agent.sent() == ["to-1"]
+        effect = held.effect("t1", "mail-1")
+        assert effect is not None and effect.state == "done" and effect.result == "sent to to-1"
+        assert held.limit_states()["one-at-a-time"].in_flight == 0
 
 
 @pytest.mark.parametrize("hold", ["claim_effect", "take_limits"])

@@ -15,6 +15,7 @@ from agentq.celery.drain import draining, relay_drain
 from agentq.celery.recovery import Sweeper
 from agentq.celery.runtime import runtime_of
 from agentq.celery.store_guard import refuse_unsafe_store
+from agentq.celery.task import refuse_autoretry_at_start
 from agentq.engine import metrics
 
 logger = logging.getLogger("agentq.worker")
@@ -61,6 +62,7 @@ class AgentqWorkerStep(bootsteps.StartStopStep):  # type: ignore[misc]
 
     def start(self, worker: Any) -> None:
         draining.clear()  # a worker started again in the same process works normally
+        refuse_autoretry_at_start(worker.app)
         check_store_at_start(worker.app)
         self.sweeper = Sweeper(worker.app)
         self.sweeper.start()

@@ -94,6 +94,23 @@ def _routing(options: dict[str, Any]) -> dict[str, Any]:
     return kept
 
 
+def refuse_autoretry(name: str) -> Never:
+    """Celery's retry would come after the thread failed, and send the task again."""
+    raise InvalidArgument(
+        f"agent {name} sets autoretry_for; an agent retries a failing step itself, keeping "
+        "its progress: list the errors in retry_on instead (the delay follows their "
+        "Retry-After or backoff_base, up to max_attempts, set in init_app)"
+    )
+
+
+def refuse_autoretry_at_start(app: Any) -> None:
+    """Refuse the agents registered with ``app.register_task(agent, autoretry_for=...)``,
+    which no class sees: Celery wraps their ``run`` (keeping it as ``_orig_run``)."""
+    for task in app.tasks.values():
+        if isinstance(task, AgentTask) and hasattr(task, "_orig_run"):
+            refuse_autoretry(task.name)
+
+
 class AgentTask(Task):  # type: ignore[misc]
     """Subclass it, give it a ``name`` and nodes, register it with ``app.register_task``.
 
@@ -129,13 +146,7 @@ class AgentTask(Task):  # type: ignore[misc]
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         if getattr(cls, "autoretry_for", ()):
-            # Celery's retry would come after the thread failed, and send the task again.
-            raise InvalidArgument(
-                f"agent {getattr(cls, 'name', None) or cls.__name__} sets autoretry_for; an "
-                f"agent retries a failing step itself, keeping its progress: list the errors "
-                "in retry_on instead (the delay follows their Retry-After or backoff_base, "
-                "up to max_attempts, set in init_app)"
-            )
+            refuse_autoretry(getattr(cls, "name", None) or cls.__name__)
 
     @property
     def agentq(self) -> Runtime:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,7 +17,9 @@ import agentq
 from agentq import AgentTask, Done, Run, Status
 from agentq.errors import InvalidArgument
 from agentq.store.redis.store import RedisStore
+from tests.support import autoretry_app
 from tests.support.redis_server import RedisServer
+from tests.support.workers import WorkerProcess
 
 
 class Flaky(Exception):
@@ -67,3 +70,27 @@ def test_self_retry_in_a_node_fails_the_thread_saying_to_use_retry_on(app: Celer
     meta = agent.thread("t1")
     assert meta.status == Status.FAILED
     assert meta.error is not None and "list its class in retry_on" in meta.error
+
+
+def test_a_worker_refuses_to_start_with_an_agent_registered_with_autoretry_for(
+    redis_broker: str, redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """``app.register_task(agent, autoretry_for=...)`` reaches no class: the worker refuses
+    to start, as it refuses an unsafe store."""
+    prefix = f"ar{uuid.uuid4().hex[:8]}:"
+    env = {
+        "AGENTQ_TEST_BROKER": redis_broker,
+        "AGENTQ_TEST_STORE": redis_server.url,
+        "AGENTQ_TEST_PREFIX": prefix,
+        "AGENTQ_TEST_QUEUE": f"agentq-test-{prefix}",
+    }
+    app = autoretry_app.make(redis_broker, redis_server.url, prefix, env["AGENTQ_TEST_QUEUE"])
+    worker = WorkerProcess(app, env, tmp_path, app_module="tests.support.autoretry_app")
+    try:
+        with pytest.raises(RuntimeError, match="worker exited with 1"):
+            worker.start()
+    finally:
+        worker.stop()
+        app.close()
+    log = worker.log.read_text()
+    assert "InvalidArgument: agent tests.registered_with_autoretry sets autoretry_for" in log

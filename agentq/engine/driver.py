@@ -367,7 +367,7 @@ class Driver:
                     "thread %s: store unreachable at step %d; given back", thread_id, step
                 )
                 raise
-            return self._fail_or_retry(token, step, pos.attempts, exc)
+            return self._fail_or_retry(token, step, run.retries, exc)
         try:
             checkpoint, status, extra = checkpoint_after(
                 run, outcome, task=self.task.name, token=token
@@ -389,7 +389,7 @@ class Driver:
         # the thread's declaration, e.g. a field made append-only again after it was
         # dropped. Failing says so, where leaving it would loop through recovery.
         except (CodecError, UnknownNode, InvalidArgument, AppendOnlyViolation, LogConflict) as exc:
-            return self._fail_or_retry(token, step, pos.attempts, exc)  # output can't be kept
+            return self._fail_or_retry(token, step, run.retries, exc)  # output can't be kept
         logs.committed(run.state)
         self._report_step(step, pos.node, checkpoint.node, run.limit_waits)
         if status == Status.WAITING and cancel:

@@ -94,6 +94,12 @@ class Run:
         """This step's waits for its limits: ``keys`` and ``waited`` seconds in place, or
         ``due_at`` (Unix time) for the wait that ended the step."""
 
+    def got_past(self) -> None:
+        """Note that the store cleared this step's failed attempts and lost workers with
+        progress the node saved itself (a graph's super-step), as a commit clears them: a
+        failure from here on is the step's first again."""
+        self.retries = self.lost_workers = 0
+
     @property
     def token(self) -> int:
         """The fencing token of the lease this run executes under: pass it with writes to

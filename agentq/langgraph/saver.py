@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import heapq
 import random
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any, Self, cast
 
 from langchain_core.runnables import RunnableConfig
@@ -71,6 +71,7 @@ class AgentqSaver(BaseCheckpointSaver[str]):
         self.backend: GraphStore = store.graph()
         self._owns_store = owns_store
         self._bound: tuple[str, int] | None = None
+        self._got_past: Callable[[], None] | None = None
 
     @classmethod
     def from_url(
@@ -87,11 +88,16 @@ class AgentqSaver(BaseCheckpointSaver[str]):
         graph with it: ``builder.compile(checkpointer=saver.for_graph(builder))``."""
         return cast(AgentqSaver, self.with_allowlist(graph_types(graph)))
 
-    def bound(self, thread_id: str, token: int) -> AgentqSaver:
+    def bound(
+        self, thread_id: str, token: int, *, got_past: Callable[[], None] | None = None
+    ) -> AgentqSaver:
         """A copy whose writes to ``thread_id`` carry fencing ``token``; it refuses to
-        write any other thread."""
+        write any other thread. With ``got_past``, its first checkpoint of the graph's own
+        loop (a super-step done) clears the thread's failed attempts and lost workers, as
+        a commit does, and then calls ``got_past``."""
         clone = copy.copy(self)
         clone._bound = (validate_thread_id(thread_id), token)
+        clone._got_past = got_past
         return clone
 
     def close(self) -> None:
@@ -271,6 +277,8 @@ class AgentqSaver(BaseCheckpointSaver[str]):
             get_checkpoint_id(config),
         )
         refs = [records.blob_field(c, v) for c, v in checkpoint["channel_versions"].items()]
+        got_past = self._got_past
+        clears = got_past is not None and metadata.get("source") == "loop"
         self.backend.put(
             thread_id,
             ns,
@@ -280,9 +288,13 @@ class AgentqSaver(BaseCheckpointSaver[str]):
                 refs=records.encode_refs(refs),
                 run_id=None if run_id is None else str(run_id),
                 blobs=blobs,
+                clears_failures=clears,
             ),
             self._token(thread_id),
         )
+        if clears and got_past is not None:
+            self._got_past = None
+            got_past()
         return {
             "configurable": {
                 "thread_id": config["configurable"]["thread_id"],

@@ -21,10 +21,11 @@ A thread runs its graph once: ``delay`` on a finished thread returns its result.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncGenerator, Callable, Mapping
 from typing import Any, ClassVar, Never, cast
 
 from celery.result import AsyncResult
@@ -166,7 +167,10 @@ class GraphTask(AgentTask):
 
     def run_graph(self, run: Run, input: Any = None) -> Any:
         """The node: run the graph from where the thread's checkpoints say it is."""
-        saver = self.saver.bound(run.thread_id, run.token)
+        # A run after a failure or a lost worker clears them once past a super-step: each
+        # super-step counts its own, as each node of an agent does.
+        again = run.retries > 0 or run.lost_workers > 0
+        saver = self.saver.bound(run.thread_id, run.token, got_past=run.got_past if again else None)
         graph = self.compiled().copy(update={"checkpointer": saver})
         config: RunnableConfig = {"configurable": {"thread_id": run.thread_id, RUN_KEY: run}}
         if self.recursion_limit is not None:
@@ -178,8 +182,7 @@ class GraphTask(AgentTask):
         else:
             stopped = self._stream(graph, first, config, run)
         if stopped:
-            # Committed here: the driver hands over, cancels, or runs the graph on.
-            return self.entry_node
+            return self.entry_node  # commit here: the driver hands over or cancels
         snapshot = graph.get_state(config)
         if snapshot.interrupts or snapshot.next:
             # A static breakpoint (interrupt_before/after) stops with no Interrupt object.
@@ -192,26 +195,25 @@ class GraphTask(AgentTask):
         return Done(self.result(snapshot.values))
 
     def _stream(self, graph: AnyGraph, first: Any, config: RunnableConfig, run: Run) -> bool:
-        """Run the graph; whether it stopped early, between two super-steps: for a worker
-        stopping, a cancel, or once past a super-step that failed or lost a worker before,
-        so that the commit clears those counts. Each super-step is a step of its own there,
-        as each node of an agent is: its failures and lost workers are counted apart."""
-        again = run.retries > 0 or run.lost_workers > 0
+        """Run the graph; whether it stopped early, between two super-steps."""
         for _ in graph.stream(first, config, stream_mode="updates", durability="sync"):
-            if again or draining.is_set() or self._cancel_requested(run.thread_id):
+            if draining.is_set() or self._cancel_requested(run.thread_id):
                 return True
         return False
 
     async def _astream(self, graph: AnyGraph, first: Any, config: RunnableConfig, run: Run) -> bool:
-        """:meth:`_stream` with ``astream``."""
-        again = run.retries > 0 or run.lost_workers > 0
-        async for _ in graph.astream(first, config, stream_mode="updates", durability="sync"):
-            if (
-                again
-                or draining.is_set()
-                or await aio.blocking(self._cancel_requested, run.thread_id)
-            ):
-                return True
+        """:meth:`_stream` with ``astream``. Closed before it returns, so that the graph's
+        branches still running end first (their tools recorded), not after the next driver
+        ran them again."""
+        # An async generator, typed as an iterator by LangGraph.
+        updates = cast(
+            AsyncGenerator[Any, None],
+            graph.astream(first, config, stream_mode="updates", durability="sync"),
+        )
+        async with contextlib.aclosing(updates) as stream:
+            async for _ in stream:
+                if draining.is_set() or await aio.blocking(self._cancel_requested, run.thread_id):
+                    return True
         return False
 
     def _first_input(
@@ -307,10 +309,14 @@ def to_plain(value: Any) -> Any:
         return [to_plain(v) for v in value]
     if isinstance(value, tuple) and hasattr(value, "_asdict"):  # a NamedTuple, as a dataclass
         return to_plain(value._asdict())
-    if isinstance(value, (tuple, set, frozenset)):
-        # The plain type: a subclass's constructor may not take one iterable.
-        plain = tuple if isinstance(value, tuple) else set if isinstance(value, set) else frozenset
-        return plain(to_plain(v) for v in value)
+    if isinstance(value, tuple):
+        return tuple(to_plain(v) for v in value)  # not a subclass: its constructor may differ
+    if isinstance(value, (set, frozenset)):
+        items = [to_plain(v) for v in value]
+        try:
+            return set(items) if isinstance(value, set) else frozenset(items)
+        except TypeError:  # named tuples or models, as dicts now: unhashable
+            return items
     dump: Callable[..., Any] | None = getattr(value, "model_dump", None)
     if callable(dump):
         return to_plain(dump(mode="json"))

@@ -27,7 +27,8 @@ class GraphStore(ABC):
 
     @abstractmethod
     def put(self, thread_id: str, ns: str, stored: StoredCheckpoint, token: int | None) -> None:
-        """Store the checkpoint and its new blobs. Atomic."""
+        """Store the checkpoint and its new blobs, and with ``stored.clears_failures``
+        clear the thread's failed attempts and lost workers. Atomic."""
 
     @abstractmethod
     def put_writes(

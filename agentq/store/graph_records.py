@@ -35,6 +35,9 @@ class StoredCheckpoint:
     run_id: str | None
     blobs: dict[bytes, bytes] = field(default_factory=dict)
     """New blobs only: field -> value."""
+    clears_failures: bool = False
+    """Whether the thread's failed attempts and lost workers are cleared with it, as a
+    commit clears them: the graph got past the super-step that failed."""
 
 
 @dataclass(frozen=True)

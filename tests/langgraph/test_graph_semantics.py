@@ -22,6 +22,7 @@ from langgraph.types import Command, interrupt
 
 import agentq
 from agentq import Status
+from agentq.errors import ThreadStopped
 from agentq.langgraph import GraphTask, atool_call, graph_task
 from tests.support.agents import RateLimitError
 from tests.support.redis_server import RedisServer, wait_until
@@ -116,11 +117,31 @@ def flaky_chain(hits: Hits) -> StateGraph[Log]:
     return graph
 
 
+def sibling_always_limited(hits: Hits) -> StateGraph[Log]:
+    """Branch ``a`` succeeds; branch ``b`` meets a 429 every time."""
+
+    def a(state: Log, config: RunnableConfig) -> dict[str, Any]:
+        hits.hit(config, "a")
+        return {"log": ["a"]}
+
+    def b(state: Log, config: RunnableConfig) -> dict[str, Any]:
+        hits.hit(config, "b")
+        raise RateLimitError(retry_after="0.05")
+
+    graph = StateGraph(Log)
+    graph.add_node("a", a)
+    graph.add_node("b", b)
+    graph.add_edge(START, "a")
+    graph.add_edge(START, "b")
+    return graph
+
+
 GRAPHS: dict[str, Callable[[Hits], StateGraph[Any]]] = {
     "tests.asking": lambda hits: asking(),
     "tests.drawing": lambda hits: drawing(),
     "tests.siblings": siblings,
     "tests.flaky_chain": flaky_chain,
+    "tests.sibling_always_limited": sibling_always_limited,
 }
 
 
@@ -202,3 +223,14 @@ def test_rate_limits_at_different_super_steps_are_retried_each(env: Env) -> None
     task.delay("t1", {"log": []})
     assert task.wait("t1", timeout=30)["log"] == ["n1", "n2", "n3", "n4", "n5"]
     assert env.hits.of("t1") == {f"n{n}": 2 for n in range(1, 6)}
+
+
+def test_a_super_step_that_keeps_failing_runs_out_of_attempts(env: Env) -> None:
+    """The branch that succeeded is not progress past the super-step: LangGraph replays
+    its saved write on each retry, and the failing branch still fails the thread after
+    max_attempts, never retried for good."""
+    task = env.task("tests.sibling_always_limited")
+    task.delay("t1", {"log": []})
+    with pytest.raises(ThreadStopped, match="gave up after 5 attempts"):
+        task.wait("t1", timeout=30)
+    assert env.hits.of("t1") == {"a": 1, "b": 5}

@@ -142,6 +142,7 @@ class RedisGraph(GraphStore):
                 stored.record,
                 stored.refs,
                 f"{escape(ns)}:{stored.checkpoint_id}",
+                "1" if stored.clears_failures else "",
                 *blobs,
             ],
         )

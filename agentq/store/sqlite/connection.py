@@ -202,11 +202,8 @@ def _connect(path: str) -> sqlite3.Connection:
                 migrate(db, path)
     except sqlite3.DatabaseError as exc:
         db.close()
-        # Another process's lock passes; a file it cannot open or write is set up wrong.
-        if getattr(exc, "sqlite_errorcode", 0) & 0xFF in (
-            sqlite3.SQLITE_BUSY,
-            sqlite3.SQLITE_LOCKED,
-        ):
+        # Another process's lock or the disk passes; a file it cannot open is set up wrong.
+        if passes(exc) and getattr(exc, "sqlite_errorcode", 0) & 0xFF != sqlite3.SQLITE_CANTOPEN:
             raise
         raise StoreConfigError(
             f"cannot use SQLite store {path!r} ({exc}); check that it is an agentq "

@@ -91,6 +91,11 @@ class SQLiteGraph(GraphStore):
                 "INSERT OR REPLACE INTO lg_blobs (thread_id, ns, field, value) VALUES (?, ?, ?, ?)",
                 [(thread_id, ns, f, v) for f, v in stored.blobs.items()],
             )
+            if stored.clears_failures:
+                db.execute(
+                    "UPDATE threads SET attempts = 0, crashes = 0 WHERE thread_id = ?",
+                    (thread_id,),
+                )
 
     def put_writes(
         self,

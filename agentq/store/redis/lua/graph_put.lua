@@ -2,7 +2,8 @@
 -- KEYS[1] meta, [2] lock, [3] owned, [4] namespace set, [5] ids, [6] records, [7] refs,
 -- [8] blobs, [9] the run's set (only with a run id).
 -- ARGV[1] token or '', [2] escaped namespace, [3] checkpoint id, [4] record, [5] refs,
--- [6] '<escaped ns>:<id>' for the run's set, [7..] blob (field, value) pairs.
+-- [6] '<escaped ns>:<id>' for the run's set, [7] '1' to clear the thread's attempts and
+-- lost workers (crashes) or '', [8..] blob (field, value) pairs.
 -- Returns {1, 0}, or a refusal (see _graph_prelude.lua).
 local refusal = refuse_graph_write(KEYS[1], KEYS[2], ARGV[1])
 if refusal then
@@ -12,8 +13,11 @@ redis.call('SADD', KEYS[4], ARGV[2])
 redis.call('ZADD', KEYS[5], 0, ARGV[3])
 redis.call('HSET', KEYS[6], ARGV[3], ARGV[4])
 redis.call('HSET', KEYS[7], ARGV[3], ARGV[5])
-if #ARGV > 6 then
-  redis.call('HSET', KEYS[8], unpack(ARGV, 7))
+if #ARGV > 7 then
+  redis.call('HSET', KEYS[8], unpack(ARGV, 8))
+end
+if ARGV[7] == '1' then
+  redis.call('HSET', KEYS[1], 'attempts', 0, 'crashes', 0)
 end
 if #KEYS > 8 then
   redis.call('SADD', KEYS[9], ARGV[6])

@@ -10,7 +10,7 @@ import inspect
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, TypeVar
 
@@ -144,7 +144,8 @@ class ToolCalls:
             except Exception as exc:
                 # One store call from here, run to its end: a cancel in between would
                 # leave the claim of a call that is over.
-                await offload(self._settle_failure, call, held, exc)
+                with _cancel_wins(call):
+                    await offload(self._settle_failure, call, held, exc)
                 if call.cancelled:
                     raise asyncio.CancelledError from exc
                 raise
@@ -153,7 +154,8 @@ class ToolCalls:
                     await offload(held.release)
                 raise
             note(call.key, "called")
-            recorded = await offload(self._settle_result, call, held, result, options)
+            with _cancel_wins(call):
+                recorded = await offload(self._settle_result, call, held, result, options)
             if call.cancelled:
                 raise asyncio.CancelledError
             return recorded
@@ -340,10 +342,12 @@ class ToolCalls:
     def _settle_result(
         self, call: _Call, held: limits.Held | None, result: Any, options: Options
     ) -> Any:
-        """Give the limits back and record the result."""
-        if held is not None:
-            held.release()
-        recorded = self._record(call, result)
+        """Record the result and give the limits back."""
+        try:
+            recorded = self._record(call, result)
+        finally:
+            if held is not None:
+                held.release()
         if held is not None and options.actual_cost is not None:
             held.settle(options.actual_cost, result)
         return recorded
@@ -352,9 +356,11 @@ class ToolCalls:
         """Give the limits back, after a refusal pausing them, and drop the claim of a
         call the error proves did nothing."""
         try:
-            if held is not None and self._retryable(exc):
-                held.refused(exc)
-            self._failed(call, exc)
+            try:
+                if held is not None and self._retryable(exc):
+                    held.refused(exc)
+            finally:
+                self._failed(call, exc)
         finally:
             if held is not None:
                 held.release()
@@ -447,6 +453,18 @@ async def _outlasting_cancels(job: asyncio.Future[Any]) -> None:
     while not job.done():
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.wait({job})
+
+
+@contextlib.contextmanager
+def _cancel_wins(call: _Call) -> Iterator[None]:
+    """A store error after a call its node cancelled ends it as cancelled, as the node
+    asked (``asyncio.timeout`` turns only a cancel into its ``TimeoutError``)."""
+    try:
+        yield
+    except Exception as exc:
+        if call.cancelled:
+            raise asyncio.CancelledError from exc
+        raise
 
 
 async def _called_plain(call: _Call, fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:

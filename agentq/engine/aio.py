@@ -64,6 +64,7 @@ def run_coroutine(coro: Coroutine[Any, Any, Any]) -> Any:
         return future.result()
     except BaseException:
         future.cancel()
+        slot.abandon()
         raise
 
 
@@ -103,6 +104,7 @@ class _Slot:
 
     def __init__(self) -> None:
         self._jobs: collections.deque[_Job] = collections.deque()
+        self._running: concurrent.futures.Future[Any] | None = None
         self._closed = False
         self._gevent = _gevent_patched()
         if not self._gevent:
@@ -145,7 +147,7 @@ class _Slot:
                 if self._gevent:
                     self._ready.clear()  # before looking: a send from now on sets it again
                 while self._jobs:
-                    _run_job(*self._jobs.popleft())
+                    self._run_next()
                 if future.done():
                     self._closed = True
                     while self._jobs:  # handed over before the close was seen: still ours
@@ -159,6 +161,21 @@ class _Slot:
             if self._gevent:
                 # Stopped, not closed: the loop's thread may still send to it once.
                 self._watcher.stop()
+
+    def _run_next(self) -> None:
+        call, done = self._jobs[0]
+        self._running = done  # before it leaves the queue: an interruption finds it either way
+        self._jobs.popleft()
+        _run_job(call, done)
+        self._running = None
+
+    def abandon(self) -> None:
+        """Fail the job the slot ran when its wait was interrupted, after the coroutine's
+        cancel was sent: the coroutine hears of the cancel first, and a wait for that job
+        to end (a store call run to its end despite a cancel) ends."""
+        done = self._running
+        if done is not None and not done.done():
+            done.set_exception(RuntimeError("the pool slot running this call was interrupted"))
 
     def _sleep(self) -> None:
         if self._gevent:
@@ -175,14 +192,10 @@ def _run_job(call: Callable[[], Any], done: concurrent.futures.Future[Any]) -> N
         result = call()
     except Exception as exc:
         done.set_exception(exc)
-    except BaseException as exc:
-        # A time limit or a shutdown goes on up through the slot's wait, which cancels the
-        # coroutine; handed to the coroutine it would end the loop's thread instead. The
-        # coroutine still hears that the call ended, or it would wait for it for good.
-        done.set_exception(RuntimeError(f"the pool slot running it stopped: {exc!r}"))
-        raise
     else:
         done.set_result(result)
+    # A time limit or a shutdown goes on up through the slot's wait, which cancels the
+    # coroutine; handed to the coroutine it would end the loop's thread instead.
 
 
 class _HubCalls:

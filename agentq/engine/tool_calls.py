@@ -218,18 +218,35 @@ class ToolCalls:
         kwargs: dict[str, Any],
         options: Options,
     ) -> limits.Held | None:
-        """Everything before the tool: return the limits the call holds. A call already
-        recorded replays and takes nothing; one left pending is settled by its policy
-        first, and takes its limits only if it runs."""
+        """Everything before the tool: claim the call and return the limits it holds.
+
+        A call already recorded replays and takes nothing; one left pending is settled by
+        its policy first, and takes its limits only if it runs, under its claim (as does a
+        shared key another thread dropped since it was read). Whatever stops the call
+        after its claim drops it, which would otherwise say that a call that never
+        started may have run."""
         held = None
-        if options.limit is not None and self._unrecorded(call):
-            held = self._limit(options)
         try:
-            return self._start(call, fn, args, kwargs, options, held)
+            if options.limit is not None and self._unrecorded(call):
+                held = self._limit(options)
+            self._claim(call, fn, args, kwargs)
+            if call.recorded is not _UNSETTLED:
+                return held
+            try:
+                if held is None and options.limit is not None:
+                    held = self._limit(options)
+                # A worker paused since its claim may have been replaced meanwhile:
+                # renewing the lease here, after any wait for a limit and as late as
+                # possible, stops it before the effect rather than after.
+                self._confirm_lease()
+            except BaseException as exc:
+                self._drop_claim(call, f"it was stopped before it ran: {exc!r}")
+                raise
         except BaseException:
             if held is not None:
                 held.release()
             raise
+        return held
 
     def _unready(self, call: _Call, held: limits.Held | None) -> None:
         """Undo :meth:`_ready` for a call its coroutine was cancelled from before the tool
@@ -238,40 +255,6 @@ class ToolCalls:
             self._drop_claim(call, "its coroutine was cancelled before the tool started")
         if held is not None:
             held.release()
-
-    def _start(
-        self,
-        call: _Call,
-        fn: Callable[..., Any],
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        options: Options,
-        held: limits.Held | None,
-    ) -> limits.Held | None:
-        """Claim the call and ready it to run; return the limits it holds (``held``, or
-        those it took once claimed).
-
-        A call claimed without its limits takes them under its claim: one left pending by
-        a worker that died, which its policy lets run again, or a shared key another thread
-        dropped since it was read. Whatever stops the call from here drops its claim, which
-        would otherwise say that a call that never started may have run."""
-        self._claim(call, fn, args, kwargs)
-        if call.recorded is not _UNSETTLED:
-            return held
-        taken = None
-        try:
-            if held is None and options.limit is not None:
-                taken = held = self._limit(options)
-            # A worker paused since its claim may have been replaced meanwhile: renewing
-            # the lease here, after any wait for a limit and as late as possible, stops it
-            # before the effect rather than after.
-            self._confirm_lease()
-        except BaseException as exc:
-            self._drop_claim(call, f"it was stopped before it ran: {exc!r}")
-            if taken is not None:
-                taken.release()
-            raise
-        return held
 
     def _claim(
         self,

@@ -17,12 +17,12 @@ if refused then
 end
 -- Only a thread about to run may wait: parking one that stopped would queue it again.
 local status = redis.call('HGET', meta, 'status')
-local rank = redis.call('ZRANK', queue, id)
-if status == STATUS.QUEUED and rank and redis.call('HGET', meta, 'parked') == ARGV[10] then
-  -- Parked by this very call (the fence is still its token): redis-py sent it again.
-  return {1, rank + 1, sync(meta, id)}
-end
 if status ~= STATUS.RUNNING then
+  local parked = redis.call('ZRANK', queue, id)
+  if status == STATUS.QUEUED and parked and redis.call('HGET', meta, 'parked') == ARGV[10] then
+    -- Parked by this very call (the fence is still its token): redis-py sent it again.
+    return {1, parked + 1, sync(meta, id)}
+  end
   return {REFUSAL.STATUS_REFUSED, status, 0}
 end
 -- Counted with the key's takes, so doctor sees a threads-only limit in use.
@@ -35,6 +35,7 @@ if redis.call('HEXISTS', holders, id) == 1 then
   return {1, 0, 0}
 end
 local free = cap - live_slots(holders, ARGV[2])
+local rank = redis.call('ZRANK', queue, id)
 if free > 0 and ((not rank and redis.call('ZCARD', queue) == 0) or (rank and rank < free)) then
   if rank then
     redis.call('ZREM', queue, id)

@@ -10,11 +10,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
-from agentq.errors import InvalidArgument
+from agentq.errors import InvalidArgument, ThreadStateError
 from agentq.ids import validate_effect_key, validate_thread_id
 from agentq.ops.control import Requeued, cancel, requeue, settle
-from agentq.records import Status
-from agentq.store.contract import Store
+from agentq.records import Status, ThreadMeta
+from agentq.store.contract import UNSET, Store
 from agentq.store.contract.effects import RESOLVABLE
 
 Form = dict[str, str]
@@ -23,10 +23,11 @@ Form = dict[str, str]
 
 @dataclass(frozen=True)
 class Outcome:
-    """Where the operator goes next: the thread acted on (the fork, for a fork) and the
-    Celery task id of a message sent at once, if one was."""
+    """Where the operator goes next: the thread acted on (the fork, for a fork), its
+    status after the action and the Celery task id of a message sent at once, if one was."""
 
     thread_id: str
+    status: Status
     sent: str | None = None
 
 
@@ -39,13 +40,21 @@ class Action:
     done: str
     offered: frozenset[Status]
     """The statuses in which the thread's page offers it (the store decides in the end)."""
+    guarded: bool = False
+    """Refused once the thread has moved on (its fence went up) since the page that asked
+    for it was read: a resume must answer the question the operator saw."""
+
+    def offers(self, meta: ThreadMeta) -> bool:
+        if self.name == "resume":
+            return meta.status in meta.resumable_from
+        return meta.status in self.offered
 
 
 def json_field(form: Form, name: str, what: str) -> Any:
-    """A JSON document from the form; ``None`` when left empty."""
+    """A JSON document from the form; ``UNSET`` when left empty."""
     text = form.get(name, "").strip()
     if not text:
-        return None
+        return UNSET
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
@@ -57,30 +66,41 @@ def json_field(form: Form, name: str, what: str) -> Any:
 
 def fork_target(form: Form) -> tuple[int, str]:
     thread_id = form.get("id", "")
-    raw = form.get("step", "")
-    if not raw.isdigit():
-        raise InvalidArgument(
-            f"the step to fork must be a whole number, got {raw!r}", thread_id=thread_id
-        )
-    step = int(raw)
+    step = whole_number(form.get("step", ""), "the step to fork", thread_id)
     target = form.get("to", "").strip() or f"{thread_id}-fork-{step}-{uuid.uuid4().hex[:4]}"
     return step, validate_thread_id(target)
 
 
-def _outcome(requeued: Requeued) -> Outcome:
-    return Outcome(requeued.thread_id, requeued.sent)
+MAX_NUMBER: Final = 2**53
+"""Above any step or offset a store holds; larger numbers are refused, not overflowed."""
 
 
-def _resume(store: Store, app: Any, grace: float, form: Form) -> Outcome:
-    value = json_field(form, "value", "the resume value")
-    return _outcome(
-        requeue(
-            store, app, form["id"], from_statuses={Status.WAITING}, value=value, start_grace=grace
+def whole_number(raw: str, what: str, thread_id: str | None = None) -> int:
+    # isdecimal alone lets in other scripts' digits, which int() reads but a person
+    # typing a step did not mean.
+    if not (raw.isascii() and raw.isdecimal()) or int(raw) > MAX_NUMBER:
+        raise InvalidArgument(
+            f"{what} must be a whole number from 0 to {MAX_NUMBER}, got {raw!r}",
+            thread_id=thread_id,
         )
+    return int(raw)
+
+
+def _outcome(requeued: Requeued) -> Outcome:
+    return Outcome(requeued.thread_id, requeued.status, requeued.sent)
+
+
+def _resume(store: Store, app: Any, grace: float, form: Form, meta: ThreadMeta) -> Outcome:
+    value = json_field(form, "value", "the resume value")
+    # As the command line's resume: no value answers nothing (run.interrupt() asks again),
+    # and only an answer replaces the one a failed node was given.
+    statuses = {Status.WAITING} if value is UNSET else meta.resumable_from
+    return _outcome(
+        requeue(store, app, form["id"], from_statuses=statuses, value=value, start_grace=grace)
     )
 
 
-def _retry(store: Store, app: Any, grace: float, form: Form) -> Outcome:
+def _retry(store: Store, app: Any, grace: float, form: Form, meta: ThreadMeta) -> Outcome:
     return _outcome(
         requeue(
             store,
@@ -92,16 +112,18 @@ def _retry(store: Store, app: Any, grace: float, form: Form) -> Outcome:
     )
 
 
-def _cancel(store: Store, app: Any, grace: float, form: Form) -> Outcome:
-    return Outcome(cancel(store, app, form["id"]).thread_id)
+def _cancel(store: Store, app: Any, grace: float, form: Form, meta: ThreadMeta) -> Outcome:
+    cancelled = cancel(store, app, form["id"])
+    return Outcome(cancelled.thread_id, cancelled.status)
 
 
-def _fork(store: Store, app: Any, grace: float, form: Form) -> Outcome:
+def _fork(store: Store, app: Any, grace: float, form: Form, meta: ThreadMeta) -> Outcome:
     step, target = fork_target(form)
-    return Outcome(store.fork(form["id"], step, target).thread_id)
+    forked = store.fork(form["id"], step, target)
+    return Outcome(forked.thread_id, forked.status)
 
 
-def _resolve(store: Store, app: Any, grace: float, form: Form) -> Outcome:
+def _resolve(store: Store, app: Any, grace: float, form: Form, meta: ThreadMeta) -> Outcome:
     key = validate_effect_key(form.get("key", ""), form["id"])
     if form.get("outcome") == "did_not_run":
         return _outcome(settle(store, app, form["id"], key, did_not_run=True, start_grace=grace))
@@ -109,8 +131,17 @@ def _resolve(store: Store, app: Any, grace: float, form: Form) -> Outcome:
         raise InvalidArgument(
             "say what the call did: a result, or that it did not run", thread_id=form["id"]
         )
+    return _outcome(settle(store, app, form["id"], key, result=_result(form), start_grace=grace))
+
+
+def _result(form: Form) -> Any:
     result = json_field(form, "result", "the call's result")
-    return _outcome(settle(store, app, form["id"], key, result=result, start_grace=grace))
+    if result is UNSET:
+        raise InvalidArgument(
+            "give the call's result as JSON (null if the tool returned nothing)",
+            thread_id=form.get("id"),
+        )
+    return result
 
 
 _SENT: Final = "queued again; "
@@ -122,7 +153,8 @@ ACTIONS: Final = {
             "Resume",
             "The thread is queued again; run.interrupt() returns this value in it.",
             "Resumed: " + _SENT,
-            frozenset({Status.WAITING}),
+            frozenset({Status.WAITING, Status.FAILED}),
+            guarded=True,
         ),
         Action(
             "retry",
@@ -131,6 +163,7 @@ ACTIONS: Final = {
             "cleared. Fix what failed first.",
             "Retrying: " + _SENT,
             frozenset({Status.FAILED, Status.NEEDS_ATTENTION}),
+            guarded=True,
         ),
         Action(
             "cancel",
@@ -139,8 +172,7 @@ ACTIONS: Final = {
             "boundary. A cancelled thread is not run again. Its first Celery task is "
             "marked REVOKED when the inspector has the Celery app (agentq -A module:app "
             "ui); without it, that task keeps its state.",
-            "Cancel requested: an idle thread is cancelled, a running one stops at its "
-            "next step boundary.",
+            "Cancelled.",
             frozenset(Status) - {Status.DONE, Status.FAILED, Status.CANCELLED},
         ),
         Action(
@@ -158,11 +190,12 @@ ACTIONS: Final = {
             "The thread is then queued again.",
             "Settled: " + _SENT,
             RESOLVABLE,
+            guarded=True,
         ),
     )
 }
 
-_PERFORMERS: Final[dict[str, Callable[[Store, Any, float, Form], Outcome]]] = {
+_PERFORMERS: Final[dict[str, Callable[[Store, Any, float, Form, ThreadMeta], Outcome]]] = {
     "resume": _resume,
     "retry": _retry,
     "cancel": _cancel,
@@ -171,17 +204,51 @@ _PERFORMERS: Final[dict[str, Callable[[Store, Any, float, Form], Outcome]]] = {
 }
 
 
-def check(action: Action, form: Form) -> None:
-    """Refuse a form whose values cannot be used, before asking to confirm it; fill in
-    what the confirmation must show."""
+def check(action: Action, form: Form, meta: ThreadMeta) -> None:
+    """Refuse a form whose values cannot be used, or that was filled in on a page the
+    thread has since moved past, before asking to confirm it; fill in what the
+    confirmation must show."""
+    if action.guarded:
+        _unmoved(form, meta)
     if action.name == "resume":
         json_field(form, "value", "the resume value")
     elif action.name == "fork":
         # Named now, so the confirmation shows the new thread's id and confirming makes it.
         form["to"] = fork_target(form)[1]
     elif action.name == "resolve" and form.get("outcome") == "result":
-        json_field(form, "result", "the call's result")
+        _result(form)
 
 
-def perform(store: Store, app: Any, start_grace: float, action: Action, form: Form) -> Outcome:
-    return _PERFORMERS[action.name](store, app, start_grace, form)
+def _unmoved(form: Form, meta: ThreadMeta) -> None:
+    # The fence goes up whenever a worker takes the thread or a person reopens it, so an
+    # unchanged fence means the page showed the question and error that are still there.
+    if form.get("fence") != str(meta.fence):
+        raise ThreadStateError(
+            f"the thread has moved on since its page was read (fencing token "
+            f"{form.get('fence') or 'missing'}, now {meta.fence}; status "
+            f"{meta.status.value}, step {meta.step}): reload its page, check what it "
+            "waits for now, and act again",
+            thread_id=meta.thread_id,
+            status=meta.status.value,
+        )
+
+
+def perform(
+    store: Store, app: Any, start_grace: float, action: Action, form: Form, meta: ThreadMeta
+) -> Outcome:
+    """Do ``action`` on the thread whose meta was read for this request: checked again
+    first, as the thread may have moved on while its confirmation was open."""
+    check(action, form, meta)
+    return _PERFORMERS[action.name](store, app, start_grace, form, meta)
+
+
+def notice(action: Action, status: Status | None) -> str:
+    """What the thread's page says after ``action`` left the thread in ``status``."""
+    if action.name == "cancel" and status is not None and status != Status.CANCELLED:
+        if status.finished:
+            return f"Nothing to cancel: the thread had already {_ENDED[status]}."
+        return "Cancel requested: the thread stops at its next step boundary."
+    return action.done
+
+
+_ENDED: Final = {Status.DONE: "finished", Status.FAILED: "failed"}

@@ -2,47 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import Any
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.routing import Mount
 from starlette.staticfiles import StaticFiles
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from agentq.errors import InvalidArgument
 from agentq.store.contract import Store
 from agentq.ui.inspector import Inspector, templates
 from agentq.ui.routes import EXCEPTION_HANDLERS, ROUTES
-from agentq.ui.security import LoopbackHosts, TokenGate, new_secret
-
-# No inline script or style anywhere: a thread's state that escaped its escaping could
-# still not run.
-_HEADERS: Final = [
-    (
-        b"content-security-policy",
-        b"default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
-        b"connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
-    ),
-    (b"x-content-type-options", b"nosniff"),
-    (b"referrer-policy", b"no-referrer"),
-    (b"x-frame-options", b"DENY"),
-]
-
-
-class SecureHeaders:
-    """Adds :data:`_HEADERS` to every response."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        async def send_with_headers(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                message["headers"] = [*message.get("headers", []), *_HEADERS]
-            await send(message)
-
-        await self.app(scope, receive, send_with_headers)
+from agentq.ui.security import LoopbackHosts, SecureHeaders, TokenGate, new_secret
 
 
 def create_app(
@@ -66,7 +37,7 @@ def create_app(
     inspector = Inspector(store, app, start_grace, read_only, new_secret(), templates())
     middleware = [Middleware(SecureHeaders), Middleware(TokenGate, token=token)]
     if loopback:
-        middleware.insert(0, Middleware(LoopbackHosts))
+        middleware.insert(1, Middleware(LoopbackHosts))
     web = Starlette(
         routes=[
             *ROUTES,

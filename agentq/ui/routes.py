@@ -3,12 +3,13 @@ plain function, which Starlette runs on its thread pool."""
 
 from __future__ import annotations
 
+import json
 from typing import Any, Final
 from urllib.parse import parse_qsl, urlencode
 
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
-from starlette.responses import JSONResponse, RedirectResponse, Response
+from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
 from agentq.engine import metrics
@@ -23,10 +24,10 @@ from agentq.errors import (
 from agentq.ids import validate_thread_id
 from agentq.ops.jsonable import plain
 from agentq.records import Checkpoint, Status, ThreadMeta
-from agentq.ui.actions import ACTIONS, Form, check, perform
+from agentq.ui.actions import ACTIONS, Form, check, notice, perform, whole_number
 from agentq.ui.inspector import Inspector
-from agentq.ui.security import same
-from agentq.ui.views import Filter, Shown, as_json, diff, thread_view, threads_page
+from agentq.ui.security import SECURE_HEADERS, same
+from agentq.ui.views import Filter, Shown, as_json, diff, summary, thread_view, threads_page
 
 _MAX_FORM: Final = 1 << 20
 
@@ -45,11 +46,9 @@ def render(request: Request, name: str, status_code: int = 200, **context: Any) 
 
 def _number(request: Request, name: str) -> int | None:
     raw = request.query_params.get(name)
-    if raw in (None, ""):
+    if raw is None or raw == "":
         return None
-    if not raw.isdigit():
-        raise InvalidArgument(f"{name} must be a whole number, got {raw!r}")
-    return int(raw)
+    return whole_number(raw, name)
 
 
 def _filter(request: Request) -> Filter:
@@ -59,7 +58,8 @@ def _filter(request: Request) -> Filter:
     return Filter(
         Status(raw) if raw else None,
         request.query_params.get("task", "").strip(),
-        request.query_params.get("prefix", "").strip(),
+        # Not stripped: a thread id may start with a space.
+        request.query_params.get("prefix", ""),
     )
 
 
@@ -100,25 +100,32 @@ def _meta(request: Request) -> ThreadMeta:
 def thread(request: Request) -> Response:
     store = inspector(request).store
     meta = _meta(request)
+    if request.url.path.endswith("/live"):
+        # Refreshed every few seconds by every open page: the meta and lease, nothing more.
+        return render(request, "thread_live.html", view=summary(store, meta))
     view = thread_view(store, meta, _number(request, "step"))
     a, b = _number(request, "a"), _number(request, "b")
     changes = diff(store, meta.thread_id, a, b) if a is not None and b is not None else None
     if a is None and len(view.timeline) > 1:
         a, b = view.timeline[1].checkpoint.step, view.timeline[0].checkpoint.step
-    live = request.url.path.endswith("/live")
-    notice = request.query_params.get("done")
+    done = request.query_params.get("done", "")
     return render(
         request,
-        "thread_live.html" if live else "thread.html",
+        "thread.html",
         view=view,
         a=a,
         b=b,
         changes=changes,
         parts=_parts(view.shown) if view.shown is not None else [],
-        notice=ACTIONS[notice].done if notice in ACTIONS else None,
+        notice=notice(ACTIONS[done], _status(request)) if done in ACTIONS else None,
         sent=request.query_params.get("sent"),
         actions=ACTIONS,
     )
+
+
+def _status(request: Request) -> Status | None:
+    raw = request.query_params.get("status", "")
+    return next((status for status in Status if status.value == raw), None)
 
 
 def _parts(checkpoint: Checkpoint) -> list[tuple[str, Shown]]:
@@ -134,9 +141,9 @@ def checkpoint_json(request: Request) -> Response:
     meta = _meta(request)
     step = _number(request, "step")
     store = inspector(request).store
-    if step is None:
-        return JSONResponse(plain(meta))
-    return JSONResponse(plain(store.checkpoint(meta.thread_id, step)))
+    found = meta if step is None else store.checkpoint(meta.thread_id, step)
+    # As the command line's --json: a state may hold NaN, which strict JSON has no word for.
+    return Response(json.dumps(plain(found), ensure_ascii=False), media_type="application/json")
 
 
 def artifact(request: Request) -> Response:
@@ -165,8 +172,8 @@ async def action(request: Request) -> Response:
     ins = inspector(request)
     if ins.read_only:
         return render(request, "error.html", 403, message="this inspector is read-only")
-    body = await request.body()
-    if len(body) > _MAX_FORM:
+    body = await _form_body(request)
+    if body is None:
         return render(request, "error.html", 413, message="the form is too large")
     form: Form = dict(parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True))
     if not same(form.get("csrf"), ins.csrf):
@@ -178,6 +185,20 @@ async def action(request: Request) -> Response:
             "thread's page and try again",
         )
     return await run_in_threadpool(_act, request, form)
+
+
+async def _form_body(request: Request) -> bytes | None:
+    """The posted body, or ``None`` past :data:`_MAX_FORM`: read no further than that, as
+    any page the operator has open can post to a loopback inspector."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdecimal() and int(declared) > _MAX_FORM:
+        return None
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > _MAX_FORM:
+            return None
+    return bytes(body)
 
 
 def _act(request: Request, form: Form) -> Response:
@@ -192,12 +213,12 @@ def _act(request: Request, form: Form) -> Response:
     spec = ACTIONS[name]
     try:
         if form.get("confirmed") != "yes":
-            check(spec, form)  # a bad value is told before the confirmation, not after
+            check(spec, form, meta)  # a bad value is told before the confirmation, not after
             return render(request, "confirm.html", spec=spec, form=form, meta=meta, error=None)
-        outcome = perform(ins.store, ins.app, ins.start_grace, spec, form)
+        outcome = perform(ins.store, ins.app, ins.start_grace, spec, form, meta)
     except AgentqError as exc:
         return render(request, "confirm.html", 409, spec=spec, form=form, meta=meta, error=str(exc))
-    query = {"id": outcome.thread_id, "done": name}
+    query = {"id": outcome.thread_id, "done": name, "status": outcome.status.value}
     if outcome.sent:
         query["sent"] = outcome.sent
     return RedirectResponse("/thread?" + urlencode(query), status_code=303)
@@ -214,10 +235,13 @@ async def bad_request(request: Request, exc: Exception) -> Response:
 async def server_error(request: Request, exc: Exception) -> Response:
     if inspector(request).store.is_transient(exc):
         message = f"the store did not answer ({type(exc).__name__}: {exc}); reload to try again"
-        return render(request, "error.html", 503, message=message)
-    return render(
-        request, "error.html", 500, message=f"internal error: {type(exc).__name__}: {exc}"
-    )
+        response = render(request, "error.html", 503, message=message)
+    else:
+        message = f"internal error: {type(exc).__name__}: {exc}"
+        response = render(request, "error.html", 500, message=message)
+    # Starlette sends this from outside every middleware, SecureHeaders included.
+    response.raw_headers.extend(SECURE_HEADERS)
+    return response
 
 
 ROUTES: Final = [

@@ -111,6 +111,19 @@ class ThreadView:
     artifacts: list[Artifact] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class Summary:
+    """What a thread page's live part shows: the meta and the lease."""
+
+    meta: ThreadMeta
+    schedule: Schedule
+
+
+def summary(store: Store, meta: ThreadMeta) -> Summary:
+    (schedule,) = store.schedules([meta.thread_id])
+    return Summary(meta, schedule)
+
+
 def thread_view(store: Store, meta: ThreadMeta, step: int | None) -> ThreadView:
     """A thread with its checkpoints (newest first), the one at ``step`` (default the
     latest) and its effect records."""

@@ -1,0 +1,215 @@
+"""The inspector's actions and pages as a client sees them over HTTP, without a browser:
+what each action does to the store when the form is odd, stale or hostile."""
+
+from __future__ import annotations
+
+import html
+import math
+import re
+import socket
+from collections.abc import Callable
+
+import httpx
+import pytest
+import redis
+
+from agentq.records import Checkpoint, EffectState, Status
+from agentq.store.redis.store import RedisStore
+from tests.support.redis_server import RedisServer
+from tests.ui.population import OWNER, TASK, drive
+
+Serve = Callable[..., str]
+
+
+def page_form(base: str, thread_id: str, form_id: str) -> dict[str, str]:
+    """The hidden fields of a form on the thread's page, as the browser would post them."""
+    page = httpx.get(base + "/thread", params={"id": thread_id}).text
+    form = page.split(f'id="{form_id}"', 1)[1].split("</form>", 1)[0]
+    return {
+        name: html.unescape(value)
+        for name, value in re.findall(r'type="hidden" name="([^"]+)" value="([^"]*)"', form)
+    }
+
+
+def confirm(base: str, form: dict[str, str]) -> httpx.Response:
+    """Post the form as the confirmation page does."""
+    return httpx.post(base + "/thread/action", data={**form, "confirmed": "yes"})
+
+
+@pytest.fixture
+def base(threads: dict[Status, str], serve: Serve) -> str:
+    return serve()
+
+
+def test_resume_with_the_value_left_empty_answers_nothing(base: str, store: RedisStore) -> None:
+    form = {**page_form(base, "t-waiting", "resume-form"), "value": "  "}
+    asked = httpx.post(base + "/thread/action", data=form)
+    assert "a run.interrupt() asks again" in asked.text and "refund 10?" in asked.text
+    assert confirm(base, form).status_code == 303
+    meta = store.meta("t-waiting")
+    assert meta is not None and meta.status == Status.QUEUED and not meta.resumed
+
+
+def test_a_resume_confirmed_after_the_thread_moved_on_is_refused(
+    base: str, store: RedisStore
+) -> None:
+    form = {**page_form(base, "t-waiting", "resume-form"), "value": '{"approved": true}'}
+    assert httpx.post(base + "/thread/action", data=form).status_code == 200
+    # Meanwhile someone else answers, and the thread asks a bigger question.
+    store.reopen("t-waiting", from_statuses={Status.WAITING}, resume_value={"approved": False})
+    token = store.acquire("t-waiting", OWNER, 60)
+    store.commit(
+        "t-waiting",
+        token,
+        Checkpoint(step=2, node="node3", state={"amount": 10_000}, task=TASK, token=token),
+    )
+    store.set_status(
+        "t-waiting",
+        token,
+        Status.WAITING,
+        interrupt={"question": "refund 10000?"},
+        release_owner=OWNER,
+    )
+    refused = confirm(base, form)
+    assert refused.status_code == 409 and "moved on since its page was read" in refused.text
+    meta = store.meta("t-waiting")
+    assert meta is not None and meta.status == Status.WAITING
+    assert meta.interrupt == {"question": "refund 10000?"} and not meta.resumed
+
+
+def test_a_failed_thread_holding_an_answer_takes_a_new_one(base: str, store: RedisStore) -> None:
+    store.reopen("t-waiting", from_statuses={Status.WAITING}, resume_value="yes")
+    token = store.acquire("t-waiting", OWNER, 60)
+    store.set_status("t-waiting", token, Status.FAILED, error="ValueError", release_owner=OWNER)
+    form = page_form(base, "t-waiting", "resume-form")
+    empty = confirm(base, form)  # no answer: only a waiting thread runs on without one
+    assert empty.status_code == 409
+    assert confirm(base, {**form, "value": '"no"'}).status_code == 303
+    meta = store.meta("t-waiting")
+    assert meta is not None and meta.status == Status.QUEUED and meta.resume_value == "no"
+
+
+def test_settling_with_a_result_needs_one(base: str, store: RedisStore) -> None:
+    form = page_form(base, "t-attention", "effects")
+    refused = confirm(base, {**form, "outcome": "result", "result": ""})
+    assert refused.status_code == 409 and "give the call&#39;s result as JSON" in refused.text
+    effect = store.effect("t-attention", "call-mail")
+    assert effect is not None and effect.state == EffectState.PENDING
+    assert confirm(base, {**form, "outcome": "result", "result": "null"}).status_code == 303
+    effect = store.effect("t-attention", "call-mail")
+    assert effect is not None and effect.state == EffectState.DONE and effect.result is None
+
+
+def test_cancelling_a_thread_that_failed_meanwhile_says_nothing_was_cancelled(
+    serve: Serve, store: RedisStore
+) -> None:
+    store.open_thread("t-soon", task=TASK, start_grace=0)
+    base = serve()
+    form = page_form(base, "t-soon", "cancel-form")
+    token = store.acquire("t-soon", OWNER, 60)
+    store.set_status("t-soon", token, Status.FAILED, error="boom", release_owner=OWNER)
+    done = confirm(base, form)
+    assert done.status_code == 303
+    page = httpx.get(base + done.headers["location"]).text
+    assert "Nothing to cancel: the thread had already failed." in page
+    assert store.meta("t-soon").status == Status.FAILED  # type: ignore[union-attr]
+
+
+def test_a_form_over_the_limit_is_refused_before_the_rest_of_it_arrives(
+    base: str, store: RedisStore
+) -> None:
+    """Any page the operator has open can post to a loopback inspector: an endless body
+    must be cut off, not read into memory."""
+    host, port = base.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as conn:
+        conn.sendall(
+            b"POST /thread/action HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            b"Content-Type: application/x-www-form-urlencoded\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n"
+        )
+        chunk = b"x" * 65536
+        for _ in range(40):  # 2.5 MB, and the body never ends
+            conn.sendall(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+        answer = conn.recv(4096)  # times out if the server waits for the end
+    assert answer.startswith(b"HTTP/1.1 413")
+    announced = httpx.post(
+        base + "/thread/action",
+        content=b"x" * (2 << 20),
+        headers={"content-type": "application/x-www-form-urlencoded"},
+    )
+    assert announced.status_code == 413
+    assert store.meta("t-queued").status == Status.QUEUED  # type: ignore[union-attr]
+
+
+def test_the_live_part_of_a_thread_page_reads_the_meta_and_lease_only(
+    base: str, store: RedisStore, redis_server: RedisServer
+) -> None:
+    def sent() -> int:
+        return int(admin.info("stats")["total_net_output_bytes"])
+
+    with redis.Redis.from_url(redis_server.url) as admin:
+        before = sent()
+        whole = httpx.get(base + "/thread", params={"id": "t-big"})
+        between = sent()
+        live = httpx.get(base + "/thread/live", params={"id": "t-big"})
+        after = sent()
+    assert whole.status_code == live.status_code == 200 and 'id="status"' in live.text
+    # The whole page reads t-big's 100 KB state; its live part reads the meta and lease.
+    assert between - before > 100_000
+    assert after - between < 10_000
+
+
+def test_a_state_holding_nan_has_a_json_link_that_works(serve: Serve, store: RedisStore) -> None:
+    drive(store, "t-nan", [{"score": math.nan, "bound": math.inf}])
+    base = serve()
+    whole = httpx.get(base + "/thread/json", params={"id": "t-nan", "step": "0"})
+    assert whole.status_code == 200 and "NaN" in whole.text and "Infinity" in whole.text
+    assert httpx.get(base + "/thread/json", params={"id": "t-nan"}).status_code == 200
+
+
+@pytest.mark.parametrize("number", ["²", "\u0661", "99999999999999999999", "-1", "1.5"])
+def test_a_number_that_is_not_a_plain_whole_one_is_a_bad_request(
+    base: str, number: str, store: RedisStore
+) -> None:
+    for path, name in [("/threads", "offset"), ("/thread", "step"), ("/thread", "a")]:
+        answer = httpx.get(base + path, params={"id": "t-done", name: number, "b": "1"})
+        assert answer.status_code == 400, (path, name, answer.text)
+        assert "must be a whole number" in answer.text
+    form = {**page_form(base, "t-done", "fork-form"), "step": number, "to": "t-fork"}
+    assert confirm(base, form).status_code == 409
+    assert store.meta("t-fork") is None
+
+
+def test_error_pages_carry_the_security_headers(
+    base: str, store: RedisStore, redis_server: RedisServer
+) -> None:
+    missing = httpx.get(base + "/thread", params={"id": "t-nobody"})
+    elsewhere = httpx.get(base + "/threads", headers={"host": "attacker.example"})
+    with redis.Redis.from_url(redis_server.url) as admin:
+        admin.set(store.keys.meta("t-broken"), "not a hash")
+        broken = httpx.get(base + "/thread", params={"id": "t-broken"})
+    assert (missing.status_code, elsewhere.status_code, broken.status_code) == (404, 400, 500)
+    for answer in (missing, elsewhere, broken):
+        assert "default-src 'none'" in answer.headers["content-security-policy"]
+        assert answer.headers["x-frame-options"] == "DENY"
+
+
+def test_an_id_prefix_starting_with_a_space_finds_its_threads(
+    serve: Serve, store: RedisStore
+) -> None:
+    store.open_thread(" spaced", task=TASK)
+    base = serve()
+    page = httpx.get(base + "/threads", params={"prefix": " sp"}).text
+    assert 'data-thread=" spaced"' in page
+
+
+def test_the_bearer_scheme_is_read_in_any_letter_case(
+    threads: dict[Status, str], serve: Serve
+) -> None:
+    base = serve(token="s3cret", loopback=False)
+    for scheme in ("Bearer", "bearer", "BEARER"):
+        answer = httpx.get(base + "/threads", headers={"authorization": f"{scheme} s3cret"})
+        assert answer.status_code == 200, scheme
+    assert (
+        httpx.get(base + "/threads", headers={"authorization": "Basic s3cret"}).status_code == 401
+    )

@@ -176,7 +176,9 @@ def test_the_inspectors_cancel_with_the_app_revokes_the_first_task(env: Env) -> 
     from agentq.ui.actions import ACTIONS, perform
 
     first = waiting_thread(env, "rv-ui")
-    perform(env.store, env.app, START_GRACE, ACTIONS["cancel"], {"id": "rv-ui"})
+    meta = env.store.meta("rv-ui")
+    assert meta is not None
+    perform(env.store, env.app, START_GRACE, ACTIONS["cancel"], {"id": "rv-ui"}, meta)
     assert status_of(env, "rv-ui") == Status.CANCELLED
     wait_until(lambda: first.state == "REVOKED", timeout=20, what="REVOKED")
 

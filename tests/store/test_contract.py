@@ -996,6 +996,21 @@ def test_cancel_flags_a_running_thread_for_its_driver(store: Store) -> None:
     assert store.commit("t1", token, cp(1, token))
 
 
+def test_cancel_stops_at_once_a_running_thread_whose_lease_ran_out(store: Store) -> None:
+    """Its worker died and no worker will take it (its task is unknown to them): nobody is
+    left to see a flag, so the cancel must not wait for a driver."""
+    store.open_thread("t1", task="renamed_agent", start_grace=0)
+    token = store.acquire("t1", "w1", 0.2)
+    assert not store.commit("t1", token, cp(0, token))
+    wait_until(lambda: store.schedules(["t1"])[0].owner is None, timeout=10, what="the lease out")
+    assert store.request_cancel("t1") == Status.CANCELLED
+    meta = store.meta("t1")
+    assert meta is not None and meta.status == Status.CANCELLED and meta.fence > token
+    assert store.due() == []
+    with pytest.raises(StaleToken):
+        store.commit("t1", token, cp(1, token))
+
+
 def test_cancel_stops_an_idle_thread_at_once(store: Store) -> None:
     store.open_thread("t1", task="agent", start_grace=0)
     assert store.request_cancel("t1") == Status.CANCELLED
@@ -1015,6 +1030,16 @@ def test_artifacts_are_content_addressed_and_deleted_with_the_thread(store: Stor
     store.delete_thread("t1")
     with pytest.raises(ArtifactNotFound):
         store.get_artifact("t1", digest)
+
+
+def test_an_artifact_of_a_deleted_thread_is_refused_and_leaves_nothing(store: Store) -> None:
+    """A node still running after gc deleted its thread must not leave bytes nothing owns."""
+    started(store)
+    store.delete_thread("t1")
+    before = snapshot(store)
+    with pytest.raises(ThreadNotFound, match="nothing was stored"):
+        store.put_artifact("t1", b"%PDF-1.7 ...")
+    assert snapshot(store) == before
 
 
 def test_a_fork_keeps_the_artifacts_its_checkpoint_refers_to(store: Store) -> None:

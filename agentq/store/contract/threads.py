@@ -7,7 +7,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any, Final
 
-from agentq.errors import InvalidArgument
+from agentq.errors import InvalidArgument, ThreadNotFound
 from agentq.ids import validate_thread_id
 from agentq.records import FINISHED, Listing, Schedule, Status, ThreadMeta
 from agentq.store.contract.common import UNSET
@@ -172,11 +172,12 @@ class ThreadsContract(ABC):
     ) -> ThreadMeta: ...
 
     def request_cancel(self, thread_id: str) -> Status:
-        """Cancel the thread and return its status afterwards. A ``running`` thread is
-        flagged and its driver stops at the next step boundary; ``done``, ``failed`` and
-        ``cancelled`` threads stay as they are; any other becomes ``cancelled`` at once,
-        leaves the due index and raises the fence, as :meth:`reopen` does. Raises
-        :class:`~agentq.errors.ThreadNotFound`. Atomic."""
+        """Cancel the thread and return its status afterwards. A ``running`` thread under
+        a live lease is flagged and its driver stops at the next step boundary; ``done``,
+        ``failed`` and ``cancelled`` threads stay as they are; any other, a ``running`` one
+        whose lease ran out included (no driver may be left to see a flag), becomes
+        ``cancelled`` at once, leaves the due index and raises the fence, as :meth:`reopen`
+        does. Raises :class:`~agentq.errors.ThreadNotFound`. Atomic."""
         validate_thread_id(thread_id)
         return self._do_request_cancel(thread_id)
 
@@ -196,12 +197,23 @@ class ThreadsContract(ABC):
 
     def put_artifact(self, thread_id: str, data: bytes) -> str:
         """Store ``data`` under its SHA-256 (hex, returned) in the thread's own keyspace;
-        storing the same bytes twice keeps one copy. Deleted with the thread. Atomic."""
+        storing the same bytes twice keeps one copy. Deleted with the thread. Raises
+        :class:`~agentq.errors.ThreadNotFound`, storing nothing, for a thread that does
+        not exist: a node still running after its thread was deleted leaves no bytes that
+        nothing owns. Atomic."""
         validate_thread_id(thread_id)
-        return self._do_put_artifact(thread_id, data)
+        digest = self._do_put_artifact(thread_id, data)
+        if digest is None:
+            raise ThreadNotFound(
+                "cannot store an artifact: the thread does not exist (deleted by gc or "
+                "delete_thread while its node ran?); nothing was stored",
+                thread_id=thread_id,
+            )
+        return digest
 
     @abstractmethod
-    def _do_put_artifact(self, thread_id: str, data: bytes) -> str: ...
+    def _do_put_artifact(self, thread_id: str, data: bytes) -> str | None:
+        """The digest, or ``None`` when the thread does not exist."""
 
     def get_artifact(self, thread_id: str, digest: str) -> bytes:
         """Return an artifact's bytes; :class:`~agentq.errors.ArtifactNotFound` if absent."""

@@ -176,9 +176,9 @@ class RedisStore(RedisCheckpoints, RedisEffects, RedisLimits, RedisListing, Redi
     def _do_fork(self, thread_id: str, step: int, new_thread_id: str) -> ThreadMeta:
         pipe = self.client.pipeline(transaction=False)
         pipe.get(self.keys.checkpoint(thread_id, step))
-        pipe.hmget(self.keys.meta(thread_id), ["task", "input", "options", *_DRIVEN])
+        pipe.hmget(self.keys.meta(thread_id), ["created_at", "task", "input", "options", *_DRIVEN])
         pipe.smembers(self.keys.owned(thread_id))
-        data, (task, input_blob, options_blob, *driven), owned_keys = pipe.execute()
+        data, (created, task, input_blob, options_blob, *driven), owned_keys = pipe.execute()
         if data is None:
             raise CheckpointNotFound(
                 "cannot fork: the checkpoint is not stored (never written, or pruned by "
@@ -197,7 +197,18 @@ class RedisStore(RedisCheckpoints, RedisEffects, RedisLimits, RedisListing, Redi
         for field, length in lengths.items():
             items = self.client.lrange(self.keys.log(thread_id, field), 0, length - 1)
             log_args += [field, len(items), *items]
-        created, flat, _ = self._run(
+        artifact_args = self._artifact_args(thread_id, owned)
+        # Read in several round trips, as no script may read the source and write the fork
+        # on Cluster: a source deleted meanwhile (gc) would leave the fork a checkpoint
+        # whose logs or artifacts were never copied.
+        if created is None or self.client.hget(self.keys.meta(thread_id), "created_at") != created:
+            raise ThreadNotFound(
+                "cannot fork: the thread was deleted while its checkpoint was being read; "
+                "nothing was written",
+                thread_id=thread_id,
+                step=step,
+            )
+        made, flat, _ = self._run(
             "create_fork",
             [
                 self.keys.meta(new_thread_id),
@@ -217,12 +228,12 @@ class RedisStore(RedisCheckpoints, RedisEffects, RedisLimits, RedisListing, Redi
                 options_blob or "",
                 request_id(),
                 *log_args,
-                *self._artifact_args(thread_id, owned),
+                *artifact_args,
                 graph.packed() if graph.commands else "",
             ],
             indexed=True,
         )
-        if not created:
+        if not made:
             raise ThreadExists(
                 f"cannot fork step {step} of {thread_id!r} into an existing thread; pick "
                 "another id or delete that thread first",
@@ -262,7 +273,7 @@ class RedisStore(RedisCheckpoints, RedisEffects, RedisLimits, RedisListing, Redi
         digest is the same bytes, so a spare copy is only space, a missing one a failure."""
         prefix = self.keys.artifact(thread_id, "")
         keys = [key for key in owned if key.startswith(prefix)]
-        # A source deleted since SMEMBERS has no bytes left to copy, as its logs have none.
+        # A source deleted since SMEMBERS has no bytes left: the fork is then refused.
         found = [
             (key.removeprefix(prefix), data)
             for key, data in zip(keys, self.client.mget(keys) if keys else [], strict=True)
@@ -294,7 +305,10 @@ class RedisStore(RedisCheckpoints, RedisEffects, RedisLimits, RedisListing, Redi
 
     def _do_request_cancel(self, thread_id: str) -> Status:
         code, status, _ = self._run(
-            "request_cancel", [self.keys.meta(thread_id)], [thread_id], indexed=True
+            "request_cancel",
+            [self.keys.meta(thread_id), self.keys.lock(thread_id)],
+            [thread_id],
+            indexed=True,
         )
         raise_refusal(code, 0, thread_id=thread_id)
         return Status(text(status))
@@ -302,11 +316,11 @@ class RedisStore(RedisCheckpoints, RedisEffects, RedisLimits, RedisListing, Redi
     def _do_take_canvas(self, thread_id: str, taker: str) -> bool:
         return bool(self._run("take_canvas", [self.keys.meta(thread_id)], [taker], indexed=False))
 
-    def _do_put_artifact(self, thread_id: str, data: bytes) -> str:
+    def _do_put_artifact(self, thread_id: str, data: bytes) -> str | None:
         digest = hashlib.sha256(data).hexdigest()
         key = self.keys.artifact(thread_id, digest)
-        self._scripts["put_artifact"](keys=[key, self.keys.owned(thread_id)], args=[data])
-        return digest
+        keys = [key, self.keys.owned(thread_id), self.keys.meta(thread_id)]
+        return digest if self._scripts["put_artifact"](keys=keys, args=[data]) else None
 
     def _do_get_artifact(self, thread_id: str, digest: str) -> bytes:
         data = self.client.get(self.keys.artifact(thread_id, digest))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import sqlite3
+import time
 from typing import Any, Final
 
 from agentq.codec.envelope import encode_value
@@ -44,6 +45,18 @@ def status_of(db: sqlite3.Connection, thread_id: str) -> Status:
     if row is None:
         raise ThreadNotFound(NOT_FOUND, thread_id=thread_id)
     return Status(row[0])
+
+
+def leased(db: sqlite3.Connection, thread_id: str) -> bool:
+    """Whether a worker holds the thread's lease now."""
+    return (
+        db.execute(
+            "SELECT 1 FROM threads WHERE thread_id = ? AND lock_owner IS NOT NULL "
+            "AND lock_expires > ?",
+            (thread_id, time.time()),
+        ).fetchone()
+        is not None
+    )
 
 
 def read_meta(db: sqlite3.Connection, thread_id: str) -> ThreadMeta | None:

@@ -37,6 +37,7 @@ from agentq.store.sqlite.queries import (
     checkpoint_not_found,
     delete_threads,
     encode,
+    leased,
     marks,
     read_meta,
     status_of,
@@ -304,7 +305,7 @@ class SQLiteStore(
             if status.finished:
                 return status
             db.execute("UPDATE threads SET cancel = 1 WHERE thread_id = ?", (thread_id,))
-            if status == Status.RUNNING:
+            if status == Status.RUNNING and leased(db, thread_id):
                 return status  # its driver stops at the next commit, which reports the flag
             db.execute("DELETE FROM key_waiters WHERE thread_id = ?", (thread_id,))  # parked
             update(
@@ -329,15 +330,17 @@ class SQLiteStore(
             ).fetchone()
         return row is not None and row["canvas_taker"] == taker
 
-    def _do_put_artifact(self, thread_id: str, data: bytes) -> str:
+    def _do_put_artifact(self, thread_id: str, data: bytes) -> str | None:
         digest = hashlib.sha256(data).hexdigest()
         with self._conn.write() as db:
-            db.execute(
-                "INSERT INTO artifacts (thread_id, digest, data) VALUES (?, ?, ?) "
-                "ON CONFLICT DO NOTHING",
-                (thread_id, digest, bytes(data)),
-            )
-        return digest
+            if db.execute("SELECT 1 FROM threads WHERE thread_id = ?", (thread_id,)).fetchone():
+                db.execute(
+                    "INSERT INTO artifacts (thread_id, digest, data) VALUES (?, ?, ?) "
+                    "ON CONFLICT DO NOTHING",
+                    (thread_id, digest, bytes(data)),
+                )
+                return digest
+        return None
 
     def _do_get_artifact(self, thread_id: str, digest: str) -> bytes:
         with self._conn.locked() as db:

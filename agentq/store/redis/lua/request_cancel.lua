@@ -1,6 +1,7 @@
 --!df flags=allow-undeclared-keys
--- Cancels a thread: at once if nobody drives it, at the next step boundary if running.
--- KEYS[1]: meta, [due index].  ARGV[1]: status prefix or '', [2] thread id.
+-- Cancels a thread: at once if nobody drives it, at the next step boundary if running
+-- under a live lease.
+-- KEYS[1]: meta, [2]: lock, [due index].  ARGV[1]: status prefix or '', [2] thread id.
 -- Returns {1, status afterwards, ops}, or {THREAD_NOT_FOUND, 0, 0}.
 local meta = KEYS[1]
 local status = redis.call('HGET', meta, 'status')
@@ -11,7 +12,7 @@ if FINISHED[status] then
   return {1, status, sync(meta, ARGV[2])}
 end
 redis.call('HSET', meta, 'cancel', '1')
-if status == STATUS.RUNNING then
+if status == STATUS.RUNNING and redis.call('EXISTS', KEYS[2]) == 1 then
   return {1, status, sync(meta, ARGV[2])}
 end
 -- A thread parked on a concurrency key leaves its queue: it will never start.

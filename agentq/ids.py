@@ -28,13 +28,24 @@ def owner_id() -> str:
 _DOWNSTREAM_NAMESPACE = uuid.UUID("5b1e0c2a-6f0d-4d8e-9c59-3f2a7d1b8e41")
 
 
-def downstream_key(namespace: str, thread_id: str, key: str, *, shared: bool = False) -> str:
+def new_incarnation() -> str:
+    """A thread's random id for its life (:attr:`~agentq.records.ThreadMeta.incarnation`)."""
+    return uuid.uuid4().hex
+
+
+def downstream_key(
+    namespace: str, thread_id: str, key: str, *, shared: bool, incarnation: str | None
+) -> str:
     """The idempotency key a tool forwards to the service it calls: a UUID derived from the
-    store's ``namespace``, the thread and the effect ``key`` (the shared ones: the namespace
-    and the key alone), so that two threads, a fork and its source, or two deployments
-    never send the same one, while a retried or replayed call sends the same one again.
-    Thirty-six characters of ``[0-9a-f-]``, which every payment API accepts."""
+    store's ``namespace``, the thread, its ``incarnation`` and the effect ``key`` (the
+    shared ones: the namespace and the key alone), so that two threads, a fork and its
+    source, a thread id deleted and created again, or two deployments never send the same
+    one, while a retried or replayed call sends the same one again. Thirty-six characters
+    of ``[0-9a-f-]``, which every payment API accepts. A thread without an incarnation
+    (created by an older agentq) keeps the keys it was sending."""
     scope = "shared" if shared else f"thread:{len(thread_id)}:{thread_id}"
+    if incarnation is not None and not shared:
+        scope += f":{incarnation}"
     name = f"{len(namespace)}:{namespace}|{scope}|{key}"
     return str(uuid.uuid5(_DOWNSTREAM_NAMESPACE, name))
 

@@ -96,6 +96,11 @@ class ThreadMeta:
     options: dict[str, Any] = field(default_factory=dict)
     """The Celery routing options the thread was first sent with (queue, priority, ...),
     reused for every later send."""
+    incarnation: str | None = None
+    """A random id the thread got when it was created (a fork gets its own). The
+    idempotency keys its tools send downstream derive from it, so a thread id deleted and
+    created again, or the same id in another deployment, is another thread to the services
+    they call. ``None`` for a thread created before agentq stored one."""
     origin: str | None = None
     """The id of the Celery task that first sent the thread, whose result the caller of
     ``delay()`` holds: the task that ends the thread stores the outcome under it too."""

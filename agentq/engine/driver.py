@@ -315,12 +315,13 @@ class Driver:
         self.task.resend(meta)
         logger.info("thread %s: handed over before step %d (worker stopping)", self.thread_id, step)
 
-    def _run(self, token: int, pos: _Position) -> Run:
+    def _run(self, token: int, meta: ThreadMeta, pos: _Position) -> Run:
         store, settings, lease = self.store, self.settings, self._calls.lease
         assert lease is not None  # steps run only under a lease
         return Run(
             store=store,
             thread_id=self.thread_id,
+            incarnation=meta.incarnation,
             step=pos.step,
             node=pos.node,
             token=token,
@@ -344,7 +345,7 @@ class Driver:
         """Run one node and commit what it did; ``_CONTINUE`` if the thread goes on, else
         what the task returns."""
         thread_id, store, step = self.thread_id, self.store, pos.step
-        run = self._run(token, pos)
+        run = self._run(token, meta, pos)
         try:
             outcome = self._call(pos.node, run, meta.input if step == 0 else None)
         except Interrupted as pause:

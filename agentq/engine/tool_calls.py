@@ -19,6 +19,7 @@ from agentq.engine.backoff import retry_after
 from agentq.engine.store_retry import RetriedCalls
 from agentq.engine.tool_policy import DID_NOT_RUN, ToolPolicy, policy_of
 from agentq.errors import InvalidArgument, NeedsAttention
+from agentq.ids import downstream_key
 from agentq.outcomes import LimitWait
 from agentq.records import ClaimOutcome
 from agentq.store.contract import Store
@@ -41,6 +42,7 @@ class ToolCalls:
         store: Store,
         calls: RetriedCalls,
         thread_id: str,
+        incarnation: str | None,
         step: int,
         token: int,
         confirm_lease: Callable[[], None],
@@ -48,6 +50,7 @@ class ToolCalls:
         take_limits: Callable[..., limits.Held] | None,
     ) -> None:
         self.thread_id = thread_id
+        self._incarnation = incarnation
         self.step = step
         self._store = store
         self._store_calls = calls
@@ -170,7 +173,13 @@ class ToolCalls:
         )
         self._calls += 1
         key = options.key if options.key is not None else f"step{self.step}.call{self._calls}"
-        downstream = self._store.downstream_key(self.thread_id, key, shared=policy.shared)
+        downstream = downstream_key(
+            self._store.key_namespace,
+            self.thread_id,
+            key,
+            shared=policy.shared,
+            incarnation=self._incarnation,
+        )
         # Names this call, so that a claim resent after a lost reply is known as ours.
         call = _Call(key, downstream, uuid.uuid4().hex, policy, dict(kwargs))
         parameters = inspect.signature(fn).parameters

@@ -60,7 +60,7 @@ def running(
         start_grace=5,
         backoff_base=0.1,
     )
-    ledger = Ledger(redis_server.url, prefix.rstrip(":"))
+    ledger = Ledger(redis_server.url, prefix.rstrip(":"), app._agentq_runtime.store)
     with start_worker(
         app,
         pool="threads",

@@ -121,14 +121,38 @@ def test_a_fork_sends_its_own_keys_after_the_fork_point(env: Env) -> None:
     assert sorted(env.service.charges.values()) == [("#3", 30), ("#3", 31)]
 
 
-def test_the_key_depends_on_the_deployment_and_shared_keys_on_nothing_else(
+def test_a_thread_id_used_again_after_its_thread_was_deleted_sends_new_keys(env: Env) -> None:
+    """What ``agentq gc`` does to a finished thread, then a new conversation under the
+    same id: the service must not hand it the first refund back."""
+    assert refund(env, "cust-7", "#1", 10) == {"order": "#1", "cents": 10}
+    assert env.store.delete_thread("cust-7")
+    assert refund(env, "cust-7", "#2", 99) == {"order": "#2", "cents": 99}
+    assert sorted(env.service.charges.values()) == [("#1", 10), ("#2", 99)]
+
+
+def test_two_deployments_on_the_same_prefix_never_send_the_same_key(
+    env: Env, redis_server: RedisServer
+) -> None:
+    """Staging and production, each on its own Redis database with the default prefix:
+    the same thread id and effect key are two refunds to a service both call."""
+    database = redis_server.url.rsplit("/", 1)[0] + "/7"
+    with RedisStore.from_url(database, prefix=env.store.keys.prefix) as staging:
+        env.store.open_thread("t1", task="agent")
+        staging.open_thread("t1", task="agent")
+        assert staging.key_namespace == env.store.key_namespace
+        assert staging.downstream_key("t1", "k") != env.store.downstream_key("t1", "k")
+        staging.delete_thread("t1")
+
+
+def test_shared_keys_depend_on_the_prefix_and_the_key_alone(
     env: Env, redis_server: RedisServer
 ) -> None:
     with RedisStore.from_url(redis_server.url, prefix="staging:") as staging:
-        assert staging.downstream_key("t1", "k") != env.store.downstream_key("t1", "k")
         assert staging.downstream_key("t1", "k", shared=True) != env.store.downstream_key(
             "t1", "k", shared=True
         )
+    for thread_id in ("t1", "t2", "a", "a|b"):
+        env.store.open_thread(thread_id, task="agent")
     shared = env.store.downstream_key("t1", "invoice-7", shared=True)
     assert shared == env.store.downstream_key("t2", "invoice-7", shared=True)
     assert shared != env.store.downstream_key("t1", "invoice-7")

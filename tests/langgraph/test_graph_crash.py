@@ -58,8 +58,8 @@ class Cluster:
             lease_ttl=LEASE_TTL,
         )
         self.task: GraphTask = self.app.tasks[GRAPH_TASK]
-        self.ledger = Ledger(server.url, prefix.rstrip(":"))
         self.store: Store = self.app._agentq_runtime.store
+        self.ledger = Ledger(server.url, prefix.rstrip(":"), self.store)
         self.log_dir = log_dir
         self.workers: list[WorkerProcess] = []
 

@@ -67,8 +67,7 @@ def env(
     with start_worker(
         app, pool="threads", concurrency=2, perform_ping_check=False, shutdown_timeout=30
     ):
-        key_namespace = app._agentq_runtime.store.key_namespace
-        yield Env(app, Ledger(redis_server.url, prefix.rstrip(":"), key_namespace))
+        yield Env(app, Ledger(redis_server.url, prefix.rstrip(":"), app._agentq_runtime.store))
     app._agentq_runtime.store.close()
 
 

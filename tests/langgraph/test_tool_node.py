@@ -95,7 +95,7 @@ def env(
         broker_connection_retry_on_startup=True,
     )
     agentq.init_app(app, store=store, prefix=prefix, lease_ttl=3, sweep_interval=0.2, start_grace=5)
-    ledger = Ledger(redis_server.url, prefix.rstrip(":"), app._agentq_runtime.store.key_namespace)
+    ledger = Ledger(redis_server.url, prefix.rstrip(":"), app._agentq_runtime.store)
     # Only the ToolNode's tools are async, which the graph's nodes do not show.
     task = graph_task(
         app,

@@ -55,8 +55,8 @@ class Cluster:
             ledger_url=server.url,
             lease_ttl=LEASE_TTL,
         )
-        self.ledger = Ledger(server.url, prefix.rstrip(":"))
         self.store: Store = self.app._agentq_runtime.store
+        self.ledger = Ledger(server.url, prefix.rstrip(":"), self.store)
         self.log_dir = log_dir
         self.workers: list[WorkerProcess] = []
 

@@ -366,7 +366,14 @@ def test_a_version_2_database_is_upgraded_in_place(tmp_path: Path) -> None:
         db.execute("ALTER TABLE threads DROP COLUMN origin")
         db.execute("ALTER TABLE effects DROP COLUMN tool")
         db.execute("ALTER TABLE effects DROP COLUMN claimed_at")
-        for column in ("timeout", "timeout_at", "timed_out", "lock_lost", "canvas_taker"):
+        for column in (
+            "timeout",
+            "timeout_at",
+            "timed_out",
+            "lock_lost",
+            "canvas_taker",
+            "incarnation",
+        ):
             db.execute(f"ALTER TABLE threads DROP COLUMN {column}")
         db.execute("PRAGMA user_version = 2")
     with SQLiteStore(path) as store:
@@ -385,8 +392,11 @@ def test_a_version_2_database_is_upgraded_in_place(tmp_path: Path) -> None:
         store.release("t3", "lost", store.meta("t3").fence)  # type: ignore[union-attr]
         assert store.acquire_to_run("t3", "w1", 60).lost_worker
         assert store.acquire_to_run("t3", "w1", 60).lost_worker  # asked again
+        # A thread from before incarnations keeps the keys it sent; a new one gets one.
+        assert store.meta("t1").incarnation is None  # type: ignore[union-attr]
+        assert store.meta("t3").incarnation is not None  # type: ignore[union-attr]
     with sqlite3.connect(path) as db:
-        assert db.execute("PRAGMA user_version").fetchone() == (6,)
+        assert db.execute("PRAGMA user_version").fetchone() == (7,)
 
 
 def test_newer_schema_is_refused(tmp_path: Path) -> None:

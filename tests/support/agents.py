@@ -21,7 +21,7 @@ from celery import Celery
 
 import agentq
 from agentq import DID_NOT_RUN, AgentTask, Done, Interrupt, Run
-from agentq.ids import downstream_key
+from agentq.store.contract import Store
 
 V = TypeVar("V")
 
@@ -41,12 +41,11 @@ class RateLimitError(Exception):
 class Ledger:
     """The outside world, as seen by the tests."""
 
-    def __init__(self, url: str, namespace: str, key_namespace: str | None = None) -> None:
+    def __init__(self, url: str, namespace: str, store: Store | None = None) -> None:
         self.client = redis.Redis.from_url(url, decode_responses=True)
         self.ns = namespace
-        # The store's: its prefix, which the ledger's namespace is without its colon,
-        # unless the store says otherwise (a SQLite file).
-        self.key_namespace = f"{namespace}:" if key_namespace is None else key_namespace
+        self.store = store
+        """The threads' store, which :meth:`sent` reads the keys' incarnation from."""
 
     def key(self, *parts: str) -> str:
         return ":".join((self.ns, *parts))
@@ -54,7 +53,8 @@ class Ledger:
     def sent(self, thread_id: str, key: str) -> str:
         """The ``idempotency_key`` a tool of the thread received for effect ``key``: the
         tools record what they received, as a downstream service would see it."""
-        return downstream_key(self.key_namespace, thread_id, key)
+        assert self.store is not None, "a ledger that names keys needs the threads' store"
+        return self.store.downstream_key(thread_id, key)
 
     def as_sent(self, thread_id: str, by_key: dict[str, V]) -> dict[str, V]:
         """``by_key`` (effect key -> value) keyed as the tools received the keys."""

@@ -169,9 +169,7 @@ class ChaosCluster:
         )
         app.register_task(self.agent_type())
         self.app = app
-        self.ledger = ChaosLedger(
-            self.server.url, self.prefix.rstrip(":"), self.store.key_namespace
-        )
+        self.ledger = ChaosLedger(self.server.url, self.prefix.rstrip(":"), self.store)
         return self
 
     @property

@@ -19,6 +19,8 @@ from __future__ import annotations
 from abc import abstractmethod
 from typing import Self
 
+from agentq.errors import ThreadNotFound
+from agentq.ids import downstream_key, validate_effect_key, validate_thread_id
 from agentq.records import Finding
 from agentq.settings import DEFAULT_KEEP_LAST, DEFAULT_MAX_CHECKPOINT_BYTES
 from agentq.store.contract.checkpoints import CheckpointsContract
@@ -100,6 +102,28 @@ class Store(
             raise ValueError(f"max_checkpoint_bytes must be positive, got {max_checkpoint_bytes}")
         self.keep_last = keep_last
         self.max_checkpoint_bytes = max_checkpoint_bytes
+
+    def downstream_key(self, thread_id: str, key: str, *, shared: bool = False) -> str:
+        """The idempotency key a tool receives (``idempotency_key``) for the effect ``key``
+        of the thread, to forward to the service it calls; see :func:`agentq.ids.downstream_key`.
+        An operator looks a pending effect up at the service by it. Reads the thread's
+        incarnation (one round trip) unless ``shared``; raises
+        :class:`~agentq.errors.ThreadNotFound` for an unknown thread."""
+        validate_thread_id(thread_id)
+        validate_effect_key(key, thread_id)
+        incarnation = None
+        if not shared:
+            meta = self.meta(thread_id)
+            if meta is None:
+                raise ThreadNotFound(
+                    "no such thread: its tools' keys derive from its incarnation, which "
+                    "went with it",
+                    thread_id=thread_id,
+                )
+            incarnation = meta.incarnation
+        return downstream_key(
+            self.key_namespace, thread_id, key, shared=shared, incarnation=incarnation
+        )
 
     # -- operations ----------------------------------------------------------------------
 

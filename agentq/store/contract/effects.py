@@ -8,7 +8,7 @@ from abc import ABC, abstractmethod
 from typing import Any, Final
 
 from agentq.errors import EffectError, InvalidArgument, LeaseHeld, ThreadStateError
-from agentq.ids import downstream_key, validate_effect_key, validate_thread_id
+from agentq.ids import validate_effect_key, validate_thread_id
 from agentq.records import Claim, Effect, EffectState, Status, ThreadMeta
 from agentq.store.contract.common import UNSET
 
@@ -25,14 +25,6 @@ class EffectsContract(ABC):
     def key_namespace(self) -> str:
         """What tells this store's idempotency keys from another deployment's downstream:
         the key prefix of a Redis store, the file name of a SQLite one."""
-
-    def downstream_key(self, thread_id: str, key: str, *, shared: bool = False) -> str:
-        """The idempotency key a tool receives (``idempotency_key``) for the effect ``key``
-        of the thread, to forward to the service it calls; see :func:`agentq.ids.downstream_key`.
-        An operator looks a pending effect up at the service by it."""
-        validate_thread_id(thread_id)
-        validate_effect_key(key, thread_id)
-        return downstream_key(self.key_namespace, thread_id, key, shared=shared)
 
     def claim_effect(
         self,

@@ -26,6 +26,7 @@ from agentq.errors import (
     ThreadExists,
     ThreadNotFound,
 )
+from agentq.ids import new_incarnation
 from agentq.records import Finding, Schedule, Status, ThreadMeta
 from agentq.store.contract import UNSET, Renewal, Taken, final_checkpoint, refuse_graph_fork
 from agentq.store.meta_fields import meta_from_fields
@@ -84,7 +85,7 @@ class RedisStore(RedisCheckpoints, RedisEffects, RedisLimits, RedisListing, Redi
         created, flat, _ = self._run(
             "open_thread",
             [self.keys.meta(thread_id)],
-            [thread_id, task, blobs[0], start_grace, blobs[1], origin or ""],
+            [thread_id, task, blobs[0], start_grace, blobs[1], origin or "", new_incarnation()],
             indexed=True,
         )
         return self._meta(thread_id, hash_to_fields(flat)), bool(created)
@@ -227,6 +228,7 @@ class RedisStore(RedisCheckpoints, RedisEffects, RedisLimits, RedisListing, Redi
                 log_fields(lengths),
                 options_blob or "",
                 request_id(),
+                new_incarnation(),
                 *log_args,
                 *artifact_args,
                 graph.packed() if graph.commands else "",

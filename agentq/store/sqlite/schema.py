@@ -14,7 +14,7 @@ from typing import Final
 from agentq.errors import StoreConfigError
 from agentq.store.meta_fields import META_FIELDS
 
-SCHEMA_VERSION: Final = 6
+SCHEMA_VERSION: Final = 7
 
 _META_TYPES: Final = {
     "status": "TEXT NOT NULL",
@@ -35,6 +35,7 @@ _META_TYPES: Final = {
     "cancel": "INTEGER NOT NULL DEFAULT 0",
     "options": "BLOB",
     "origin": "TEXT",
+    "incarnation": "TEXT",
     "timeout": "REAL",
     "timeout_at": "REAL",
     "timed_out": "BLOB",
@@ -104,4 +105,6 @@ def migrate(db: sqlite3.Connection, path: str) -> None:
         # worker, and which task carries the thread's canvas on
         db.execute("ALTER TABLE threads ADD COLUMN lock_lost INTEGER NOT NULL DEFAULT 0")
         db.execute("ALTER TABLE threads ADD COLUMN canvas_taker TEXT")
+    if version in (1, 2, 3, 4, 5, 6):  # version 7: what its tools' downstream keys derive
+        db.execute("ALTER TABLE threads ADD COLUMN incarnation TEXT")  # from
     db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")

@@ -22,6 +22,7 @@ from agentq.errors import (
     ThreadExists,
     ThreadStateError,
 )
+from agentq.ids import new_incarnation
 from agentq.records import Finding, Schedule, Status, ThreadMeta
 from agentq.settings import DEFAULT_KEEP_LAST, DEFAULT_MAX_CHECKPOINT_BYTES
 from agentq.store.contract import UNSET, Store, final_checkpoint, refuse_graph_fork
@@ -120,8 +121,8 @@ class SQLiteStore(
             now = time.time()
             created = db.execute(
                 "INSERT INTO threads (thread_id, status, step, task, created_at, updated_at, "
-                "input, due_at, options, origin) VALUES (?, ?, -1, ?, ?, ?, ?, ?, ?, ?) "
-                "ON CONFLICT DO NOTHING",
+                "input, due_at, options, origin, incarnation) "
+                "VALUES (?, ?, -1, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
                 (
                     thread_id,
                     Status.QUEUED.value,
@@ -132,6 +133,7 @@ class SQLiteStore(
                     now + start_grace,
                     sending,
                     origin,
+                    new_incarnation(),
                 ),
             ).rowcount
             meta = read_meta(db, thread_id)
@@ -213,8 +215,8 @@ class SQLiteStore(
             try:
                 db.execute(
                     "INSERT INTO threads (thread_id, status, step, node, task, first, "
-                    "created_at, updated_at, input, options) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    "created_at, updated_at, input, options, incarnation) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (
                         new_thread_id,
                         Status.WAITING.value,
@@ -226,6 +228,7 @@ class SQLiteStore(
                         now,
                         source["input"],
                         source["options"],
+                        new_incarnation(),
                     ),
                 )
             except sqlite3.IntegrityError:

@@ -4,9 +4,10 @@
 -- ARGV[1]: status prefix or '', [2] new thread id, [3] snapshot bytes, [4] n, [5] node
 -- ('' for none), [6] task name, [7] input (msgpack) or '', [8] the new thread's key
 -- prefix, [9] the names of the append-only fields (msgpack; '' for none), [10] the send
--- options (msgpack; '' for none), [11] the request's id, [12] how many append-only logs
--- follow, each as (field, count, count items), then how many artifacts follow, each as
--- (sha256, bytes), then the LangGraph keys to write (msgpack commands; '' for none).
+-- options (msgpack; '' for none), [11] the request's id, [12] the fork's incarnation, [13]
+-- how many append-only logs follow, each as (field, count, count items), then how many
+-- artifacts follow, each as (sha256, bytes), then the LangGraph keys to write (msgpack
+-- commands; '' for none).
 -- Returns {1, meta as a flat HGETALL list, ops}, also to the same request resent after
 -- its reply was lost, or {0, 0, ops} if the id is taken.
 local meta = KEYS[1]
@@ -19,7 +20,7 @@ end
 local now = now_seconds()
 redis.call('HSET', meta, 'status', STATUS.WAITING, 'step', ARGV[4], 'task', ARGV[6], 'attempts', 0,
   'crashes', 0, 'fence', 0, 'first', ARGV[4], 'created_at', tostring(now),
-  'updated_at', tostring(now), 'request', ARGV[11])
+  'updated_at', tostring(now), 'request', ARGV[11], 'incarnation', ARGV[12])
 if ARGV[5] ~= '' then
   redis.call('HSET', meta, 'node', ARGV[5])
 end
@@ -32,8 +33,8 @@ end
 if ARGV[10] ~= '' then
   redis.call('HSET', meta, 'options', ARGV[10])
 end
-local i = 13
-for _ = 1, tonumber(ARGV[12]) do
+local i = 14
+for _ = 1, tonumber(ARGV[13]) do
   local field, count = ARGV[i], tonumber(ARGV[i + 1])
   for from = i + 2, i + 1 + count, 1000 do
     redis.call('RPUSH', ARGV[8] .. 'log:' .. field, unpack(ARGV, from, math.min(from + 999, i + 1 + count)))

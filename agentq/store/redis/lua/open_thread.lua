@@ -3,7 +3,7 @@
 -- KEYS[1]: meta, [due index].
 -- ARGV[1]: status prefix or '', [2] thread id, [3] task name, [4] input (msgpack, '' for
 -- none), [5] start grace in seconds, [6] send options (msgpack, '' for none), [7] the id of
--- the task sending it ('' for none).
+-- the task sending it ('' for none), [8] the thread's incarnation.
 -- Returns {created 0|1, meta as a flat HGETALL list, index ops}.
 local meta = KEYS[1]
 if redis.call('EXISTS', meta) == 1 then
@@ -11,7 +11,8 @@ if redis.call('EXISTS', meta) == 1 then
 end
 local now = now_seconds()
 redis.call('HSET', meta, 'status', STATUS.QUEUED, 'step', -1, 'task', ARGV[3], 'attempts', 0,
-  'crashes', 0, 'fence', 0, 'first', 0, 'created_at', tostring(now), 'updated_at', tostring(now))
+  'crashes', 0, 'fence', 0, 'first', 0, 'created_at', tostring(now), 'updated_at', tostring(now),
+  'incarnation', ARGV[8])
 if ARGV[4] ~= '' then
   redis.call('HSET', meta, 'input', ARGV[4])
 end

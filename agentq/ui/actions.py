@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
-from agentq.errors import InvalidArgument, ThreadStateError
+from agentq.errors import InvalidArgument, MessageNotSent, ThreadStateError
 from agentq.ids import validate_effect_key, validate_thread_id
 from agentq.ops.control import Requeued, cancel, requeue, settle
 from agentq.records import Status, ThreadMeta
@@ -24,11 +24,13 @@ Form = dict[str, str]
 @dataclass(frozen=True)
 class Outcome:
     """Where the operator goes next: the thread acted on (the fork, for a fork), its
-    status after the action and the Celery task id of a message sent at once, if one was."""
+    status after the action, the Celery task id of a message sent at once, if one was,
+    and why the app could not send one when it tried (the thread stays queued)."""
 
     thread_id: str
     status: Status
     sent: str | None = None
+    not_sent: MessageNotSent | None = None
 
 
 @dataclass(frozen=True)
@@ -87,7 +89,7 @@ def whole_number(raw: str, what: str, thread_id: str | None = None) -> int:
 
 
 def _outcome(requeued: Requeued) -> Outcome:
-    return Outcome(requeued.thread_id, requeued.status, requeued.sent)
+    return Outcome(requeued.thread_id, requeued.status, requeued.sent, requeued.not_sent)
 
 
 def _resume(store: Store, app: Any, grace: float, form: Form, meta: ThreadMeta) -> Outcome:

@@ -4,6 +4,7 @@ plain function, which Starlette runs on its thread pool."""
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any, Final
 from urllib.parse import parse_qsl, urlencode
 
@@ -28,6 +29,8 @@ from agentq.ui.actions import ACTIONS, Form, check, notice, perform, whole_numbe
 from agentq.ui.inspector import Inspector
 from agentq.ui.security import SECURE_HEADERS, same
 from agentq.ui.views import Filter, Shown, as_json, diff, summary, thread_view, threads_page
+
+logger = logging.getLogger("agentq")
 
 _MAX_FORM: Final = 1 << 20
 
@@ -119,6 +122,8 @@ def thread(request: Request) -> Response:
         parts=_parts(view.shown) if view.shown is not None else [],
         notice=notice(ACTIONS[done], _status(request)) if done in ACTIONS else None,
         sent=request.query_params.get("sent"),
+        not_sent=request.query_params.get("not_sent") == "1",
+        start_grace=inspector(request).start_grace,
         actions=ACTIONS,
     )
 
@@ -221,6 +226,10 @@ def _act(request: Request, form: Form) -> Response:
     query = {"id": outcome.thread_id, "done": name, "status": outcome.status.value}
     if outcome.sent:
         query["sent"] = outcome.sent
+    if outcome.not_sent is not None:
+        # Only a flag in the address: a link anyone can make must not put words on the page.
+        logger.warning("inspector: %s", outcome.not_sent)
+        query["not_sent"] = "1"
     return RedirectResponse("/thread?" + urlencode(query), status_code=303)
 
 

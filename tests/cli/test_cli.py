@@ -28,7 +28,7 @@ from agentq.records import Checkpoint, Status
 from agentq.store.contract import Store
 from agentq.store.redis.store import RedisStore
 from agentq.store.sqlite.store import SQLiteStore
-from tests.support.redis_server import RedisServer, wait_until
+from tests.support.redis_server import RedisServer, free_port, wait_until
 
 BIN = Path(sys.executable).parent
 TASK = "tests.cli_agent"
@@ -307,7 +307,13 @@ def test_effects_lists_every_record_of_a_thread(threads: Backend) -> None:
 def test_resolve_settles_a_call_and_queues_the_thread(threads: Backend) -> None:
     token = stuck(threads.store)
     settled = ok_json(threads, "resolve", "t-stuck", "call-2", "--result", '{"refund_id": "x"}')
-    assert settled == {"thread_id": "t-stuck", "key": "call-2", "status": "queued", "sent": None}
+    assert settled == {
+        "thread_id": "t-stuck",
+        "key": "call-2",
+        "status": "queued",
+        "sent": None,
+        "not_sent": None,
+    }
     effect = threads.store.effect("t-stuck", "call-2")
     assert effect is not None and (effect.state, effect.result) == ("done", {"refund_id": "x"})
     assert effect.token == token + 1
@@ -585,6 +591,39 @@ def test_resume_and_retry_with_an_app_send_a_message(threads: Backend) -> None:
     settled = command([*agentq, "resolve", "t-stuck", "call-2", "--did-not-run"], env)
     assert settled.returncode == 0 and "message sent" in settled.stdout, settled.stderr
     assert queued_messages(threads) == 3
+
+
+def test_a_send_the_broker_refuses_says_the_thread_is_queued_all_the_same(
+    threads: Backend,
+) -> None:
+    # Nothing listens on the broker's port: every send is refused.
+    dead = f"redis://127.0.0.1:{free_port()}/0"
+    env = {**demo_app_env(threads), "AGENTQ_DEMO_BROKER": dead, "AGENTQ_DEMO_START_GRACE": "1"}
+    agentq = [str(BIN / "agentq"), "-A", "agentq.demo.app"]
+    resumed = command([*agentq, "resume", "t-wait", "--value", '"yes"', "--json"], env)
+    assert resumed.returncode == 1, resumed.stderr
+    told = resumed.stderr.strip()
+    assert told.count("\n") == 0 and "Traceback" not in told, told
+    for fragment in ("'t-wait'", "queued again", "not sent", "sweeper", "1 s", "refused"):
+        assert fragment in told, told
+    outcome = json.loads(resumed.stdout)
+    assert (outcome["status"], outcome["sent"]) == ("queued", None)
+    assert outcome["not_sent"] in told
+    meta = threads.store.meta("t-wait")
+    assert meta is not None and meta.status == Status.QUEUED and meta.resume_value == "yes"
+
+    retried = command([*agentq, "retry", "t-failed"], env)
+    assert retried.returncode == 1 and retried.stdout == "", retried.stdout
+    assert "'t-failed': queued again" in retried.stderr and "sweeper" in retried.stderr
+    stuck(threads.store)
+    settled = command([*agentq, "resolve", "t-stuck", "call-2", "--did-not-run"], env)
+    assert settled.returncode == 1 and "'t-stuck': queued again" in settled.stderr
+    # What the message said: once the start grace is over, a sweeper sends each of them.
+    wait_until(
+        lambda: {thread for thread, _ in threads.store.due()} >= {"t-wait", "t-failed", "t-stuck"},
+        timeout=10,
+        what="the three threads due for the sweeper",
+    )
 
 
 def test_sweep_once_resends_what_is_due(threads: Backend) -> None:

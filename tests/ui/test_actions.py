@@ -12,10 +12,11 @@ from collections.abc import Callable
 import httpx
 import pytest
 import redis
+from celery import Celery
 
 from agentq.records import Checkpoint, EffectState, Status
 from agentq.store.redis.store import RedisStore
-from tests.support.redis_server import RedisServer
+from tests.support.redis_server import RedisServer, free_port
 from tests.ui.population import OWNER, TASK, drive
 
 Serve = Callable[..., str]
@@ -87,6 +88,23 @@ def test_a_failed_thread_holding_an_answer_takes_a_new_one(base: str, store: Red
     assert confirm(base, {**form, "value": '"no"'}).status_code == 303
     meta = store.meta("t-waiting")
     assert meta is not None and meta.status == Status.QUEUED and meta.resume_value == "no"
+
+
+def test_a_retry_whose_message_the_broker_refuses_says_the_thread_is_queued(
+    threads: dict[Status, str], serve: Serve, store: RedisStore
+) -> None:
+    refusing = Celery("refusing", broker=f"redis://127.0.0.1:{free_port()}/0", set_as_current=False)
+    try:
+        base = serve(app=refusing, start_grace=9)
+        done = confirm(base, page_form(base, "t-failed", "retry-form"))
+    finally:
+        refusing.close()
+    assert done.status_code == 303, done.text
+    assert store.meta("t-failed").status == Status.QUEUED  # type: ignore[union-attr]
+    notice = httpx.get(base + done.headers["location"]).text.split('id="notice">', 1)[1]
+    notice = html.unescape(notice.split("</p>", 1)[0])
+    assert "Retrying: queued again; its message could not be sent" in notice, notice
+    assert "sweeper sends it when it is due, within 9 s" in notice, notice
 
 
 def test_settling_with_a_result_needs_one(base: str, store: RedisStore) -> None:

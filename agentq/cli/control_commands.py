@@ -11,7 +11,7 @@ import click
 from rich.markup import escape
 
 from agentq.cli.output import emit_json
-from agentq.cli.read_commands import json_option, pass_session
+from agentq.cli.read_commands import STEP, json_option, pass_session
 from agentq.cli.session import Session
 from agentq.ids import validate_thread_id
 from agentq.ops.console import console
@@ -42,7 +42,7 @@ def parse_json(ctx: click.Context, param: click.Parameter, value: str | None) ->
 @click.option(
     "--from",
     "step",
-    type=click.IntRange(min=0),
+    type=STEP,
     required=True,
     help="The checkpoint (step) to copy.",
 )

@@ -13,7 +13,7 @@ from typing import Any, Final
 from agentq.errors import InvalidArgument, MessageNotSent, ThreadStateError
 from agentq.ids import validate_effect_key, validate_thread_id
 from agentq.ops.control import Requeued, cancel, requeue, settle
-from agentq.records import Status, ThreadMeta
+from agentq.records import MAX_NUMBER, Status, ThreadMeta
 from agentq.store.contract import UNSET, Store
 from agentq.store.contract.effects import RESOLVABLE
 
@@ -71,10 +71,6 @@ def fork_target(form: Form) -> tuple[int, str]:
     step = whole_number(form.get("step", ""), "the step to fork", thread_id)
     target = form.get("to", "").strip() or f"{thread_id}-fork-{step}-{uuid.uuid4().hex[:4]}"
     return step, validate_thread_id(target)
-
-
-MAX_NUMBER: Final = 2**53
-"""Above any step or offset a store holds; larger numbers are refused, not overflowed."""
 
 
 def whole_number(raw: str, what: str, thread_id: str | None = None) -> int:

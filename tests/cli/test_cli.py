@@ -445,6 +445,12 @@ def test_unknown_thread_is_one_line(threads: Backend, args: list[str]) -> None:
         (["show", "t-done", "--step", "99"], ["step 99", "history"], 1),
         (["diff", "t-done", "0", "99"], ["step 99"], 1),
         (["show", "t-done", "--step", "-1"], ["--step"], 2),
+        # Past any step: a usage error on both stores, not SQLite's OverflowError.
+        (["show", "t-done", "--step", str(2**63)], ["--step", "0<=x<="], 2),
+        (["diff", "t-done", "0", str(2**64)], ["'B'", "0<=x<="], 2),
+        (["fork", "t-done", "--from", str(2**63)], ["--from", "0<=x<="], 2),
+        (["history", "t-done", "--limit", str(2**64)], ["--limit", "1<=x<="], 2),
+        (["threads", "--limit", str(2**64)], ["--limit", "1<=x<="], 2),
         (["resume", "t-wait", "--value", "{approved: true}"], ["--value", "not JSON"], 2),
         (["resume", "t-done"], ["'t-done'", "done"], 1),
         (["retry", "t-wait"], ["'t-wait'", "waiting"], 1),

@@ -685,6 +685,15 @@ def test_gc_deletes_only_the_statuses_it_is_given(store: Store) -> None:
         store.gc(0, {Status.WAITING})
 
 
+def test_gc_refuses_a_ttl_that_is_not_a_number(store: Store) -> None:
+    token = started(store, "done")
+    store.commit("done", token, cp(0, token), status=Status.DONE)
+    with pytest.raises(InvalidArgument, match="finished_ttl is NaN"):
+        store.gc(float("nan"))
+    assert store.gc(float("inf")) == 0  # nothing is that old
+    assert store.meta("done") is not None
+
+
 # -- effects -----------------------------------------------------------------------------
 
 

@@ -3,6 +3,7 @@ and deleting threads, and their artifacts."""
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any, Final
@@ -228,8 +229,15 @@ class ThreadsContract(ABC):
         ``failed``, ``cancelled``) last updated more than ``finished_ttl`` seconds ago;
         return how many. Only threads nothing drives can be collected: ``statuses`` may
         also name ``needs_attention``, and anything else raises
-        :class:`~agentq.errors.InvalidArgument`. Each deletion is atomic and checks the
-        status and the age again, so a thread reopened meanwhile stays."""
+        :class:`~agentq.errors.InvalidArgument`, as does a NaN ``finished_ttl`` (Redis
+        cannot compare times with it, SQLite would quietly delete nothing). Each deletion
+        is atomic and checks the status and the age again, so a thread reopened
+        meanwhile stays."""
+        if math.isnan(finished_ttl):
+            raise InvalidArgument(
+                "gc's finished_ttl is NaN; give the seconds since a thread finished, e.g. "
+                "the finished_ttl setting (7 days by default), or inf to delete nothing"
+            )
         chosen = frozenset(Status(s) for s in statuses)
         if not chosen <= COLLECTABLE:
             refused = sorted(s.value for s in chosen - COLLECTABLE)

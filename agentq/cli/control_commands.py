@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import Collection
 from typing import Any
@@ -17,7 +16,7 @@ from agentq.ids import validate_thread_id
 from agentq.ops.console import console
 from agentq.ops.control import Requeued, requeue
 from agentq.ops.control import cancel as cancel_thread
-from agentq.ops.jsonable import plain, short
+from agentq.ops.jsonable import loads, plain, short
 from agentq.records import Status
 from agentq.store.contract import UNSET
 
@@ -27,8 +26,8 @@ def parse_json(ctx: click.Context, param: click.Parameter, value: str | None) ->
     if value is None:
         return None
     try:
-        return json.loads(value)
-    except json.JSONDecodeError as exc:
+        return loads(value)
+    except ValueError as exc:
         raise click.BadParameter(
             f"{value!r} is not JSON ({exc}); quote strings, e.g. '{{\"approved\": true}}' "
             "or '\"yes\"'",

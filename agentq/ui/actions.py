@@ -4,7 +4,6 @@ and store calls as the command line's ``resume``, ``retry``, ``cancel``, ``fork`
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -13,6 +12,7 @@ from typing import Any, Final
 from agentq.errors import InvalidArgument, MessageNotSent, ThreadStateError
 from agentq.ids import validate_effect_key, validate_thread_id
 from agentq.ops.control import Requeued, cancel, requeue, settle
+from agentq.ops.jsonable import loads
 from agentq.records import MAX_NUMBER, Status, ThreadMeta
 from agentq.store.contract import UNSET, Store
 from agentq.store.contract.effects import RESOLVABLE
@@ -58,8 +58,8 @@ def json_field(form: Form, name: str, what: str) -> Any:
     if not text:
         return UNSET
     try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
+        return loads(text)
+    except ValueError as exc:
         raise InvalidArgument(
             f'{what} is not JSON ({exc}); quote strings, e.g. {{"approved": true}} or "yes"',
             thread_id=form.get("id"),

@@ -3,7 +3,6 @@ plain function, which Starlette runs on its thread pool."""
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import Any, Final
 from urllib.parse import parse_qsl, urlencode
@@ -23,7 +22,7 @@ from agentq.errors import (
     ThreadNotFound,
 )
 from agentq.ids import validate_thread_id
-from agentq.ops.jsonable import plain
+from agentq.ops.jsonable import dumps
 from agentq.records import Checkpoint, Status, ThreadMeta
 from agentq.ui.actions import ACTIONS, Form, check, notice, perform, whole_number
 from agentq.ui.inspector import Inspector
@@ -147,8 +146,8 @@ def checkpoint_json(request: Request) -> Response:
     step = _number(request, "step")
     store = inspector(request).store
     found = meta if step is None else store.checkpoint(meta.thread_id, step)
-    # As the command line's --json: a state may hold NaN, which strict JSON has no word for.
-    return Response(json.dumps(plain(found), ensure_ascii=False), media_type="application/json")
+    # As the command line's --json: strict JSON, a NaN in a state tagged as bytes are.
+    return Response(dumps(found), media_type="application/json")
 
 
 def artifact(request: Request) -> Response:

@@ -9,6 +9,7 @@ that send messages to a broker.
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -233,6 +234,28 @@ def test_diff_shows_changed_paths(threads: Backend) -> None:
     assert "No differences" in run(threads, "diff", "t-done", "2", "2").stdout
 
 
+def strict_json(text: str) -> Any:
+    """``text`` read as JSON readers other than Python's read it: no NaN, no Infinity."""
+
+    def refuse(word: str) -> None:
+        raise AssertionError(f"{word} is not JSON: {text}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_json_of_a_state_holding_nan_is_strict_json(backend: Backend) -> None:
+    drive(backend.store, "t-nan", [{"score": 1.0}, {"score": math.nan, "bound": -math.inf}])
+    shown = strict_json(run(backend, "show", "t-nan", "--json").stdout)
+    tagged = {"score": {"$float": "NaN"}, "bound": {"$float": "-Infinity"}}
+    assert shown["checkpoint"]["state"] == tagged
+    assert strict_json(run(backend, "history", "t-nan", "--json").stdout)[0]["state"] == tagged
+    changes = strict_json(run(backend, "diff", "t-nan", "0", "1", "--json").stdout)["changes"]
+    assert {"path": "state.score", "kind": "changed", "before": 1.0, "after": tagged["score"]} in (
+        changes
+    )
+    assert '"score": NaN' in run(backend, "show", "t-nan").stdout  # people read it as it is
+
+
 def test_ids_and_errors_print_as_written(backend: Backend) -> None:
     # rich would read brackets as markup and :x: as an emoji code.
     token = drive(backend.store, "odd[/b]:x:", [{"key [1]": "[/red]"}])
@@ -452,6 +475,10 @@ def test_unknown_thread_is_one_line(threads: Backend, args: list[str]) -> None:
         (["history", "t-done", "--limit", str(2**64)], ["--limit", "1<=x<="], 2),
         (["threads", "--limit", str(2**64)], ["--limit", "1<=x<="], 2),
         (["resume", "t-wait", "--value", "{approved: true}"], ["--value", "not JSON"], 2),
+        # Python's json reads these; no other JSON reader does.
+        (["resume", "t-wait", "--value", "NaN"], ["--value", "NaN is not a JSON number"], 2),
+        (["resume", "t-wait", "--value", '{"x": -Infinity}'], ["-Infinity is not a JSON"], 2),
+        (["resolve", "t-failed", "k", "--result", "[1e999]"], ["--result", "too large"], 2),
         (["resume", "t-done"], ["'t-done'", "done"], 1),
         (["retry", "t-wait"], ["'t-wait'", "waiting"], 1),
         (["fork", "t-done", "--from", "1", "--to", "t-wait"], ["t-wait", "existing"], 1),

@@ -4,6 +4,7 @@ what each action does to the store when the form is odd, stale or hostile."""
 from __future__ import annotations
 
 import html
+import json
 import math
 import re
 import socket
@@ -181,8 +182,24 @@ def test_a_state_holding_nan_has_a_json_link_that_works(serve: Serve, store: Red
     drive(store, "t-nan", [{"score": math.nan, "bound": math.inf}])
     base = serve()
     whole = httpx.get(base + "/thread/json", params={"id": "t-nan", "step": "0"})
-    assert whole.status_code == 200 and "NaN" in whole.text and "Infinity" in whole.text
+    assert whole.status_code == 200
+
+    def refuse(word: str) -> None:
+        raise AssertionError(f"{word} is not JSON: {whole.text}")
+
+    # Tagged as the command line's --json writes it: strict JSON, which any reader takes.
+    assert json.loads(whole.text, parse_constant=refuse)["state"] == {
+        "score": {"$float": "NaN"},
+        "bound": {"$float": "Infinity"},
+    }
     assert httpx.get(base + "/thread/json", params={"id": "t-nan"}).status_code == 200
+
+
+def test_a_resume_value_holding_nan_is_refused(base: str, store: RedisStore) -> None:
+    form = {**page_form(base, "t-waiting", "resume-form"), "value": '{"score": NaN}'}
+    refused = confirm(base, form)
+    assert refused.status_code == 409 and "NaN is not a JSON number" in refused.text
+    assert store.meta("t-waiting").status == Status.WAITING  # type: ignore[union-attr]
 
 
 @pytest.mark.parametrize("number", ["²", "\u0661", "99999999999999999999", "-1", "1.5"])

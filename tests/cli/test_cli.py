@@ -256,6 +256,22 @@ def test_json_of_a_state_holding_nan_is_strict_json(backend: Backend) -> None:
     assert '"score": NaN' in run(backend, "show", "t-nan").stdout  # people read it as it is
 
 
+def test_diff_and_history_agree_on_what_a_step_changed(backend: Backend) -> None:
+    before = {"score": math.nan, "scores": [math.nan], "flag": 1, "count": 1}
+    drive(backend.store, "t-kinds", [before, {**before, "flag": True, "count": 1.0}])
+    # NaN is still NaN; 1 became True, and 1 became 1.0: a change of what is stored.
+    changes = ok_json(backend, "diff", "t-kinds", "0", "1")["changes"]
+    assert [(c["path"], c["before"], c["after"]) for c in changes] == [
+        ("node", "node1", "node2"),
+        ("state.flag", 1, True),
+        ("state.count", 1, 1.0),
+        ("cursors.page", 0, 1),
+    ]
+    rows = run(backend, "history", "t-kinds").stdout.splitlines()
+    assert rows[1].split()[0] == "1", rows
+    assert rows[1].endswith("  node, state.flag, state.count, cursors"), rows
+
+
 def test_ids_and_errors_print_as_written(backend: Backend) -> None:
     # rich would read brackets as markup and :x: as an emoji code.
     token = drive(backend.store, "odd[/b]:x:", [{"key [1]": "[/red]"}])

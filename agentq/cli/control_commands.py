@@ -53,7 +53,10 @@ def fork(session: Session, thread: str, step: int, new_thread: str | None, as_js
     there. The fork waits: start it with 'agentq resume NEW', adding --value JSON when
     its first node asks a human (run.interrupt() returns that value)."""
     source = session.meta(thread)
-    target = validate_thread_id(new_thread or f"{thread}-fork-{step}-{uuid.uuid4().hex[:4]}")
+    # Only an absent --to gets a generated id: --to "" is a mistake (an unset variable).
+    if new_thread is None:
+        new_thread = f"{thread}-fork-{step}-{uuid.uuid4().hex[:4]}"
+    target = validate_thread_id(new_thread)
     meta = session.store.fork(thread, step, target)
     if as_json:
         emit_json(meta)

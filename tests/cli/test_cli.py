@@ -499,6 +499,7 @@ def test_unknown_thread_is_one_line(threads: Backend, args: list[str]) -> None:
         (["retry", "t-wait"], ["'t-wait'", "waiting"], 1),
         (["fork", "t-done", "--from", "1", "--to", "t-wait"], ["t-wait", "existing"], 1),
         (["fork", "t-done", "--from", "1", "--to", "bad{id}"], ["brace"], 1),
+        (["fork", "t-done", "--from", "1", "--to", ""], ["thread id is empty"], 1),
         (["fork", "t-done", "--from", "3"], ["step 3", "finished", "fork step 2"], 1),
         (
             ["resolve", "t-running", "call-1", "--did-not-run"],

@@ -985,6 +985,10 @@ def test_reopen_refuses_other_statuses_and_unknown_threads(store: Store) -> None
     with pytest.raises(ThreadStateError) as info:
         store.reopen("t1", from_statuses={Status.WAITING, Status.FAILED})
     assert info.value.status == "running"
+    # What it may be reopened from, and the way out: the same words on every backend.
+    told = str(info.value)
+    assert "status 'running' (only from ['failed', 'waiting'])" in told, told
+    assert "'agentq fork t1 --from N' (store.fork in code)" in told, told
     assert snapshot(store) == before
     with pytest.raises(ThreadNotFound):
         store.reopen("nobody", from_statuses={Status.WAITING})

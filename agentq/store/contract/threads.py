@@ -8,7 +8,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any, Final
 
-from agentq.errors import InvalidArgument, ThreadNotFound
+from agentq.errors import InvalidArgument, ThreadNotFound, ThreadStateError
 from agentq.ids import validate_thread_id
 from agentq.records import FINISHED, Listing, Schedule, Status, ThreadMeta
 from agentq.store.contract.common import UNSET
@@ -16,6 +16,20 @@ from agentq.store.meta_fields import CANVAS
 
 COLLECTABLE: Final = FINISHED | {Status.NEEDS_ATTENTION}
 """The statuses ``gc`` may delete: threads nothing drives or will drive by itself."""
+
+
+def not_reopenable(
+    thread_id: str, status: str, from_statuses: Collection[Status]
+) -> ThreadStateError:
+    """The refusal to reopen a thread in ``status``, outside ``from_statuses``."""
+    return ThreadStateError(
+        f"cannot reopen a thread in status {status!r} (only from "
+        f"{sorted(Status(s).value for s in from_statuses)}); wait until it is one of those, "
+        f"or fork it to start over from a checkpoint: 'agentq fork {thread_id} --from N' "
+        "(store.fork in code)",
+        thread_id=thread_id,
+        status=status,
+    )
 
 
 class ThreadsContract(ABC):

@@ -28,6 +28,7 @@ from agentq.errors import (
 )
 from agentq.records import Finding, Schedule, Status, ThreadMeta
 from agentq.store.contract import UNSET, Renewal, Taken, final_checkpoint, refuse_graph_fork
+from agentq.store.contract.threads import not_reopenable
 from agentq.store.meta_fields import meta_from_fields
 from agentq.store.redis.base import request_id
 from agentq.store.redis.checkpoints import RedisCheckpoints
@@ -300,6 +301,8 @@ class RedisStore(RedisCheckpoints, RedisEffects, RedisLimits, RedisListing, Redi
             [thread_id, start_grace, blob, request_id(), *(s.value for s in from_statuses)],
             indexed=True,
         )
+        if code == Refusal.STATUS_REFUSED:
+            raise not_reopenable(thread_id, text(flat), from_statuses)
         raise_refusal(code, flat, thread_id=thread_id)
         return meta_from_fields(thread_id, hash_to_fields(flat))
 

@@ -20,11 +20,11 @@ from agentq.errors import (
     ArtifactNotFound,
     StoreConfigError,
     ThreadExists,
-    ThreadStateError,
 )
 from agentq.records import Finding, Schedule, Status, ThreadMeta
 from agentq.settings import DEFAULT_KEEP_LAST, DEFAULT_MAX_CHECKPOINT_BYTES
 from agentq.store.contract import UNSET, Store, final_checkpoint, refuse_graph_fork
+from agentq.store.contract.threads import not_reopenable
 from agentq.store.meta_fields import meta_from_fields
 from agentq.store.sqlite.checkpoints import CheckpointsMixin
 from agentq.store.sqlite.connection import SharedConnection, durability_findings, passes
@@ -281,14 +281,7 @@ class SQLiteStore(
         with self._conn.write() as db:
             status = status_of(db, thread_id)
             if status not in {Status(s) for s in from_statuses}:
-                raise ThreadStateError(
-                    f"cannot reopen a thread in status {status.value!r} (only from "
-                    f"{sorted(Status(s).value for s in from_statuses)}); wait until it is "
-                    f"one of those, or fork it to start over from a checkpoint: 'agentq fork "
-                    f"{thread_id} --from N' (store.fork in code)",
-                    thread_id=thread_id,
-                    status=status.value,
-                )
+                raise not_reopenable(thread_id, status.value, from_statuses)
             if status == Status.WAITING:  # answered in time: the timeout never fires
                 values.update(timeout=None, timeout_at=None)
             now = time.time()

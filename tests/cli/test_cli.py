@@ -272,6 +272,24 @@ def test_diff_and_history_agree_on_what_a_step_changed(backend: Backend) -> None
     assert rows[1].endswith("  node, state.flag, state.count, cursors"), rows
 
 
+def test_a_missing_checkpoint_is_told_by_the_steps_the_thread_holds(backend: Backend) -> None:
+    # Written by workers keeping 2 checkpoints; the command line's store keeps the default.
+    writer: Store = (
+        SQLiteStore(backend.workdir / "agentq.db", keep_last=2)
+        if backend.kind == "sqlite"
+        else RedisStore.from_url(backend.url, prefix=backend.prefix, keep_last=2)
+    )
+    with writer:
+        drive(writer, "t-long", [{"n": n} for n in range(5)])
+    pruned = run(backend, "show", "t-long", "--step", "1")
+    assert_one_line_error(pruned, "step 1", "holds steps 3 to 4", "keep_last", "history", code=1)
+    assert "20" not in pruned.stderr  # not the reader's own keep_last
+    forked = run(backend, "fork", "t-long", "--from", "0")
+    assert_one_line_error(forked, "cannot fork", "holds steps 3 to 4", code=1)
+    ahead = run(backend, "diff", "t-long", "3", "9")
+    assert_one_line_error(ahead, "step 9", "never written: the latest is 4", code=1)
+
+
 def test_ids_and_errors_print_as_written(backend: Backend) -> None:
     # rich would read brackets as markup and :x: as an emoji code.
     token = drive(backend.store, "odd[/b]:x:", [{"key [1]": "[/red]"}])

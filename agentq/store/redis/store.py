@@ -20,7 +20,6 @@ from redis.cluster import RedisCluster
 from agentq.codec.envelope import decode_checkpoint, decode_envelope, encode_value
 from agentq.errors import (
     ArtifactNotFound,
-    CheckpointNotFound,
     GraphStepMoved,
     LeaseLost,
     ThreadExists,
@@ -181,13 +180,7 @@ class RedisStore(RedisCheckpoints, RedisEffects, RedisLimits, RedisListing, Redi
         pipe.smembers(self.keys.owned(thread_id))
         data, (created, task, input_blob, options_blob, *driven), owned_keys = pipe.execute()
         if data is None:
-            raise CheckpointNotFound(
-                "cannot fork: the checkpoint is not stored (never written, or pruned by "
-                f"keep_last); list the stored steps with 'agentq history {thread_id}' "
-                "(store.history in code)",
-                thread_id=thread_id,
-                step=step,
-            )
+            raise self._not_stored(thread_id, step, forking=True)
         source = decode_checkpoint(thread_id, blob(data), step=step)
         if source.node is None:
             raise final_checkpoint(thread_id, step)

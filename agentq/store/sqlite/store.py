@@ -201,7 +201,7 @@ class SQLiteStore(
                 (thread_id, step),
             ).fetchone()
             if source is None:
-                raise checkpoint_not_found(thread_id, step, self.keep_last)
+                raise checkpoint_not_found(db, thread_id, step, forking=True)
             node = decode_checkpoint(thread_id, source["data"], step=step).node
             if node is None:
                 raise final_checkpoint(thread_id, step)

@@ -556,6 +556,8 @@ def test_bad_arguments_are_one_line(
         (["-A", "os:path", "threads"], ["'os:path' is a module, not a Celery app"]),
         (["--store", "redis://:pw@127.0.0.1:99999/0", "threads"], ["Redis URL", "Port"]),
         (["--store", "redis://127.0.0.1:6379/abc", "threads"], ["database 'abc'", "number"]),
+        (["--store", "sqlite:///agentq.db?mode=ro", "threads"], ["query string (?mode=ro)"]),
+        (["--store", "sqlite:///agentq.db#x", "doctor"], ["fragment (#x)", "sqlite:///agentq.db"]),
         (["--bogus"], ["No such option"]),
     ],
 )
@@ -565,6 +567,15 @@ def test_bad_store_or_app_is_one_line(
     monkeypatch.delenv("AGENTQ_STORE", raising=False)
     monkeypatch.delenv("AGENTQ_APP", raising=False)
     assert_one_line_error(CliRunner().invoke(cli, args), *fragments)
+
+
+def test_a_database_the_redis_server_lacks_is_one_line(redis_server: RedisServer) -> None:
+    # The server refuses the URL's database when connecting: no finding about CONFIG.
+    missing = redis_server.url.rsplit("/", 1)[0] + "/99"
+    for command in ("threads", "doctor"):
+        result = CliRunner().invoke(cli, ["--store", missing, command])
+        assert_one_line_error(result, "DB index is out of range", "database number", code=1)
+        assert "CONFIG" not in result.output
 
 
 def test_store_and_prefix_come_from_the_environment(threads: Backend) -> None:

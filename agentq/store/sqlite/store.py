@@ -50,6 +50,27 @@ _URL_PREFIX: Final = "sqlite:///"
 _GC_BATCH: Final = 500
 
 
+def path_of_url(url: str) -> str:
+    """The file a ``sqlite:///`` URL names; :class:`~agentq.errors.StoreConfigError` for
+    a URL that names none, or adds what agentq would not honour."""
+    if not url.startswith(_URL_PREFIX):
+        raise StoreConfigError(
+            f"cannot use store URL {url!r}; write sqlite:///relative/path.db or "
+            "sqlite:////absolute/path.db (no host)"
+        )
+    path = url[len(_URL_PREFIX) :]
+    cut = min((at for at in (path.find("?"), path.find("#")) if at >= 0), default=-1)
+    if cut >= 0:
+        # SQLite's own URI options (mode=ro, cache=shared) would change how every
+        # process shares the file; agentq opens it one way, so none are taken.
+        what = "query string" if path[cut] == "?" else "fragment"
+        raise StoreConfigError(
+            f"store URL {url!r} has a {what} ({path[cut:]}), which a SQLite store URL does "
+            f"not take; write the path alone, e.g. sqlite:///{path[:cut] or 'agentq.db'}"
+        )
+    return path
+
+
 class SQLiteStore(
     CheckpointsMixin, EffectsMixin, LeasesMixin, LimitsMixin, ListingMixin, ThreadKeysMixin, Store
 ):
@@ -95,12 +116,7 @@ class SQLiteStore(
     @classmethod
     def from_url(cls, url: str, **options: Any) -> SQLiteStore:
         """Open ``sqlite:///relative/path.db`` or ``sqlite:////absolute/path.db``."""
-        if not url.startswith(_URL_PREFIX) or "?" in url or "#" in url:
-            raise StoreConfigError(
-                f"cannot use store URL {url!r}; write sqlite:///relative/path.db or "
-                "sqlite:////absolute/path.db (no host, no query string)"
-            )
-        return cls(url[len(_URL_PREFIX) :], **options)
+        return cls(path_of_url(url), **options)
 
     # -- threads -------------------------------------------------------------------------
 

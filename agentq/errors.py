@@ -146,6 +146,17 @@ class ThreadStateError(AgentqError):
         super().__init__(message, thread_id=thread_id)
 
 
+class MessageNotSent(AgentqError):
+    """Raised when a thread was queued again in the store (resumed, retried, an effect
+    settled) but its Celery message could not be sent; the send's own error is its
+    ``__cause__``. The thread is not lost, and asking again would be refused: a worker's
+    sweeper sends it once it is due. ``status`` is the thread's status (``queued``)."""
+
+    def __init__(self, message: str, *, thread_id: str, status: str):
+        self.status = status
+        super().__init__(message, thread_id=thread_id)
+
+
 class FinalCheckpoint(AgentqError, ValueError):
     """Raised when forking the checkpoint a thread finished at: the fork would have no
     node to run."""

@@ -42,6 +42,11 @@ FINISHED = frozenset({Status.DONE, Status.FAILED, Status.CANCELLED})
 LIVE = frozenset({Status.QUEUED, Status.RUNNING, Status.RETRYING})
 IDLE = frozenset({Status.WAITING, Status.FAILED, Status.CANCELLED, Status.NEEDS_ATTENTION})
 
+MAX_NUMBER = 2**53
+"""The largest step, count or offset a person may give the command line or the inspector:
+above any a store holds, and within SQLite's 64-bit integers (and the whole numbers JSON
+keeps exact), so a larger one is refused as bad input rather than overflowing a query."""
+
 
 @dataclass(frozen=True)
 class Checkpoint:

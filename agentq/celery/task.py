@@ -27,6 +27,7 @@ from agentq.errors import (
     InvalidArgument,
     InvalidInput,
     LimitError,
+    MessageNotSent,
     StoreUnavailable,
     ThreadNotFound,
     ThreadStopped,
@@ -474,7 +475,12 @@ class AgentTask(Task):  # type: ignore[misc]
     def resume(self, thread_id: str, value: Any = None, **options: Any) -> AsyncResult:
         """Continue a ``waiting`` thread: ``value`` becomes ``run.resume_value`` (and what
         ``run.interrupt()`` returns). A thread that failed in the node given the previous
-        answer is resumed with this one instead."""
+        answer is resumed with this one instead.
+
+        The thread is queued in the store, then its message is sent; when that send
+        fails, :class:`~agentq.errors.MessageNotSent` says the thread stays queued (a
+        worker's sweeper sends it in ``start_grace``), as for :meth:`retry_thread` and
+        :meth:`resolve_effect`."""
         meta = self._store_call(
             "resuming the thread",
             thread_id,
@@ -484,7 +490,7 @@ class AgentTask(Task):  # type: ignore[misc]
             resume_value=value,
             start_grace=self.agentq.settings.start_grace,
         )
-        return self.resend(meta, **options)
+        return self._send_reopened(meta, options)
 
     def retry_thread(self, thread_id: str, **options: Any) -> AsyncResult:
         """Run a ``failed`` or ``needs_attention`` thread again from its latest checkpoint
@@ -498,7 +504,7 @@ class AgentTask(Task):  # type: ignore[misc]
             from_statuses={Status.FAILED, Status.NEEDS_ATTENTION},
             start_grace=self.agentq.settings.start_grace,
         )
-        return self.resend(meta, **options)
+        return self._send_reopened(meta, options)
 
     def resolve_effect(
         self,
@@ -524,7 +530,12 @@ class AgentTask(Task):  # type: ignore[misc]
             did_not_run=did_not_run,
             start_grace=self.agentq.settings.start_grace,
         )
-        return self.resend(meta, **options)
+        return self._send_reopened(meta, options)
+
+    def _send_reopened(self, meta: ThreadMeta, options: dict[str, Any]) -> AsyncResult:
+        return send_reopened(
+            meta, self.agentq.settings.start_grace, lambda: self.resend(meta, **options)
+        )
 
     def cancel(self, thread_id: str) -> Status:
         """Cancel the thread: at once if idle, at the next step boundary if running."""
@@ -579,3 +590,22 @@ def resend_thread(app: Any, meta: ThreadMeta) -> Any:
     if isinstance(task, AgentTask):
         return task.resend(meta)
     return app.send_task(meta.task, args=(meta.thread_id,), **_stored(meta.options))
+
+
+def send_reopened(meta: ThreadMeta, start_grace: float, send: Callable[[], T]) -> T:
+    """``send()`` the message of a thread a person just queued again (resumed, retried,
+    an effect settled) in ``start_grace`` seconds. The store's change stands whatever the
+    broker does, and asking again is refused now that the thread is queued, so a failed
+    send raises :class:`~agentq.errors.MessageNotSent`, which says so, not the broker's
+    bare error: read as a failed resume, that error would have the operator ask again."""
+    try:
+        return send()
+    except Exception as exc:  # whatever stopped the send, the thread is queued
+        raise MessageNotSent(
+            f"queued again, but its message was not sent ({type(exc).__name__}: {exc}); it "
+            f"is not lost: a worker's sweeper sends it when it is due, in {start_grace:g} s "
+            "(start_grace), once the broker is reachable. Do not ask again: the thread is "
+            "queued now, and a resume, retry or settle of it is refused",
+            thread_id=meta.thread_id,
+            status=meta.status.value,
+        ) from exc

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import Collection
 from typing import Any
@@ -11,13 +10,13 @@ import click
 from rich.markup import escape
 
 from agentq.cli.output import emit_json
-from agentq.cli.read_commands import json_option, pass_session
+from agentq.cli.read_commands import STEP, json_option, pass_session
 from agentq.cli.session import Session
 from agentq.ids import validate_thread_id
 from agentq.ops.console import console
+from agentq.ops.control import Requeued, requeue
 from agentq.ops.control import cancel as cancel_thread
-from agentq.ops.control import requeue
-from agentq.ops.jsonable import plain, short
+from agentq.ops.jsonable import loads, plain, short
 from agentq.records import Status
 from agentq.store.contract import UNSET
 
@@ -27,8 +26,8 @@ def parse_json(ctx: click.Context, param: click.Parameter, value: str | None) ->
     if value is None:
         return None
     try:
-        return json.loads(value)
-    except json.JSONDecodeError as exc:
+        return loads(value)
+    except ValueError as exc:
         raise click.BadParameter(
             f"{value!r} is not JSON ({exc}); quote strings, e.g. '{{\"approved\": true}}' "
             "or '\"yes\"'",
@@ -42,7 +41,7 @@ def parse_json(ctx: click.Context, param: click.Parameter, value: str | None) ->
 @click.option(
     "--from",
     "step",
-    type=click.IntRange(min=0),
+    type=STEP,
     required=True,
     help="The checkpoint (step) to copy.",
 )
@@ -54,7 +53,10 @@ def fork(session: Session, thread: str, step: int, new_thread: str | None, as_js
     there. The fork waits: start it with 'agentq resume NEW', adding --value JSON when
     its first node asks a human (run.interrupt() returns that value)."""
     source = session.meta(thread)
-    target = validate_thread_id(new_thread or f"{thread}-fork-{step}-{uuid.uuid4().hex[:4]}")
+    # Only an absent --to gets a generated id: --to "" is a mistake (an unset variable).
+    if new_thread is None:
+        new_thread = f"{thread}-fork-{step}-{uuid.uuid4().hex[:4]}"
+    target = validate_thread_id(new_thread)
     meta = session.store.fork(thread, step, target)
     if as_json:
         emit_json(meta)
@@ -79,12 +81,12 @@ def fork(session: Session, thread: str, step: int, new_thread: str | None, as_js
 
 def _reopen_and_send(
     session: Session, thread: str, from_statuses: Collection[Status], value: Any = UNSET
-) -> dict[str, Any]:
+) -> Requeued:
     """Queue the thread again and tell how it will start: sent now with an app, else
     picked up by the workers' sweeper (which re-sends every due thread)."""
     session.meta(thread)
     app = session.app
-    requeued = requeue(
+    return requeue(
         session.store,
         app,
         thread,
@@ -92,12 +94,29 @@ def _reopen_and_send(
         value=value,
         start_grace=session.settings.start_grace,
     )
-    return {"thread_id": thread, "status": requeued.status.value, "sent": requeued.sent}
 
 
-def report_queued(outcome: dict[str, Any], verb: str, as_json: bool) -> None:
+def queued_outcome(requeued: Requeued, **fields: Any) -> dict[str, Any]:
+    """What ``--json`` prints of a thread queued again."""
+    not_sent = None if requeued.not_sent is None else str(requeued.not_sent)
+    return {
+        "thread_id": requeued.thread_id,
+        **fields,
+        "status": requeued.status.value,
+        "sent": requeued.sent,
+        "not_sent": not_sent,
+    }
+
+
+def report_queued(requeued: Requeued, outcome: dict[str, Any], verb: str, as_json: bool) -> None:
+    """Tell how the thread will start. A message the app could not send fails the command
+    as Celery's ``delay()`` fails on a broker it cannot reach, with the error saying the
+    thread is queued all the same, so that nobody asks again (which is refused)."""
     if as_json:
         emit_json(outcome)
+    if requeued.not_sent is not None:
+        raise requeued.not_sent
+    if as_json:
         return
     thread = escape(outcome["thread_id"])
     if outcome["sent"]:
@@ -131,9 +150,9 @@ def resume(session: Session, thread: str, value: Any, as_json: bool) -> None:
     given = source == click.core.ParameterSource.COMMANDLINE
     answer = value if given else UNSET
     statuses = session.meta(thread).resumable_from if given else {Status.WAITING}
-    outcome = _reopen_and_send(session, thread, statuses, answer)
-    outcome["resume_value"] = plain(value) if given else None
-    report_queued(outcome, "Resumed", as_json)
+    requeued = _reopen_and_send(session, thread, statuses, answer)
+    outcome = queued_outcome(requeued, resume_value=plain(value) if given else None)
+    report_queued(requeued, outcome, "Resumed", as_json)
 
 
 @click.command(short_help="Run a failed thread again from its latest checkpoint.")
@@ -143,8 +162,8 @@ def resume(session: Session, thread: str, value: Any, as_json: bool) -> None:
 def retry(session: Session, thread: str, as_json: bool) -> None:
     """Run a failed or needs_attention THREAD again from its latest checkpoint, once you
     fixed what stopped it."""
-    outcome = _reopen_and_send(session, thread, {Status.FAILED, Status.NEEDS_ATTENTION})
-    report_queued(outcome, "Retrying", as_json)
+    requeued = _reopen_and_send(session, thread, {Status.FAILED, Status.NEEDS_ATTENTION})
+    report_queued(requeued, queued_outcome(requeued), "Retrying", as_json)
 
 
 @click.command(short_help="Cancel a thread.")

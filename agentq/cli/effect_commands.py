@@ -8,7 +8,7 @@ import click
 from rich.table import Table
 from rich.text import Text
 
-from agentq.cli.control_commands import parse_json, report_queued
+from agentq.cli.control_commands import parse_json, queued_outcome, report_queued
 from agentq.cli.output import ago, emit_json, show_block
 from agentq.cli.read_commands import json_option, pass_session
 from agentq.cli.session import Session
@@ -96,13 +96,7 @@ def resolve(
         did_not_run=did_not_run,
         start_grace=session.settings.start_grace,
     )
-    outcome = {
-        "thread_id": thread,
-        "key": key,
-        "status": settled.status.value,
-        "sent": settled.sent,
-    }
-    report_queued(outcome, f"Settled {key} of", as_json)
+    report_queued(settled, queued_outcome(settled, key=key), f"Settled {key} of", as_json)
 
 
 EFFECT_COMMANDS: tuple[Any, ...] = (effects, resolve)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -29,10 +30,26 @@ SLOW_COMMIT_MS = 50.0
 """A commit slower than this is worth a note: every step of every agent pays it once."""
 
 
+class Seconds(click.FloatRange):
+    """A duration in seconds from ``min`` up. ``float()`` reads "nan" and "inf" too, and
+    a range lets NaN through (every comparison with it is false): neither is a duration
+    a store can compare times with."""
+
+    name = "seconds"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        seconds = super().convert(value, param, ctx)
+        if not math.isfinite(seconds):
+            self.fail(
+                f"{value!r} is not a finite number of seconds; give one such as 3600", param, ctx
+            )
+        return seconds
+
+
 @click.command(short_help="Delete finished threads past their retention.")
 @click.option(
     "--older-than",
-    type=click.FloatRange(min=0),
+    type=Seconds(min=0),
     metavar="SECONDS",
     help="Delete threads finished longer ago than this (default: the "
     "finished_ttl setting, 7 days unless configured).",
@@ -213,7 +230,7 @@ def doctor(session: Session, as_json: bool) -> None:
 @click.option("--once", is_flag=True, help="Sweep once and exit.")
 @click.option(
     "--interval",
-    type=click.FloatRange(min=0.01),
+    type=Seconds(min=0.01),
     metavar="SECONDS",
     help="Time between sweeps (default: the sweep_interval setting).",
 )

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any, Final
 
@@ -10,7 +9,7 @@ import click
 from rich.console import Console, RenderableType
 from rich.text import Text
 
-from agentq.ops.jsonable import plain
+from agentq.ops.jsonable import dumps
 from agentq.records import Status, ThreadMeta
 
 STATUS_STYLES: Final = {
@@ -38,7 +37,7 @@ def show_block(out: Console, renderable: RenderableType) -> None:
 
 
 def emit_json(data: Any) -> None:
-    click.echo(json.dumps(plain(data), indent=2, ensure_ascii=False))
+    click.echo(dumps(data, indent=2))
 
 
 def status_text(status: Status) -> Text:

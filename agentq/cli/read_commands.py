@@ -24,10 +24,12 @@ from agentq.cli.session import Session
 from agentq.ops.console import console
 from agentq.ops.diffing import Change, changed_parts, checkpoint_changes
 from agentq.ops.jsonable import plain, short
-from agentq.records import Checkpoint, Status, ThreadMeta
+from agentq.records import MAX_NUMBER, Checkpoint, Status, ThreadMeta
 
 pass_session = click.make_pass_decorator(Session)
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+STEP = click.IntRange(min=0, max=MAX_NUMBER)
+"""A checkpoint's step as a person gives it; a number past any step is a usage error."""
 
 _HISTORY_PAGE = 100
 
@@ -51,7 +53,7 @@ def _note(meta: ThreadMeta) -> str:
 )
 @click.option(
     "--limit",
-    type=click.IntRange(min=1),
+    type=click.IntRange(min=1, max=MAX_NUMBER),
     default=50,
     show_default=True,
     help="How many threads, newest first.",
@@ -146,9 +148,7 @@ def _checkpoint_view(checkpoint: Checkpoint, latest: bool) -> Panel:
 
 @click.command(short_help="Show a thread and its latest (or Nth) checkpoint.")
 @click.argument("thread")
-@click.option(
-    "--step", type=click.IntRange(min=0), help="Show this checkpoint instead of the latest."
-)
+@click.option("--step", type=STEP, help="Show this checkpoint instead of the latest.")
 @json_option
 @pass_session
 def show(session: Session, thread: str, step: int | None, as_json: bool) -> None:
@@ -182,7 +182,9 @@ def _all_checkpoints(session: Session, thread: str, limit: int | None) -> list[C
 
 @click.command(short_help="List a thread's checkpoints and what each step changed.")
 @click.argument("thread")
-@click.option("--limit", type=click.IntRange(min=1), help="Only the newest N checkpoints.")
+@click.option(
+    "--limit", type=click.IntRange(min=1, max=MAX_NUMBER), help="Only the newest N checkpoints."
+)
 @json_option
 @pass_session
 def history(session: Session, thread: str, limit: int | None, as_json: bool) -> None:
@@ -239,8 +241,8 @@ def _change_line(change: Change) -> Text:
 
 @click.command(short_help="Compare two checkpoints of a thread.")
 @click.argument("thread")
-@click.argument("a", type=click.IntRange(min=0))
-@click.argument("b", type=click.IntRange(min=0))
+@click.argument("a", type=STEP)
+@click.argument("b", type=STEP)
 @json_option
 @pass_session
 def diff(session: Session, thread: str, a: int, b: int, as_json: bool) -> None:

@@ -15,6 +15,7 @@ from agentq.ids import validate_thread_id
 from agentq.records import ThreadMeta
 from agentq.settings import Settings
 from agentq.store.contract import Store
+from agentq.store.sqlite.store import path_of_url
 
 
 class CliError(Exception):
@@ -180,9 +181,9 @@ def _load_app(path: str) -> Any:
 def _refuse_missing_sqlite_file(url: str) -> None:
     # Opening a missing SQLite file would create an empty store, and a mistyped path would
     # quietly show no threads.
-    if not url.startswith("sqlite:///"):
+    if not url.startswith("sqlite:"):
         return
-    path = url[len("sqlite:///") :]
+    path = path_of_url(url)
     if path and not os.path.exists(path):
         raise CliError(
             f"no SQLite store at {os.path.abspath(path)!r}: the file does not exist; check "

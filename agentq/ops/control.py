@@ -1,7 +1,8 @@
 """Acting on a thread as the command line and the inspector both do. Sending a stopped
 thread on again: queue it in the store, then send its message at once with an app, or
-leave it to the workers' sweeper (which sends every due thread) without one. Cancelling
-it: through its task with an app, as ``agent.cancel()`` does, or in the store alone."""
+leave it to the workers' sweeper (which sends every due thread) without one, or when that
+send fails. Cancelling it: through its task with an app, as ``agent.cancel()`` does, or
+in the store alone."""
 
 from __future__ import annotations
 
@@ -9,19 +10,33 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
-from agentq.celery.task import AgentTask, key_sent_with, resend_thread
-from agentq.records import Status
+from agentq.celery.task import AgentTask, key_sent_with, resend_thread, send_reopened
+from agentq.errors import MessageNotSent
+from agentq.records import Status, ThreadMeta
 from agentq.store.contract import UNSET, Store
 
 
 @dataclass(frozen=True)
 class Requeued:
-    """A thread queued again: its status now, and the Celery task id of the message sent
-    (``None`` when the sweeper will send it)."""
+    """A thread queued again: its status now, the Celery task id of the message sent
+    (``None`` when the sweeper will send it), and why the message was not sent when the
+    app could not send it (the thread stays queued; the sweeper sends it when due)."""
 
     thread_id: str
     status: Status
     sent: str | None
+    not_sent: MessageNotSent | None = None
+
+
+def _send(app: Any, meta: ThreadMeta, start_grace: float) -> Requeued:
+    # Not raised: the store's change is made, and the caller reports both halves.
+    if app is None:
+        return Requeued(meta.thread_id, meta.status, None)
+    try:
+        sent = send_reopened(meta, start_grace, lambda: resend_thread(app, meta))
+    except MessageNotSent as exc:
+        return Requeued(meta.thread_id, meta.status, None, exc)
+    return Requeued(meta.thread_id, meta.status, sent.id)
 
 
 def requeue(
@@ -35,15 +50,15 @@ def requeue(
 ) -> Requeued:
     """Reopen a thread in one of ``from_statuses`` (with ``value`` as its resume value when
     given). Without an app it is due at once, so a sweeper sends it on its next pass; with
-    one it gets ``start_grace`` for the message sent now to arrive."""
+    one it gets ``start_grace`` for the message sent now to arrive, after which a sweeper
+    sends it if that message never came or could not be sent (``Requeued.not_sent``)."""
     meta = store.reopen(
         thread_id,
         from_statuses=from_statuses,
         resume_value=value,
         start_grace=0 if app is None else start_grace,
     )
-    sent = None if app is None else resend_thread(app, meta).id
-    return Requeued(thread_id, meta.status, sent)
+    return _send(app, meta, start_grace)
 
 
 def settle(
@@ -65,8 +80,7 @@ def settle(
         did_not_run=did_not_run,
         start_grace=0 if app is None else start_grace,
     )
-    sent = None if app is None else resend_thread(app, meta).id
-    return Requeued(thread_id, meta.status, sent)
+    return _send(app, meta, start_grace)
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ A line diff of pretty-printed JSON would show brackets moving; paths such as
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from typing import Any, Final
@@ -56,9 +57,24 @@ def value_changes(path: str, old: Any, new: Any) -> list[Change]:
                 )
             )
         return changes
-    if type(old) is not type(new) or old != new:
+    if not same(old, new):
         return [Change(path, "changed", old, new)]
     return []
+
+
+def same(old: Any, new: Any) -> bool:
+    """Whether a value is unchanged as stored: of one type all the way down (``1``,
+    ``1.0`` and ``True`` differ, as a tuple and a list do), and NaN equal to NaN (a state
+    that held NaN and still does did not change; ``==`` says it did)."""
+    if type(old) is not type(new):
+        return False
+    if isinstance(old, dict):
+        return old.keys() == new.keys() and all(same(value, new[key]) for key, value in old.items())
+    if isinstance(old, list | tuple):
+        return len(old) == len(new) and all(map(same, old, new))
+    if isinstance(old, float) and math.isnan(old):
+        return math.isnan(new)
+    return bool(old == new)
 
 
 def _pair(path: str, old: Any, new: Any) -> list[Change]:
@@ -77,12 +93,12 @@ def _child(path: str, key: Any) -> str:
 
 def changed_parts(old: Checkpoint, new: Checkpoint) -> list[str]:
     """The top-level names a step changed (``node``, ``state.messages``, ``pending``...),
-    for one-line summaries."""
+    for one-line summaries: those under which :func:`checkpoint_changes` finds a change."""
     names = ["node"] if old.node != new.node else []
     for key in [*old.state, *(k for k in new.state if k not in old.state)]:
-        if old.state.get(key, _MISSING) != new.state.get(key, _MISSING):
+        if not same(old.state.get(key, _MISSING), new.state.get(key, _MISSING)):
             names.append(_child("state", key))
     names.extend(
-        part for part in ("pending", "cursors") if getattr(old, part) != getattr(new, part)
+        part for part in ("pending", "cursors") if not same(getattr(old, part), getattr(new, part))
     )
     return names

@@ -4,16 +4,16 @@ and store calls as the command line's ``resume``, ``retry``, ``cancel``, ``fork`
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
-from agentq.errors import InvalidArgument, ThreadStateError
+from agentq.errors import InvalidArgument, MessageNotSent, ThreadStateError
 from agentq.ids import validate_effect_key, validate_thread_id
 from agentq.ops.control import Requeued, cancel, requeue, settle
-from agentq.records import Status, ThreadMeta
+from agentq.ops.jsonable import loads
+from agentq.records import MAX_NUMBER, Status, ThreadMeta
 from agentq.store.contract import UNSET, Store
 from agentq.store.contract.effects import RESOLVABLE
 
@@ -24,11 +24,13 @@ Form = dict[str, str]
 @dataclass(frozen=True)
 class Outcome:
     """Where the operator goes next: the thread acted on (the fork, for a fork), its
-    status after the action and the Celery task id of a message sent at once, if one was."""
+    status after the action, the Celery task id of a message sent at once, if one was,
+    and why the app could not send one when it tried (the thread stays queued)."""
 
     thread_id: str
     status: Status
     sent: str | None = None
+    not_sent: MessageNotSent | None = None
 
 
 @dataclass(frozen=True)
@@ -56,8 +58,8 @@ def json_field(form: Form, name: str, what: str) -> Any:
     if not text:
         return UNSET
     try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
+        return loads(text)
+    except ValueError as exc:
         raise InvalidArgument(
             f'{what} is not JSON ({exc}); quote strings, e.g. {{"approved": true}} or "yes"',
             thread_id=form.get("id"),
@@ -69,10 +71,6 @@ def fork_target(form: Form) -> tuple[int, str]:
     step = whole_number(form.get("step", ""), "the step to fork", thread_id)
     target = form.get("to", "").strip() or f"{thread_id}-fork-{step}-{uuid.uuid4().hex[:4]}"
     return step, validate_thread_id(target)
-
-
-MAX_NUMBER: Final = 2**53
-"""Above any step or offset a store holds; larger numbers are refused, not overflowed."""
 
 
 def whole_number(raw: str, what: str, thread_id: str | None = None) -> int:
@@ -87,7 +85,7 @@ def whole_number(raw: str, what: str, thread_id: str | None = None) -> int:
 
 
 def _outcome(requeued: Requeued) -> Outcome:
-    return Outcome(requeued.thread_id, requeued.status, requeued.sent)
+    return Outcome(requeued.thread_id, requeued.status, requeued.sent, requeued.not_sent)
 
 
 def _resume(store: Store, app: Any, grace: float, form: Form, meta: ThreadMeta) -> Outcome:

@@ -3,7 +3,7 @@ plain function, which Starlette runs on its thread pool."""
 
 from __future__ import annotations
 
-import json
+import logging
 from typing import Any, Final
 from urllib.parse import parse_qsl, urlencode
 
@@ -22,12 +22,14 @@ from agentq.errors import (
     ThreadNotFound,
 )
 from agentq.ids import validate_thread_id
-from agentq.ops.jsonable import plain
+from agentq.ops.jsonable import dumps
 from agentq.records import Checkpoint, Status, ThreadMeta
 from agentq.ui.actions import ACTIONS, Form, check, notice, perform, whole_number
 from agentq.ui.inspector import Inspector
 from agentq.ui.security import SECURE_HEADERS, same
 from agentq.ui.views import Filter, Shown, as_json, diff, summary, thread_view, threads_page
+
+logger = logging.getLogger("agentq")
 
 _MAX_FORM: Final = 1 << 20
 
@@ -119,6 +121,8 @@ def thread(request: Request) -> Response:
         parts=_parts(view.shown) if view.shown is not None else [],
         notice=notice(ACTIONS[done], _status(request)) if done in ACTIONS else None,
         sent=request.query_params.get("sent"),
+        not_sent=request.query_params.get("not_sent") == "1",
+        start_grace=inspector(request).start_grace,
         actions=ACTIONS,
     )
 
@@ -142,8 +146,8 @@ def checkpoint_json(request: Request) -> Response:
     step = _number(request, "step")
     store = inspector(request).store
     found = meta if step is None else store.checkpoint(meta.thread_id, step)
-    # As the command line's --json: a state may hold NaN, which strict JSON has no word for.
-    return Response(json.dumps(plain(found), ensure_ascii=False), media_type="application/json")
+    # As the command line's --json: strict JSON, a NaN in a state tagged as bytes are.
+    return Response(dumps(found), media_type="application/json")
 
 
 def artifact(request: Request) -> Response:
@@ -221,6 +225,10 @@ def _act(request: Request, form: Form) -> Response:
     query = {"id": outcome.thread_id, "done": name, "status": outcome.status.value}
     if outcome.sent:
         query["sent"] = outcome.sent
+    if outcome.not_sent is not None:
+        # Only a flag in the address: a link anyone can make must not put words on the page.
+        logger.warning("inspector: %s", outcome.not_sent)
+        query["not_sent"] = "1"
     return RedirectResponse("/thread?" + urlencode(query), status_code=303)
 
 

@@ -9,6 +9,7 @@ that send messages to a broker.
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -28,7 +29,7 @@ from agentq.records import Checkpoint, Status
 from agentq.store.contract import Store
 from agentq.store.redis.store import RedisStore
 from agentq.store.sqlite.store import SQLiteStore
-from tests.support.redis_server import RedisServer, wait_until
+from tests.support.redis_server import RedisServer, free_port, wait_until
 
 BIN = Path(sys.executable).parent
 TASK = "tests.cli_agent"
@@ -233,6 +234,62 @@ def test_diff_shows_changed_paths(threads: Backend) -> None:
     assert "No differences" in run(threads, "diff", "t-done", "2", "2").stdout
 
 
+def strict_json(text: str) -> Any:
+    """``text`` read as JSON readers other than Python's read it: no NaN, no Infinity."""
+
+    def refuse(word: str) -> None:
+        raise AssertionError(f"{word} is not JSON: {text}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_json_of_a_state_holding_nan_is_strict_json(backend: Backend) -> None:
+    drive(backend.store, "t-nan", [{"score": 1.0}, {"score": math.nan, "bound": -math.inf}])
+    shown = strict_json(run(backend, "show", "t-nan", "--json").stdout)
+    tagged = {"score": {"$float": "NaN"}, "bound": {"$float": "-Infinity"}}
+    assert shown["checkpoint"]["state"] == tagged
+    assert strict_json(run(backend, "history", "t-nan", "--json").stdout)[0]["state"] == tagged
+    changes = strict_json(run(backend, "diff", "t-nan", "0", "1", "--json").stdout)["changes"]
+    assert {"path": "state.score", "kind": "changed", "before": 1.0, "after": tagged["score"]} in (
+        changes
+    )
+    assert '"score": NaN' in run(backend, "show", "t-nan").stdout  # people read it as it is
+
+
+def test_diff_and_history_agree_on_what_a_step_changed(backend: Backend) -> None:
+    before = {"score": math.nan, "scores": [math.nan], "flag": 1, "count": 1}
+    drive(backend.store, "t-kinds", [before, {**before, "flag": True, "count": 1.0}])
+    # NaN is still NaN; 1 became True, and 1 became 1.0: a change of what is stored.
+    changes = ok_json(backend, "diff", "t-kinds", "0", "1")["changes"]
+    assert [(c["path"], c["before"], c["after"]) for c in changes] == [
+        ("node", "node1", "node2"),
+        ("state.flag", 1, True),
+        ("state.count", 1, 1.0),
+        ("cursors.page", 0, 1),
+    ]
+    rows = run(backend, "history", "t-kinds").stdout.splitlines()
+    assert rows[1].split()[0] == "1", rows
+    assert rows[1].endswith("  node, state.flag, state.count, cursors"), rows
+
+
+def test_a_missing_checkpoint_is_told_by_the_steps_the_thread_holds(backend: Backend) -> None:
+    # Written by workers keeping 2 checkpoints; the command line's store keeps the default.
+    writer: Store = (
+        SQLiteStore(backend.workdir / "agentq.db", keep_last=2)
+        if backend.kind == "sqlite"
+        else RedisStore.from_url(backend.url, prefix=backend.prefix, keep_last=2)
+    )
+    with writer:
+        drive(writer, "t-long", [{"n": n} for n in range(5)])
+    pruned = run(backend, "show", "t-long", "--step", "1")
+    assert_one_line_error(pruned, "step 1", "holds steps 3 to 4", "keep_last", "history", code=1)
+    assert "20" not in pruned.stderr  # not the reader's own keep_last
+    forked = run(backend, "fork", "t-long", "--from", "0")
+    assert_one_line_error(forked, "cannot fork", "holds steps 3 to 4", code=1)
+    ahead = run(backend, "diff", "t-long", "3", "9")
+    assert_one_line_error(ahead, "step 9", "never written: the latest is 4", code=1)
+
+
 def test_ids_and_errors_print_as_written(backend: Backend) -> None:
     # rich would read brackets as markup and :x: as an emoji code.
     token = drive(backend.store, "odd[/b]:x:", [{"key [1]": "[/red]"}])
@@ -307,7 +364,13 @@ def test_effects_lists_every_record_of_a_thread(threads: Backend) -> None:
 def test_resolve_settles_a_call_and_queues_the_thread(threads: Backend) -> None:
     token = stuck(threads.store)
     settled = ok_json(threads, "resolve", "t-stuck", "call-2", "--result", '{"refund_id": "x"}')
-    assert settled == {"thread_id": "t-stuck", "key": "call-2", "status": "queued", "sent": None}
+    assert settled == {
+        "thread_id": "t-stuck",
+        "key": "call-2",
+        "status": "queued",
+        "sent": None,
+        "not_sent": None,
+    }
     effect = threads.store.effect("t-stuck", "call-2")
     assert effect is not None and (effect.state, effect.result) == ("done", {"refund_id": "x"})
     assert effect.token == token + 1
@@ -439,11 +502,22 @@ def test_unknown_thread_is_one_line(threads: Backend, args: list[str]) -> None:
         (["show", "t-done", "--step", "99"], ["step 99", "history"], 1),
         (["diff", "t-done", "0", "99"], ["step 99"], 1),
         (["show", "t-done", "--step", "-1"], ["--step"], 2),
+        # Past any step: a usage error on both stores, not SQLite's OverflowError.
+        (["show", "t-done", "--step", str(2**63)], ["--step", "0<=x<="], 2),
+        (["diff", "t-done", "0", str(2**64)], ["'B'", "0<=x<="], 2),
+        (["fork", "t-done", "--from", str(2**63)], ["--from", "0<=x<="], 2),
+        (["history", "t-done", "--limit", str(2**64)], ["--limit", "1<=x<="], 2),
+        (["threads", "--limit", str(2**64)], ["--limit", "1<=x<="], 2),
         (["resume", "t-wait", "--value", "{approved: true}"], ["--value", "not JSON"], 2),
+        # Python's json reads these; no other JSON reader does.
+        (["resume", "t-wait", "--value", "NaN"], ["--value", "NaN is not a JSON number"], 2),
+        (["resume", "t-wait", "--value", '{"x": -Infinity}'], ["-Infinity is not a JSON"], 2),
+        (["resolve", "t-failed", "k", "--result", "[1e999]"], ["--result", "too large"], 2),
         (["resume", "t-done"], ["'t-done'", "done"], 1),
         (["retry", "t-wait"], ["'t-wait'", "waiting"], 1),
         (["fork", "t-done", "--from", "1", "--to", "t-wait"], ["t-wait", "existing"], 1),
         (["fork", "t-done", "--from", "1", "--to", "bad{id}"], ["brace"], 1),
+        (["fork", "t-done", "--from", "1", "--to", ""], ["thread id is empty"], 1),
         (["fork", "t-done", "--from", "3"], ["step 3", "finished", "fork step 2"], 1),
         (
             ["resolve", "t-running", "call-1", "--did-not-run"],
@@ -458,6 +532,9 @@ def test_unknown_thread_is_one_line(threads: Backend, args: list[str]) -> None:
         (["threads", "--status", "lost"], ["--status", "lost"], 2),
         (["threads", "--limit", "0"], ["--limit"], 2),
         (["gc", "--older-than", "-5"], ["--older-than"], 2),
+        (["gc", "--older-than", "nan"], ["--older-than", "'nan' is not a finite number"], 2),
+        (["gc", "--older-than", "inf", "--dry-run"], ["--older-than", "'inf' is not a"], 2),
+        (["sweep", "--interval", "NaN"], ["--interval", "'NaN' is not a finite number"], 2),
         (["sweep", "--once"], ["sweep needs your Celery app", "-A"], 1),
         (["nonsense"], ["No such command"], 2),
     ],
@@ -479,6 +556,8 @@ def test_bad_arguments_are_one_line(
         (["-A", "os:path", "threads"], ["'os:path' is a module, not a Celery app"]),
         (["--store", "redis://:pw@127.0.0.1:99999/0", "threads"], ["Redis URL", "Port"]),
         (["--store", "redis://127.0.0.1:6379/abc", "threads"], ["database 'abc'", "number"]),
+        (["--store", "sqlite:///agentq.db?mode=ro", "threads"], ["query string (?mode=ro)"]),
+        (["--store", "sqlite:///agentq.db#x", "doctor"], ["fragment (#x)", "sqlite:///agentq.db"]),
         (["--bogus"], ["No such option"]),
     ],
 )
@@ -488,6 +567,15 @@ def test_bad_store_or_app_is_one_line(
     monkeypatch.delenv("AGENTQ_STORE", raising=False)
     monkeypatch.delenv("AGENTQ_APP", raising=False)
     assert_one_line_error(CliRunner().invoke(cli, args), *fragments)
+
+
+def test_a_database_the_redis_server_lacks_is_one_line(redis_server: RedisServer) -> None:
+    # The server refuses the URL's database when connecting: no finding about CONFIG.
+    missing = redis_server.url.rsplit("/", 1)[0] + "/99"
+    for command in ("threads", "doctor"):
+        result = CliRunner().invoke(cli, ["--store", missing, command])
+        assert_one_line_error(result, "DB index is out of range", "database number", code=1)
+        assert "CONFIG" not in result.output
 
 
 def test_store_and_prefix_come_from_the_environment(threads: Backend) -> None:
@@ -585,6 +673,39 @@ def test_resume_and_retry_with_an_app_send_a_message(threads: Backend) -> None:
     settled = command([*agentq, "resolve", "t-stuck", "call-2", "--did-not-run"], env)
     assert settled.returncode == 0 and "message sent" in settled.stdout, settled.stderr
     assert queued_messages(threads) == 3
+
+
+def test_a_send_the_broker_refuses_says_the_thread_is_queued_all_the_same(
+    threads: Backend,
+) -> None:
+    # Nothing listens on the broker's port: every send is refused.
+    dead = f"redis://127.0.0.1:{free_port()}/0"
+    env = {**demo_app_env(threads), "AGENTQ_DEMO_BROKER": dead, "AGENTQ_DEMO_START_GRACE": "1"}
+    agentq = [str(BIN / "agentq"), "-A", "agentq.demo.app"]
+    resumed = command([*agentq, "resume", "t-wait", "--value", '"yes"', "--json"], env)
+    assert resumed.returncode == 1, resumed.stderr
+    told = resumed.stderr.strip()
+    assert told.count("\n") == 0 and "Traceback" not in told, told
+    for fragment in ("'t-wait'", "queued again", "not sent", "sweeper", "1 s", "refused"):
+        assert fragment in told, told
+    outcome = json.loads(resumed.stdout)
+    assert (outcome["status"], outcome["sent"]) == ("queued", None)
+    assert outcome["not_sent"] in told
+    meta = threads.store.meta("t-wait")
+    assert meta is not None and meta.status == Status.QUEUED and meta.resume_value == "yes"
+
+    retried = command([*agentq, "retry", "t-failed"], env)
+    assert retried.returncode == 1 and retried.stdout == "", retried.stdout
+    assert "'t-failed': queued again" in retried.stderr and "sweeper" in retried.stderr
+    stuck(threads.store)
+    settled = command([*agentq, "resolve", "t-stuck", "call-2", "--did-not-run"], env)
+    assert settled.returncode == 1 and "'t-stuck': queued again" in settled.stderr
+    # What the message said: once the start grace is over, a sweeper sends each of them.
+    wait_until(
+        lambda: {thread for thread, _ in threads.store.due()} >= {"t-wait", "t-failed", "t-stuck"},
+        timeout=10,
+        what="the three threads due for the sweeper",
+    )
 
 
 def test_sweep_once_resends_what_is_due(threads: Backend) -> None:

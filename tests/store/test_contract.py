@@ -685,6 +685,15 @@ def test_gc_deletes_only_the_statuses_it_is_given(store: Store) -> None:
         store.gc(0, {Status.WAITING})
 
 
+def test_gc_refuses_a_ttl_that_is_not_a_number(store: Store) -> None:
+    token = started(store, "done")
+    store.commit("done", token, cp(0, token), status=Status.DONE)
+    with pytest.raises(InvalidArgument, match="finished_ttl is NaN"):
+        store.gc(float("nan"))
+    assert store.gc(float("inf")) == 0  # nothing is that old
+    assert store.meta("done") is not None
+
+
 # -- effects -----------------------------------------------------------------------------
 
 
@@ -976,6 +985,10 @@ def test_reopen_refuses_other_statuses_and_unknown_threads(store: Store) -> None
     with pytest.raises(ThreadStateError) as info:
         store.reopen("t1", from_statuses={Status.WAITING, Status.FAILED})
     assert info.value.status == "running"
+    # What it may be reopened from, and the way out: the same words on every backend.
+    told = str(info.value)
+    assert "status 'running' (only from ['failed', 'waiting'])" in told, told
+    assert "'agentq fork t1 --from N' (store.fork in code)" in told, told
     assert snapshot(store) == before
     with pytest.raises(ThreadNotFound):
         store.reopen("nobody", from_statuses={Status.WAITING})

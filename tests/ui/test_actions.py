@@ -4,6 +4,7 @@ what each action does to the store when the form is odd, stale or hostile."""
 from __future__ import annotations
 
 import html
+import json
 import math
 import re
 import socket
@@ -12,10 +13,11 @@ from collections.abc import Callable
 import httpx
 import pytest
 import redis
+from celery import Celery
 
 from agentq.records import Checkpoint, EffectState, Status
 from agentq.store.redis.store import RedisStore
-from tests.support.redis_server import RedisServer
+from tests.support.redis_server import RedisServer, free_port
 from tests.ui.population import OWNER, TASK, drive
 
 Serve = Callable[..., str]
@@ -87,6 +89,23 @@ def test_a_failed_thread_holding_an_answer_takes_a_new_one(base: str, store: Red
     assert confirm(base, {**form, "value": '"no"'}).status_code == 303
     meta = store.meta("t-waiting")
     assert meta is not None and meta.status == Status.QUEUED and meta.resume_value == "no"
+
+
+def test_a_retry_whose_message_the_broker_refuses_says_the_thread_is_queued(
+    threads: dict[Status, str], serve: Serve, store: RedisStore
+) -> None:
+    refusing = Celery("refusing", broker=f"redis://127.0.0.1:{free_port()}/0", set_as_current=False)
+    try:
+        base = serve(app=refusing, start_grace=9)
+        done = confirm(base, page_form(base, "t-failed", "retry-form"))
+    finally:
+        refusing.close()
+    assert done.status_code == 303, done.text
+    assert store.meta("t-failed").status == Status.QUEUED  # type: ignore[union-attr]
+    notice = httpx.get(base + done.headers["location"]).text.split('id="notice">', 1)[1]
+    notice = html.unescape(notice.split("</p>", 1)[0])
+    assert "Retrying: queued again; its message could not be sent" in notice, notice
+    assert "sweeper sends it when it is due, within 9 s" in notice, notice
 
 
 def test_settling_with_a_result_needs_one(base: str, store: RedisStore) -> None:
@@ -163,8 +182,24 @@ def test_a_state_holding_nan_has_a_json_link_that_works(serve: Serve, store: Red
     drive(store, "t-nan", [{"score": math.nan, "bound": math.inf}])
     base = serve()
     whole = httpx.get(base + "/thread/json", params={"id": "t-nan", "step": "0"})
-    assert whole.status_code == 200 and "NaN" in whole.text and "Infinity" in whole.text
+    assert whole.status_code == 200
+
+    def refuse(word: str) -> None:
+        raise AssertionError(f"{word} is not JSON: {whole.text}")
+
+    # Tagged as the command line's --json writes it: strict JSON, which any reader takes.
+    assert json.loads(whole.text, parse_constant=refuse)["state"] == {
+        "score": {"$float": "NaN"},
+        "bound": {"$float": "Infinity"},
+    }
     assert httpx.get(base + "/thread/json", params={"id": "t-nan"}).status_code == 200
+
+
+def test_a_resume_value_holding_nan_is_refused(base: str, store: RedisStore) -> None:
+    form = {**page_form(base, "t-waiting", "resume-form"), "value": '{"score": NaN}'}
+    refused = confirm(base, form)
+    assert refused.status_code == 409 and "NaN is not a JSON number" in refused.text
+    assert store.meta("t-waiting").status == Status.WAITING  # type: ignore[union-attr]
 
 
 @pytest.mark.parametrize("number", ["²", "\u0661", "99999999999999999999", "-1", "1.5"])

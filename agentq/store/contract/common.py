@@ -5,7 +5,13 @@ from __future__ import annotations
 
 from typing import Final, NamedTuple
 
-from agentq.errors import FinalCheckpoint, GraphStepMoved, InvalidArgument, RetryNotDue
+from agentq.errors import (
+    CheckpointNotFound,
+    FinalCheckpoint,
+    GraphStepMoved,
+    InvalidArgument,
+    RetryNotDue,
+)
 from agentq.records import Status, ThreadMeta
 
 
@@ -57,6 +63,31 @@ def retry_not_due(thread_id: str, seconds: float) -> RetryNotDue:
         "times out then); leave it, recovery sends it then",
         thread_id=thread_id,
         seconds=seconds,
+    )
+
+
+def checkpoint_not_stored(
+    thread_id: str, step: int, first: int | None, latest: int | None, *, forking: bool = False
+) -> CheckpointNotFound:
+    """The refusal to read (or fork) checkpoint ``step`` when the thread holds steps
+    ``first`` to ``latest`` (``latest`` ``None`` or below 0: none). It names the steps
+    held, not a count: the store answering need not have the ``keep_last`` of the
+    workers that pruned them."""
+    if latest is None or latest < 0:
+        why = "the store holds no checkpoint of this thread"
+    elif step > latest:
+        why = f"it was never written: the latest is {latest}"
+    else:
+        why = (
+            f"the thread holds steps {first or 0} to {latest} (older ones were pruned by the "
+            "keep_last setting of the workers that wrote them, raise it to keep more; a fork "
+            "starts at the step it copied)"
+        )
+    return CheckpointNotFound(
+        f"{'cannot fork: ' if forking else ''}checkpoint {step} is not stored: {why}; list "
+        f"the stored steps with 'agentq history {thread_id}' (store.history in code)",
+        thread_id=thread_id,
+        step=step,
     )
 
 

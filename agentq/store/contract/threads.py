@@ -3,11 +3,12 @@ and deleting threads, and their artifacts."""
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any, Final
 
-from agentq.errors import InvalidArgument, ThreadNotFound
+from agentq.errors import InvalidArgument, ThreadNotFound, ThreadStateError
 from agentq.ids import validate_thread_id
 from agentq.records import FINISHED, Listing, Schedule, Status, ThreadMeta
 from agentq.store.contract.common import UNSET
@@ -15,6 +16,20 @@ from agentq.store.meta_fields import CANVAS
 
 COLLECTABLE: Final = FINISHED | {Status.NEEDS_ATTENTION}
 """The statuses ``gc`` may delete: threads nothing drives or will drive by itself."""
+
+
+def not_reopenable(
+    thread_id: str, status: str, from_statuses: Collection[Status]
+) -> ThreadStateError:
+    """The refusal to reopen a thread in ``status``, outside ``from_statuses``."""
+    return ThreadStateError(
+        f"cannot reopen a thread in status {status!r} (only from "
+        f"{sorted(Status(s).value for s in from_statuses)}); wait until it is one of those, "
+        f"or fork it to start over from a checkpoint: 'agentq fork {thread_id} --from N' "
+        "(store.fork in code)",
+        thread_id=thread_id,
+        status=status,
+    )
 
 
 class ThreadsContract(ABC):
@@ -228,8 +243,15 @@ class ThreadsContract(ABC):
         ``failed``, ``cancelled``) last updated more than ``finished_ttl`` seconds ago;
         return how many. Only threads nothing drives can be collected: ``statuses`` may
         also name ``needs_attention``, and anything else raises
-        :class:`~agentq.errors.InvalidArgument`. Each deletion is atomic and checks the
-        status and the age again, so a thread reopened meanwhile stays."""
+        :class:`~agentq.errors.InvalidArgument`, as does a NaN ``finished_ttl`` (Redis
+        cannot compare times with it, SQLite would quietly delete nothing). Each deletion
+        is atomic and checks the status and the age again, so a thread reopened
+        meanwhile stays."""
+        if math.isnan(finished_ttl):
+            raise InvalidArgument(
+                "gc's finished_ttl is NaN; give the seconds since a thread finished, e.g. "
+                "the finished_ttl setting (7 days by default), or inf to delete nothing"
+            )
         chosen = frozenset(Status(s) for s in statuses)
         if not chosen <= COLLECTABLE:
             refused = sorted(s.value for s in chosen - COLLECTABLE)

@@ -25,7 +25,7 @@ from agentq.codec.envelope import (
 )
 from agentq.errors import CheckpointNotFound
 from agentq.records import Checkpoint, Status
-from agentq.store.contract import UNSET, _Unset
+from agentq.store.contract import UNSET, _Unset, checkpoint_not_stored
 from agentq.store.redis.base import RedisBase
 from agentq.store.redis.decode import blob, log_fields, pairs, raise_refusal, text
 
@@ -226,13 +226,22 @@ class RedisCheckpoints(RedisBase):
     def _do_checkpoint(self, thread_id: str, step: int) -> Checkpoint:
         data = self.client.get(self.keys.checkpoint(thread_id, step))
         if data is None:
-            raise CheckpointNotFound(
-                "no such checkpoint (never written, or pruned by keep_last); list the "
-                f"stored steps with 'agentq history {thread_id}' (store.history in code)",
-                thread_id=thread_id,
-                step=step,
-            )
+            raise self._not_stored(thread_id, step)
         return self._with_logs(thread_id, [(step, blob(data))])[0]
+
+    def _not_stored(
+        self, thread_id: str, step: int, *, forking: bool = False
+    ) -> CheckpointNotFound:
+        """:func:`~agentq.store.contract.checkpoint_not_stored`, with the steps held read
+        after the miss (a commit in between may have moved them on: still what is held)."""
+        first, latest = self.client.hmget(self.keys.meta(thread_id), ["first", "step"])
+        return checkpoint_not_stored(
+            thread_id,
+            step,
+            None if first is None else int(first),
+            None if latest is None else int(latest),
+            forking=forking,
+        )
 
     def _do_history(self, thread_id: str, *, before: int | None, limit: int) -> list[Checkpoint]:
         pipe = self.client.pipeline(transaction=False)

@@ -6,12 +6,24 @@ from __future__ import annotations
 import redis
 from redis.cluster import RedisCluster
 
+from agentq.errors import StoreConfigError
 from agentq.records import Finding
 from agentq.store.redis.decode import text
 
 
 def server_findings(client: redis.Redis | RedisCluster) -> list[Finding]:
-    """Read the server's settings and judge them; a managed server may refuse ``CONFIG``."""
+    """Read the server's settings and judge them; a managed server may refuse ``CONFIG``.
+
+    Raises :class:`~agentq.errors.StoreConfigError` when the server refuses the
+    connection's own setup (the URL's database), which is no finding about settings."""
+    try:
+        client.ping()
+    except redis.ResponseError as exc:
+        raise StoreConfigError(
+            f"the Redis server refused the connection's setup ({exc}); check the URL's "
+            "database number: a server has 0 to 15 unless its databases setting says more, "
+            "and Redis Cluster only 0 (e.g. redis://host:6379/1)"
+        ) from exc
     try:
         config = {text(name): text(value) for name, value in client.config_get("*").items()}
     except redis.ResponseError as exc:

@@ -20,7 +20,6 @@ from redis.cluster import RedisCluster
 from agentq.codec.envelope import decode_checkpoint, decode_envelope, encode_value
 from agentq.errors import (
     ArtifactNotFound,
-    CheckpointNotFound,
     GraphStepMoved,
     LeaseLost,
     ThreadExists,
@@ -29,6 +28,7 @@ from agentq.errors import (
 from agentq.ids import new_incarnation
 from agentq.records import Finding, Schedule, Status, ThreadMeta
 from agentq.store.contract import UNSET, Renewal, Taken, final_checkpoint, refuse_graph_fork
+from agentq.store.contract.threads import not_reopenable
 from agentq.store.meta_fields import meta_from_fields
 from agentq.store.redis.base import request_id
 from agentq.store.redis.checkpoints import RedisCheckpoints
@@ -181,13 +181,7 @@ class RedisStore(RedisCheckpoints, RedisEffects, RedisLimits, RedisListing, Redi
         pipe.smembers(self.keys.owned(thread_id))
         data, (created, task, input_blob, options_blob, *driven), owned_keys = pipe.execute()
         if data is None:
-            raise CheckpointNotFound(
-                "cannot fork: the checkpoint is not stored (never written, or pruned by "
-                f"keep_last); list the stored steps with 'agentq history {thread_id}' "
-                "(store.history in code)",
-                thread_id=thread_id,
-                step=step,
-            )
+            raise self._not_stored(thread_id, step, forking=True)
         source = decode_checkpoint(thread_id, blob(data), step=step)
         if source.node is None:
             raise final_checkpoint(thread_id, step)
@@ -302,6 +296,8 @@ class RedisStore(RedisCheckpoints, RedisEffects, RedisLimits, RedisListing, Redi
             [thread_id, start_grace, blob, request_id(), *(s.value for s in from_statuses)],
             indexed=True,
         )
+        if code == Refusal.STATUS_REFUSED:
+            raise not_reopenable(thread_id, text(flat), from_statuses)
         raise_refusal(code, flat, thread_id=thread_id)
         return meta_from_fields(thread_id, hash_to_fields(flat))
 

@@ -151,7 +151,7 @@ class CheckpointsMixin:
                 "SELECT data FROM checkpoints WHERE thread_id = ? AND step = ?", (thread_id, step)
             ).fetchone()
             if row is None:
-                raise checkpoint_not_found(thread_id, step, self.keep_last)
+                raise checkpoint_not_found(db, thread_id, step)
             return _load(db, thread_id, step, row[0])
 
     def _do_history(self, thread_id: str, *, before: int | None, limit: int) -> list[Checkpoint]:

@@ -10,6 +10,7 @@ from typing import Any, Final
 from agentq.codec.envelope import encode_value
 from agentq.errors import CheckpointNotFound, StaleToken, ThreadNotFound
 from agentq.records import Status, ThreadMeta
+from agentq.store.contract.common import checkpoint_not_stored
 from agentq.store.meta_fields import meta_from_fields
 from agentq.store.sqlite.schema import META_COLUMNS
 
@@ -105,11 +106,11 @@ def due_rows(db: sqlite3.Connection, now: float, limit: int) -> list[tuple[str, 
     return [(row[0], row[1]) for row in rows]
 
 
-def checkpoint_not_found(thread_id: str, step: int, keep_last: int) -> CheckpointNotFound:
-    return CheckpointNotFound(
-        f"checkpoint {step} was never written or was pruned (the last {keep_last} are kept); "
-        f"list the stored steps with 'agentq history {thread_id}' (store.history in code), "
-        "or raise keep_last to keep more",
-        thread_id=thread_id,
-        step=step,
-    )
+def checkpoint_not_found(
+    db: sqlite3.Connection, thread_id: str, step: int, *, forking: bool = False
+) -> CheckpointNotFound:
+    """:func:`~agentq.store.contract.checkpoint_not_stored`, with the steps held read in
+    the transaction that missed ``step``."""
+    row = db.execute("SELECT first, step FROM threads WHERE thread_id = ?", (thread_id,)).fetchone()
+    first, latest = (None, None) if row is None else (row[0], row[1])
+    return checkpoint_not_stored(thread_id, step, first, latest, forking=forking)

@@ -20,12 +20,12 @@ from agentq.errors import (
     ArtifactNotFound,
     StoreConfigError,
     ThreadExists,
-    ThreadStateError,
 )
 from agentq.ids import new_incarnation
 from agentq.records import Finding, Schedule, Status, ThreadMeta
 from agentq.settings import DEFAULT_KEEP_LAST, DEFAULT_MAX_CHECKPOINT_BYTES
 from agentq.store.contract import UNSET, Store, final_checkpoint, refuse_graph_fork
+from agentq.store.contract.threads import not_reopenable
 from agentq.store.meta_fields import meta_from_fields
 from agentq.store.sqlite.checkpoints import CheckpointsMixin
 from agentq.store.sqlite.connection import SharedConnection, durability_findings, passes
@@ -49,6 +49,27 @@ from agentq.store.sqlite.thread_keys import ThreadKeysMixin
 
 _URL_PREFIX: Final = "sqlite:///"
 _GC_BATCH: Final = 500
+
+
+def path_of_url(url: str) -> str:
+    """The file a ``sqlite:///`` URL names; :class:`~agentq.errors.StoreConfigError` for
+    a URL that names none, or adds what agentq would not honour."""
+    if not url.startswith(_URL_PREFIX):
+        raise StoreConfigError(
+            f"cannot use store URL {url!r}; write sqlite:///relative/path.db or "
+            "sqlite:////absolute/path.db (no host)"
+        )
+    path = url[len(_URL_PREFIX) :]
+    cut = min((at for at in (path.find("?"), path.find("#")) if at >= 0), default=-1)
+    if cut >= 0:
+        # SQLite's own URI options (mode=ro, cache=shared) would change how every
+        # process shares the file; agentq opens it one way, so none are taken.
+        what = "query string" if path[cut] == "?" else "fragment"
+        raise StoreConfigError(
+            f"store URL {url!r} has a {what} ({path[cut:]}), which a SQLite store URL does "
+            f"not take; write the path alone, e.g. sqlite:///{path[:cut] or 'agentq.db'}"
+        )
+    return path
 
 
 class SQLiteStore(
@@ -96,12 +117,7 @@ class SQLiteStore(
     @classmethod
     def from_url(cls, url: str, **options: Any) -> SQLiteStore:
         """Open ``sqlite:///relative/path.db`` or ``sqlite:////absolute/path.db``."""
-        if not url.startswith(_URL_PREFIX) or "?" in url or "#" in url:
-            raise StoreConfigError(
-                f"cannot use store URL {url!r}; write sqlite:///relative/path.db or "
-                "sqlite:////absolute/path.db (no host, no query string)"
-            )
-        return cls(url[len(_URL_PREFIX) :], **options)
+        return cls(path_of_url(url), **options)
 
     # -- threads -------------------------------------------------------------------------
 
@@ -203,7 +219,7 @@ class SQLiteStore(
                 (thread_id, step),
             ).fetchone()
             if source is None:
-                raise checkpoint_not_found(thread_id, step, self.keep_last)
+                raise checkpoint_not_found(db, thread_id, step, forking=True)
             node = decode_checkpoint(thread_id, source["data"], step=step).node
             if node is None:
                 raise final_checkpoint(thread_id, step)
@@ -284,14 +300,7 @@ class SQLiteStore(
         with self._conn.write() as db:
             status = status_of(db, thread_id)
             if status not in {Status(s) for s in from_statuses}:
-                raise ThreadStateError(
-                    f"cannot reopen a thread in status {status.value!r} (only from "
-                    f"{sorted(Status(s).value for s in from_statuses)}); wait until it is "
-                    f"one of those, or fork it to start over from a checkpoint: 'agentq fork "
-                    f"{thread_id} --from N' (store.fork in code)",
-                    thread_id=thread_id,
-                    status=status.value,
-                )
+                raise not_reopenable(thread_id, status.value, from_statuses)
             if status == Status.WAITING:  # answered in time: the timeout never fires
                 values.update(timeout=None, timeout_at=None)
             now = time.time()

@@ -138,6 +138,23 @@ class Limits:
             )
         return found
 
+    def for_call(self, key: str) -> Limit:
+        """The budget a tool call's ``limit=`` key takes from, as :meth:`of`. Refuses a key
+        that is no string, or that still holds a family's ``{placeholder}``, as
+        :class:`~agentq.errors.LimitError`."""
+        if not isinstance(key, str):
+            raise LimitError(
+                f"limit key {key!r} is not a string; name a declared limit, e.g. 'openai'"
+            )
+        if _FAMILY.search(key):
+            # The family's pattern matches its own name: taken as a key, every call of
+            # every tenant would share this one budget.
+            raise LimitError(
+                f"limit key {key!r} still holds a {{placeholder}}; format it with the "
+                f"call's value (an f-string: f{key!r}), so that each key has its own budget"
+            )
+        return self.of(key)
+
     def thread_cap(self, key: str) -> int:
         """How many threads of concurrency key ``key`` may run at once: the ``threads`` of
         its declaration. Refuses a key nothing declares, or whose declaration has no

@@ -139,7 +139,7 @@ def take(
     takes = []
     for key in keys:
         try:
-            limit = limits.of(key)
+            limit = limits.for_call(key)
         except LimitError as exc:
             raise LimitError(f"thread {thread_id} step {step}: {exc}") from None
         if limit.tokens_per_minute is not None and cost > limit.tokens_per_minute:

@@ -13,6 +13,7 @@ import pytest
 import agentq
 from agentq.engine.limits import Held, take
 from agentq.engine.store_retry import RetriedCalls
+from agentq.errors import LimitError
 from agentq.limits import Limits
 from agentq.store.contract.limits import Grant, Take
 from agentq.store.sqlite.store import SQLiteStore
@@ -145,3 +146,16 @@ def test_a_settle_the_store_refuses_is_logged_and_never_sent_twice(
         held.settle(lambda result: result["used"], {"used": 40})
         assert store.settles == 1
         assert "could not settle the tokens of tokens" in caplog.text
+
+
+def test_a_key_still_holding_its_familys_placeholder_is_refused_and_takes_nothing(
+    tmp_path: Path,
+) -> None:
+    """``limit="tenant:{tenant_id}"`` (an f-string forgotten) matches its family's own
+    pattern: taken, it would be one budget every tenant shares."""
+    limits = Limits([agentq.limit("tenant:{tenant_id}", requests_per_minute=60)])
+    with SQLiteStore(tmp_path / "agentq.db") as store:
+        with pytest.raises(LimitError, match=r"thread t1 step 3: .*still holds a \{placeholder"):
+            take(_calls(store, "t1"), limits, "tenant:{tenant_id}", 0, ttl=30, wait=0, step=3)
+        assert store.limit_takes() == {}
+        assert take(_calls(store, "t1"), limits, "tenant:acme", 0, ttl=30, wait=0, step=3).keys

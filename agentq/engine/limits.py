@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import random
 import time
 import uuid
@@ -130,21 +131,30 @@ def take(
     thread, waiting up to ``wait`` seconds in place; :class:`~agentq.outcomes.LimitWait`
     past that."""
     thread_id = calls.thread_id
-    keys = (names,) if isinstance(names, str) else tuple(names)
-    if cost < 0:
+    where = f"thread {thread_id} step {step}"
+    if isinstance(names, str):
+        keys: tuple[str, ...] = (names,)
+    elif isinstance(names, Sequence) and names:
+        keys = tuple(names)
+    else:
+        # An empty tuple would take nothing, and leave settle nothing to settle.
         raise LimitError(
-            f"thread {thread_id} step {step}: cost={cost!r} is negative; pass the call's "
-            "estimated tokens"
+            f"{where}: limit={names!r} names no limit key; pass one ('openai') or a tuple of them"
+        )
+    if not _tokens(cost):
+        raise LimitError(
+            f"{where}: cost={cost!r} is not a token count; pass the call's estimated tokens, "
+            "a finite number of zero or more"
         )
     takes = []
     for key in keys:
         try:
             limit = limits.for_call(key)
         except LimitError as exc:
-            raise LimitError(f"thread {thread_id} step {step}: {exc}") from None
+            raise LimitError(f"{where}: {exc}") from None
         if limit.tokens_per_minute is not None and cost > limit.tokens_per_minute:
             raise LimitError(
-                f"thread {thread_id} step {step}: cost {cost:g} is over limit {key!r}'s "
+                f"{where}: cost {cost:g} is over limit {key!r}'s "
                 f"tokens_per_minute ({limit.tokens_per_minute:g}), so it could never run; "
                 "split the call or raise the limit"
             )
@@ -162,7 +172,6 @@ def take(
             ),
         )
         if granted.taken:
-            where = f"thread {thread_id} step {step}"
             held = Held(calls, tuple(takes), holder, waited=waited, lease=lease, where=where)
             if granted.wait > 0:
                 try:
@@ -179,6 +188,12 @@ def take(
             raise LimitWait(keys, granted.wait * (1 + random.random() * 0.1))
         time.sleep(granted.wait)
         waited += granted.wait
+
+
+def _tokens(count: object) -> bool:
+    """Whether ``count`` is a number of tokens: NaN or infinity would be stored as the
+    time the budget is next free, and no take would ever be right again."""
+    return not isinstance(count, bool) and isinstance(count, int | float) and 0 <= count < math.inf
 
 
 def limiter(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import sqlite3
 import threading
 from pathlib import Path
@@ -159,3 +160,28 @@ def test_a_key_still_holding_its_familys_placeholder_is_refused_and_takes_nothin
             take(_calls(store, "t1"), limits, "tenant:{tenant_id}", 0, ttl=30, wait=0, step=3)
         assert store.limit_takes() == {}
         assert take(_calls(store, "t1"), limits, "tenant:acme", 0, ttl=30, wait=0, step=3).keys
+
+
+@pytest.mark.parametrize(
+    ("names", "cost", "words"),
+    [
+        ((), 0, r"limit=\(\) names no limit key"),
+        ([], 0, r"limit=\[\] names no limit key"),
+        ("api", "100", "cost='100' is not a token count"),
+        ("api", None, "cost=None is not a token count"),
+        ("api", True, "cost=True is not a token count"),
+        ("api", math.nan, "cost=nan is not a token count"),
+        ("api", math.inf, "cost=inf is not a token count"),
+    ],
+)
+def test_a_call_naming_no_key_or_no_token_count_is_refused_and_takes_nothing(
+    tmp_path: Path, names: Any, cost: Any, words: str
+) -> None:
+    """Refused before the take: ``limit=[]`` would hold nothing for ``actual_cost`` to
+    settle, after the tool ran, and a NaN or infinite cost would be stored as the time the
+    budget is next free, breaking it for the fleet."""
+    limits = Limits([agentq.limit("api", requests_per_minute=600, tokens_per_minute=60_000)])
+    with SQLiteStore(tmp_path / "agentq.db") as store:
+        with pytest.raises(LimitError, match=f"thread t1 step 2: {words}"):
+            take(_calls(store, "t1"), limits, names, cost, ttl=30, wait=0, step=2)
+        assert store.limit_takes() == {}

@@ -94,10 +94,10 @@ class Held:
                 f"{self._where}: actual_cost raised {exc!r} on the tool's result; make it "
                 "return the tokens the call used (e.g. lambda r: r.usage.total_tokens)"
             ) from exc
-        if isinstance(cost, bool) or not isinstance(cost, int | float) or not cost >= 0:
+        if not _tokens(cost):
             raise LimitError(
                 f"{self._where}: actual_cost returned {cost!r}; it must return the tokens "
-                "the call used, a number of zero or more"
+                "the call used, a finite number of zero or more"
             )
         taken = self.takes[0].cost
         if cost != taken:

@@ -185,3 +185,14 @@ def test_a_call_naming_no_key_or_no_token_count_is_refused_and_takes_nothing(
         with pytest.raises(LimitError, match=f"thread t1 step 2: {words}"):
             take(_calls(store, "t1"), limits, names, cost, ttl=30, wait=0, step=2)
         assert store.limit_takes() == {}
+
+
+def test_an_infinite_actual_cost_is_refused_and_the_budget_left_whole(tmp_path: Path) -> None:
+    """Charged, an infinite usage would be stored as the time the budget is next free,
+    and every later take of the key would wait for it forever."""
+    limits = Limits([agentq.limit("tokens", tokens_per_minute=60_000)])
+    with SQLiteStore(tmp_path / "agentq.db") as store:
+        held = take(_calls(store, "t1"), limits, "tokens", 10, ttl=30, wait=0, step=4)
+        with pytest.raises(LimitError, match="step 4: actual_cost returned inf; it must"):
+            held.settle(lambda result: math.inf, None)
+        assert take(_calls(store, "t2"), limits, "tokens", 50_000, ttl=30, wait=0, step=0).keys

@@ -34,7 +34,8 @@ logger = logging.getLogger("agentq")
 
 class Held:
     """The limits one call took, after waiting ``waited`` seconds in place for them; give
-    them back with :meth:`release`."""
+    them back with :meth:`release`. A provider's refusal pauses them for at most
+    ``pause_max`` seconds."""
 
     def __init__(
         self,
@@ -45,6 +46,7 @@ class Held:
         waited: float,
         lease: Lease | None,
         where: str,
+        pause_max: float,
     ) -> None:
         self.calls = calls
         self.store = calls.store
@@ -54,6 +56,7 @@ class Held:
         self.waited = waited
         self._lease = lease
         self._where = where
+        self._pause_max = pause_max
         self._slotted = tuple(take.key for take in takes if take.limit.concurrency)
         if lease is not None and self._slotted:
             lease.hold_slots(holder, self._slotted)
@@ -112,6 +115,10 @@ class Held:
         """A provider's refusal with Retry-After pauses every key for the whole fleet."""
         seconds = retry_after(exc)
         if seconds is not None and seconds > 0:
+            # Capped as the step's own retry is (backoff_max): a longer pause would make
+            # the retried step wait it out regardless, and an infinite or absurd
+            # Retry-After would pause the key for good, or past what a store can hold.
+            seconds = min(seconds, self._pause_max)
             for key in self.keys:
                 self.calls("pausing a limit", self.store.pause_limit, key, seconds)
 
@@ -125,11 +132,12 @@ def take(
     ttl: float,
     wait: float,
     step: int,
+    pause_max: float,
     lease: Lease | None = None,
 ) -> Held:
     """Take one request and ``cost`` tokens of each key in ``names`` for ``calls``'s
     thread, waiting up to ``wait`` seconds in place; :class:`~agentq.outcomes.LimitWait`
-    past that."""
+    past that. A refusal of the call pauses the keys for at most ``pause_max`` seconds."""
     thread_id = calls.thread_id
     where = f"thread {thread_id} step {step}"
     if isinstance(names, str):
@@ -172,7 +180,15 @@ def take(
             ),
         )
         if granted.taken:
-            held = Held(calls, tuple(takes), holder, waited=waited, lease=lease, where=where)
+            held = Held(
+                calls,
+                tuple(takes),
+                holder,
+                waited=waited,
+                lease=lease,
+                where=where,
+                pause_max=pause_max,
+            )
             if granted.wait > 0:
                 try:
                     time.sleep(granted.wait)
@@ -210,5 +226,6 @@ def limiter(
         ttl=settings.lease_ttl,
         wait=settings.limit_wait,
         step=step,
+        pause_max=settings.backoff_max,
         lease=lease,
     )

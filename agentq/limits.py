@@ -7,6 +7,7 @@ same budgets. The store keeps what is used of them, on its own clock.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -38,8 +39,7 @@ class Limit:
     threads: int | None = None
 
     def __post_init__(self) -> None:
-        bare = _FAMILY.sub("x", self.name)
-        if not _NAME.fullmatch(bare):
+        if not isinstance(self.name, str) or not _NAME.fullmatch(_FAMILY.sub("x", self.name)):
             raise LimitError(
                 f"limit name {self.name!r} must be 1-200 letters, digits or _.:- (with "
                 "{placeholders} for a family); rename it"
@@ -50,18 +50,29 @@ class Limit:
                 f"limit {self.name!r} sets no budget; give requests_per_minute, "
                 "tokens_per_minute, concurrency or threads"
             )
-        # A fraction of a thread would round to a cap nobody declared.
-        if self.threads is not None and (
-            isinstance(self.threads, bool) or not isinstance(self.threads, int) or self.threads < 1
-        ):
-            raise LimitError(
-                f"limit {self.name!r}: threads must be a whole number of at least 1, got "
-                f"{self.threads!r}"
-            )
-        for field in ("requests_per_minute", "tokens_per_minute", "concurrency", "burst"):
+        # A fraction of a thread or a call would round to a cap nobody declared (1.5 lets
+        # two in at once).
+        for field in ("concurrency", "threads"):
             value = getattr(self, field)
-            if value is not None and not value > 0:
-                raise LimitError(f"limit {self.name!r}: {field} must be positive, got {value!r}")
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int) or value < 1
+            ):
+                raise LimitError(
+                    f"limit {self.name!r}: {field} must be a whole number of at least 1, got "
+                    f"{value!r}"
+                )
+        for field in ("requests_per_minute", "tokens_per_minute", "burst"):
+            value = getattr(self, field)
+            # An infinite budget is no budget, which leaving the field out says plainly.
+            if value is not None and (
+                isinstance(value, bool)
+                or not isinstance(value, int | float)
+                or not 0 < value < math.inf
+            ):
+                raise LimitError(
+                    f"limit {self.name!r}: {field} must be positive, a finite int or float, "
+                    f"got {value!r}; leave it out for no budget"
+                )
         if self.burst is not None and self.requests_per_minute is None:
             raise LimitError(f"limit {self.name!r}: burst needs requests_per_minute")
 
@@ -126,6 +137,23 @@ class Limits:
                 "init_app(app, limits=[...]) or fix the name"
             )
         return found
+
+    def for_call(self, key: str) -> Limit:
+        """The budget a tool call's ``limit=`` key takes from, as :meth:`of`. Refuses a key
+        that is no string, or that still holds a family's ``{placeholder}``, as
+        :class:`~agentq.errors.LimitError`."""
+        if not isinstance(key, str):
+            raise LimitError(
+                f"limit key {key!r} is not a string; name a declared limit, e.g. 'openai'"
+            )
+        if _FAMILY.search(key):
+            # The family's pattern matches its own name: taken as a key, every call of
+            # every tenant would share this one budget.
+            raise LimitError(
+                f"limit key {key!r} still holds a {{placeholder}}; format it with the "
+                f"call's value (an f-string: f{key!r}), so that each key has its own budget"
+            )
+        return self.of(key)
 
     def thread_cap(self, key: str) -> int:
         """How many threads of concurrency key ``key`` may run at once: the ``threads`` of

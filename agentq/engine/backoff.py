@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import email.utils
+import math
 import random
 import time
 from collections.abc import Mapping
@@ -14,7 +15,8 @@ def retry_after(exc: BaseException) -> float | None:
 
     Reads ``retry-after-ms`` and ``Retry-After`` (seconds or an HTTP date) from the headers
     the error carries, as OpenAI, Anthropic and httpx errors do (``exc.response.headers``),
-    or from ``exc.headers``; an explicit ``exc.retry_after`` (seconds) wins.
+    or from ``exc.headers``; an explicit ``exc.retry_after`` (seconds) wins. The delay
+    may be infinite: the caller caps it (at ``backoff_max``).
     """
     explicit = getattr(exc, "retry_after", None)
     if isinstance(explicit, (int, float)) and explicit >= 0:
@@ -23,23 +25,29 @@ def retry_after(exc: BaseException) -> float | None:
     if headers is None:
         return None
     millis = _header(headers, "retry-after-ms")
-    if millis is not None:
-        try:
-            return max(0.0, float(millis) / 1000)
-        except ValueError:
-            pass
+    if millis is not None and (seconds := _seconds(millis, per=1000)) is not None:
+        return seconds
     value = _header(headers, "retry-after")
     if value is None:
         return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
+    if (seconds := _seconds(value, per=1)) is not None:
+        return seconds
     try:
         when = email.utils.parsedate_to_datetime(value)
     except (TypeError, ValueError):
         return None
     return max(0.0, when.timestamp() - time.time())
+
+
+def _seconds(value: str, *, per: float) -> float | None:
+    """``value`` read as a number of ``1/per`` seconds (none below 0), or ``None`` if it
+    is not one."""
+    try:
+        number = float(value)
+    except ValueError:
+        return None
+    # float() reads "nan", which names no time at all: as malformed as "soon".
+    return None if math.isnan(number) else max(0.0, number / per)
 
 
 def _headers(exc: BaseException) -> Mapping[str, Any] | None:

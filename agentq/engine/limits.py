@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import random
 import time
 import uuid
@@ -33,7 +34,8 @@ logger = logging.getLogger("agentq")
 
 class Held:
     """The limits one call took, after waiting ``waited`` seconds in place for them; give
-    them back with :meth:`release`."""
+    them back with :meth:`release`. A provider's refusal pauses them for at most
+    ``pause_max`` seconds."""
 
     def __init__(
         self,
@@ -44,6 +46,7 @@ class Held:
         waited: float,
         lease: Lease | None,
         where: str,
+        pause_max: float,
     ) -> None:
         self.calls = calls
         self.store = calls.store
@@ -53,6 +56,7 @@ class Held:
         self.waited = waited
         self._lease = lease
         self._where = where
+        self._pause_max = pause_max
         self._slotted = tuple(take.key for take in takes if take.limit.concurrency)
         if lease is not None and self._slotted:
             lease.hold_slots(holder, self._slotted)
@@ -93,10 +97,10 @@ class Held:
                 f"{self._where}: actual_cost raised {exc!r} on the tool's result; make it "
                 "return the tokens the call used (e.g. lambda r: r.usage.total_tokens)"
             ) from exc
-        if isinstance(cost, bool) or not isinstance(cost, int | float) or not cost >= 0:
+        if not _tokens(cost):
             raise LimitError(
                 f"{self._where}: actual_cost returned {cost!r}; it must return the tokens "
-                "the call used, a number of zero or more"
+                "the call used, a finite number of zero or more"
             )
         taken = self.takes[0].cost
         if cost != taken:
@@ -111,6 +115,10 @@ class Held:
         """A provider's refusal with Retry-After pauses every key for the whole fleet."""
         seconds = retry_after(exc)
         if seconds is not None and seconds > 0:
+            # Capped as the step's own retry is (backoff_max): a longer pause would make
+            # the retried step wait it out regardless, and an infinite or absurd
+            # Retry-After would pause the key for good, or past what a store can hold.
+            seconds = min(seconds, self._pause_max)
             for key in self.keys:
                 self.calls("pausing a limit", self.store.pause_limit, key, seconds)
 
@@ -124,27 +132,37 @@ def take(
     ttl: float,
     wait: float,
     step: int,
+    pause_max: float,
     lease: Lease | None = None,
 ) -> Held:
     """Take one request and ``cost`` tokens of each key in ``names`` for ``calls``'s
     thread, waiting up to ``wait`` seconds in place; :class:`~agentq.outcomes.LimitWait`
-    past that."""
+    past that. A refusal of the call pauses the keys for at most ``pause_max`` seconds."""
     thread_id = calls.thread_id
-    keys = (names,) if isinstance(names, str) else tuple(names)
-    if cost < 0:
+    where = f"thread {thread_id} step {step}"
+    if isinstance(names, str):
+        keys: tuple[str, ...] = (names,)
+    elif isinstance(names, Sequence) and names:
+        keys = tuple(names)
+    else:
+        # An empty tuple would take nothing, and leave settle nothing to settle.
         raise LimitError(
-            f"thread {thread_id} step {step}: cost={cost!r} is negative; pass the call's "
-            "estimated tokens"
+            f"{where}: limit={names!r} names no limit key; pass one ('openai') or a tuple of them"
+        )
+    if not _tokens(cost):
+        raise LimitError(
+            f"{where}: cost={cost!r} is not a token count; pass the call's estimated tokens, "
+            "a finite number of zero or more"
         )
     takes = []
     for key in keys:
         try:
-            limit = limits.of(key)
+            limit = limits.for_call(key)
         except LimitError as exc:
-            raise LimitError(f"thread {thread_id} step {step}: {exc}") from None
+            raise LimitError(f"{where}: {exc}") from None
         if limit.tokens_per_minute is not None and cost > limit.tokens_per_minute:
             raise LimitError(
-                f"thread {thread_id} step {step}: cost {cost:g} is over limit {key!r}'s "
+                f"{where}: cost {cost:g} is over limit {key!r}'s "
                 f"tokens_per_minute ({limit.tokens_per_minute:g}), so it could never run; "
                 "split the call or raise the limit"
             )
@@ -162,8 +180,15 @@ def take(
             ),
         )
         if granted.taken:
-            where = f"thread {thread_id} step {step}"
-            held = Held(calls, tuple(takes), holder, waited=waited, lease=lease, where=where)
+            held = Held(
+                calls,
+                tuple(takes),
+                holder,
+                waited=waited,
+                lease=lease,
+                where=where,
+                pause_max=pause_max,
+            )
             if granted.wait > 0:
                 try:
                     time.sleep(granted.wait)
@@ -181,6 +206,12 @@ def take(
         waited += granted.wait
 
 
+def _tokens(count: object) -> bool:
+    """Whether ``count`` is a number of tokens: NaN or infinity would be stored as the
+    time the budget is next free, and no take would ever be right again."""
+    return not isinstance(count, bool) and isinstance(count, int | float) and 0 <= count < math.inf
+
+
 def limiter(
     calls: RetriedCalls, settings: Settings, step: int, lease: Lease | None = None
 ) -> Callable[..., Held] | None:
@@ -195,5 +226,6 @@ def limiter(
         ttl=settings.lease_ttl,
         wait=settings.limit_wait,
         step=step,
+        pause_max=settings.backoff_max,
         lease=lease,
     )

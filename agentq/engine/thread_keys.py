@@ -88,6 +88,7 @@ def leave(calls: RetriedCalls, token: int, seat: KeySeat) -> None:
             token,
             seat.key,
             start_grace=seat.start_grace,
+            cap=seat.cap,
         )
     except Exception as exc:
         if not store.is_transient(exc):
@@ -110,6 +111,8 @@ def give_back(store: Store, meta: ThreadMeta, seat: KeySeat) -> None:
     """Send the waiters that the slot of a thread that stopped outside a drive (cancelled
     while queued, perhaps woken with a slot reserved) lets start, rather than leave them
     to the next sweep."""
-    woken = store.leave_key(meta.thread_id, meta.fence, seat.key, start_grace=seat.start_grace)
+    woken = store.leave_key(
+        meta.thread_id, meta.fence, seat.key, start_grace=seat.start_grace, cap=seat.cap
+    )
     if woken:
         seat.wake(woken)

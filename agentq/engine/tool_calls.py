@@ -18,7 +18,7 @@ from agentq.engine import aio, limits, tracing
 from agentq.engine.backoff import retry_after
 from agentq.engine.store_retry import RetriedCalls
 from agentq.engine.tool_policy import DID_NOT_RUN, ToolPolicy, policy_of
-from agentq.errors import InvalidArgument, NeedsAttention
+from agentq.errors import InvalidArgument, LimitError, NeedsAttention
 from agentq.ids import downstream_key
 from agentq.outcomes import LimitWait
 from agentq.records import ClaimOutcome
@@ -123,6 +123,13 @@ class ToolCalls:
             # Before the claim, which would otherwise be left pending.
             raise InvalidArgument(
                 "actual_cost= settles a limit's tokens; name the limit with limit=",
+                thread_id=self.thread_id,
+                step=self.step,
+            )
+        if options.cost != 0 and options.limit is None:
+            # Nothing would take it: the tokens the caller meant to count go uncounted.
+            raise LimitError(
+                f"cost={options.cost!r} is taken from a limit's tokens; name the limit with limit=",
                 thread_id=self.thread_id,
                 step=self.step,
             )

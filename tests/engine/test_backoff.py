@@ -98,7 +98,7 @@ def test_no_headers_and_unrelated_errors_name_no_delay() -> None:
     assert retry_after(RateLimited({"content-type": "application/json"})) is None
 
 
-@pytest.mark.parametrize("value", ["soon", "", "Thu, 99 Foo 2024 25:61:00 GMT", "12 s"])
+@pytest.mark.parametrize("value", ["soon", "", "Thu, 99 Foo 2024 25:61:00 GMT", "12 s", "nan"])
 def test_a_malformed_retry_after_falls_back_to_backoff(value: str, top_of_range: None) -> None:
     exc = RateLimited({"retry-after": value})
     assert retry_after(exc) is None
@@ -107,6 +107,7 @@ def test_a_malformed_retry_after_falls_back_to_backoff(value: str, top_of_range:
 
 def test_a_malformed_retry_after_ms_falls_back_to_retry_after() -> None:
     assert retry_after(RateLimited({"retry-after-ms": "n/a", "retry-after": "5"})) == 5.0
+    assert retry_after(RateLimited({"retry-after-ms": "NaN", "retry-after": "5"})) == 5.0
 
 
 def test_a_negative_delay_is_read_as_now() -> None:

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import logging
+import math
 import sqlite3
 import threading
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,13 +16,30 @@ import pytest
 import agentq
 from agentq.engine.limits import Held, take
 from agentq.engine.store_retry import RetriedCalls
+from agentq.errors import LimitError
 from agentq.limits import Limits
+from agentq.outcomes import LimitWait
+from agentq.store.contract import Store
 from agentq.store.contract.limits import Grant, Take
+from agentq.store.redis.store import RedisStore
 from agentq.store.sqlite.store import SQLiteStore
+from tests.support.redis_server import RedisServer
 
 
-def _calls(store: SQLiteStore, thread_id: str) -> RetriedCalls:
+def _calls(store: Store, thread_id: str) -> RetriedCalls:
     return RetriedCalls(store, thread_id, lease_ttl=30)
+
+
+@pytest.fixture(params=["redis", "sqlite"])
+def any_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    made: Store
+    if request.param == "redis":
+        server: RedisServer = request.getfixturevalue("redis_server")
+        made = RedisStore.from_url(server.url, prefix=f"lim{uuid.uuid4().hex[:8]}:")
+    else:
+        made = SQLiteStore(tmp_path / "agentq.db")
+    with made:
+        yield made
 
 
 class CountingStore(SQLiteStore):
@@ -44,7 +64,11 @@ def test_callers_waiting_on_the_rate_each_take_once_and_queue_behind_each_other(
         held: list[Held] = []
 
         def call(i: int) -> None:
-            held.append(take(_calls(store, f"t{i}"), limits, "api", 0, ttl=30, wait=5, step=0))
+            held.append(
+                take(
+                    _calls(store, f"t{i}"), limits, "api", 0, ttl=30, wait=5, step=0, pause_max=300
+                )
+            )
 
         callers = [threading.Thread(target=call, args=(i,)) for i in range(5)]
         for caller in callers:
@@ -71,9 +95,9 @@ def test_a_slot_the_store_cannot_take_back_now_frees_itself_within_its_ttl(
     replace the call's result, and the slot, no longer renewed, frees itself."""
     limits = Limits([agentq.limit("gpu", concurrency=1)])
     with StoreDownAtRelease(tmp_path / "agentq.db") as store:
-        held = take(_calls(store, "t1"), limits, "gpu", 0, ttl=0.3, wait=0, step=0)
+        held = take(_calls(store, "t1"), limits, "gpu", 0, ttl=0.3, wait=0, step=0, pause_max=300)
         held.release()  # logged, not raised
-        again = take(_calls(store, "t2"), limits, "gpu", 0, ttl=0.3, wait=5, step=0)
+        again = take(_calls(store, "t2"), limits, "gpu", 0, ttl=0.3, wait=5, step=0, pause_max=300)
         assert 0 < again.waited <= 5
 
 
@@ -92,7 +116,7 @@ class StoreRefusingRelease(SQLiteStore):
 def test_a_store_error_that_will_not_pass_is_raised_at_release(tmp_path: Path) -> None:
     limits = Limits([agentq.limit("gpu", concurrency=1)])
     with StoreRefusingRelease(tmp_path / "agentq.db") as store:
-        held = take(_calls(store, "t1"), limits, "gpu", 0, ttl=30, wait=0, step=0)
+        held = take(_calls(store, "t1"), limits, "gpu", 0, ttl=30, wait=0, step=0, pause_max=300)
         with pytest.raises(sqlite3.OperationalError, match="readonly"):
             held.release()
 
@@ -114,7 +138,7 @@ class LockedAtFirstTake(SQLiteStore):
 def test_a_take_the_store_refuses_for_a_moment_is_tried_again(tmp_path: Path) -> None:
     limits = Limits([agentq.limit("gpu", concurrency=1)])
     with LockedAtFirstTake(tmp_path / "agentq.db") as store:
-        held = take(_calls(store, "t1"), limits, "gpu", 0, ttl=30, wait=0, step=0)
+        held = take(_calls(store, "t1"), limits, "gpu", 0, ttl=30, wait=0, step=0, pause_max=300)
         assert store.refused == 1
         assert held.keys == ("gpu",)
         held.release()
@@ -141,7 +165,97 @@ def test_a_settle_the_store_refuses_is_logged_and_never_sent_twice(
     limits = Limits([agentq.limit("tokens", tokens_per_minute=10_000)])
     caplog.set_level(logging.WARNING, logger="agentq")
     with LockedAtSettle(tmp_path / "agentq.db") as store:
-        held = take(_calls(store, "t1"), limits, "tokens", 100, ttl=30, wait=0, step=0)
+        held = take(
+            _calls(store, "t1"), limits, "tokens", 100, ttl=30, wait=0, step=0, pause_max=300
+        )
         held.settle(lambda result: result["used"], {"used": 40})
         assert store.settles == 1
         assert "could not settle the tokens of tokens" in caplog.text
+
+
+def test_a_key_still_holding_its_familys_placeholder_is_refused_and_takes_nothing(
+    tmp_path: Path,
+) -> None:
+    """``limit="tenant:{tenant_id}"`` (an f-string forgotten) matches its family's own
+    pattern: taken, it would be one budget every tenant shares."""
+    limits = Limits([agentq.limit("tenant:{tenant_id}", requests_per_minute=60)])
+    with SQLiteStore(tmp_path / "agentq.db") as store:
+        with pytest.raises(LimitError, match=r"thread t1 step 3: .*still holds a \{placeholder"):
+            take(
+                _calls(store, "t1"),
+                limits,
+                "tenant:{tenant_id}",
+                0,
+                ttl=30,
+                wait=0,
+                step=3,
+                pause_max=300,
+            )
+        assert store.limit_takes() == {}
+        assert take(
+            _calls(store, "t1"), limits, "tenant:acme", 0, ttl=30, wait=0, step=3, pause_max=300
+        ).keys
+
+
+@pytest.mark.parametrize(
+    ("names", "cost", "words"),
+    [
+        ((), 0, r"limit=\(\) names no limit key"),
+        ([], 0, r"limit=\[\] names no limit key"),
+        ("api", "100", "cost='100' is not a token count"),
+        ("api", None, "cost=None is not a token count"),
+        ("api", True, "cost=True is not a token count"),
+        ("api", math.nan, "cost=nan is not a token count"),
+        ("api", math.inf, "cost=inf is not a token count"),
+    ],
+)
+def test_a_call_naming_no_key_or_no_token_count_is_refused_and_takes_nothing(
+    tmp_path: Path, names: Any, cost: Any, words: str
+) -> None:
+    """Refused before the take: ``limit=[]`` would hold nothing for ``actual_cost`` to
+    settle, after the tool ran, and a NaN or infinite cost would be stored as the time the
+    budget is next free, breaking it for the fleet."""
+    limits = Limits([agentq.limit("api", requests_per_minute=600, tokens_per_minute=60_000)])
+    with SQLiteStore(tmp_path / "agentq.db") as store:
+        with pytest.raises(LimitError, match=f"thread t1 step 2: {words}"):
+            take(_calls(store, "t1"), limits, names, cost, ttl=30, wait=0, step=2, pause_max=300)
+        assert store.limit_takes() == {}
+
+
+def test_an_infinite_actual_cost_is_refused_and_the_budget_left_whole(tmp_path: Path) -> None:
+    """Charged, an infinite usage would be stored as the time the budget is next free,
+    and every later take of the key would wait for it forever."""
+    limits = Limits([agentq.limit("tokens", tokens_per_minute=60_000)])
+    with SQLiteStore(tmp_path / "agentq.db") as store:
+        held = take(
+            _calls(store, "t1"), limits, "tokens", 10, ttl=30, wait=0, step=4, pause_max=300
+        )
+        with pytest.raises(LimitError, match="step 4: actual_cost returned inf; it must"):
+            held.settle(lambda result: math.inf, None)
+        assert take(
+            _calls(store, "t2"), limits, "tokens", 50_000, ttl=30, wait=0, step=0, pause_max=300
+        ).keys
+
+
+class Refused(Exception):
+    """A provider's refusal naming how long to wait, as ``exc.retry_after`` does."""
+
+    def __init__(self, retry_after: float) -> None:
+        super().__init__("429 Too Many Requests")
+        self.retry_after = retry_after
+
+
+@pytest.mark.parametrize("asked", [math.inf, 1e300], ids=["inf", "absurd"])
+def test_a_refusal_asking_for_no_end_pauses_the_key_for_backoff_max_at_most(
+    any_store: Store, asked: float
+) -> None:
+    """As the step's own retry is capped: an infinite Retry-After paused the key for
+    good on SQLite, and on Redis could not be sent (or, absurd, read back) at all."""
+    limits = Limits([agentq.limit("api", requests_per_minute=600)])
+    held = take(_calls(any_store, "t1"), limits, "api", 0, ttl=30, wait=0, step=0, pause_max=5)
+    held.refused(Refused(asked))
+    state = any_store.limit_states()["api"]
+    assert 4 < state.paused - state.now <= 5
+    with pytest.raises(LimitWait) as waiting:
+        take(_calls(any_store, "t2"), limits, "api", 0, ttl=30, wait=0, step=0, pause_max=5)
+    assert 4 < waiting.value.seconds <= 5 * 1.1

@@ -19,7 +19,7 @@ import pytest
 
 import agentq
 from agentq import Done, Run, Status
-from agentq.errors import InvalidArgument
+from agentq.errors import InvalidArgument, LimitError
 from agentq.settings import Settings
 from agentq.store.redis.store import RedisStore
 from tests.support.mailer import ONE_EVERY_2S, Mailer, drive
@@ -48,6 +48,21 @@ def test_a_limit_nothing_declares_leaves_no_claim_and_the_call_runs_once_declare
     declared = Settings(store=store, limits=(ONE_EVERY_2S,))
     assert drive(agent, "t1", store, declared) == ["sent to to-1"]
     assert agent.sent() == ["to-1"]
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["tool", "atool"])
+def test_a_cost_without_a_limit_is_refused_before_the_call_is_claimed(
+    store: RedisStore, asynchronous: bool
+) -> None:
+    """Nothing would take those tokens: the budget the caller meant to count them in
+    would not see them."""
+    agent = Mailer(store, cost=500, asynchronous=asynchronous)
+    store.open_thread("t1", task=agent.name)
+    declared = Settings(store=store, limits=(ONE_EVERY_2S,))
+    with pytest.raises(LimitError, match="step 0: cost=500 is taken from a limit's tokens"):
+        drive(agent, "t1", store, declared)
+    assert store.effect("t1", "mail-1") is None
+    assert agent.sent() == []
 
 
 @pytest.mark.parametrize("asynchronous", [False, True], ids=["tool", "atool"])

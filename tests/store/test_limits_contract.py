@@ -3,6 +3,9 @@ pauses that only lengthen."""
 
 from __future__ import annotations
 
+import math
+from typing import Any
+
 import pytest
 
 import agentq
@@ -70,7 +73,32 @@ def test_bad_declarations_are_refused(kwargs: dict[str, float], words: str) -> N
         agentq.limit("api", **kwargs)
 
 
+@pytest.mark.parametrize(
+    ("kwargs", "words"),
+    [
+        ({"requests_per_minute": "60"}, "requests_per_minute must be positive, a finite"),
+        ({"tokens_per_minute": "1000"}, "tokens_per_minute must be positive, a finite"),
+        ({"requests_per_minute": 60, "burst": "5"}, "burst must be positive, a finite"),
+        ({"requests_per_minute": math.inf}, "leave it out for no budget"),
+        ({"tokens_per_minute": True}, "tokens_per_minute must be positive, a finite"),
+        ({"concurrency": "3"}, "concurrency must be a whole number of at least 1, got '3'"),
+        ({"concurrency": 1.5}, "concurrency must be a whole number of at least 1, got 1.5"),
+        ({"concurrency": True}, "concurrency must be a whole number of at least 1, got True"),
+    ],
+)
+def test_a_budget_that_is_no_number_a_fraction_of_a_call_or_infinite_is_refused(
+    kwargs: dict[str, Any], words: str
+) -> None:
+    """Refused as the declarations are read, not as a TypeError at the first call (or
+    never: ``concurrency=1.5`` let two calls in at once)."""
+    with pytest.raises(LimitError, match=words):
+        agentq.limit("api", **kwargs)
+
+
 def test_bad_names_and_duplicates_are_refused() -> None:
+    with pytest.raises(LimitError, match="rename it"):
+        agentq.limit(7, concurrency=1)  # type: ignore[arg-type]
+
     with pytest.raises(LimitError, match="rename it"):
         agentq.limit("has space", concurrency=1)
     with pytest.raises(LimitError, match="declared twice"):

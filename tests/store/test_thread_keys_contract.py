@@ -68,6 +68,23 @@ def test_waiters_start_in_arrival_order_and_a_newcomer_does_not_jump_a_woken_one
     assert _state(store) == (["w2"], ["w3", "late"])
 
 
+def test_a_thread_leaving_under_a_raised_cap_wakes_as_many_waiters_as_it_allows(
+    keys_store: Store,
+) -> None:
+    """A deploy raised the key's cap from 1 to 3 while threads waited under the old one:
+    the thread leaving, under the new declarations, wakes three rather than one, whose
+    two slots would otherwise stay idle until the next sweep."""
+    store = keys_store
+    token = _leased(store, "a")
+    assert store.enter_key("a", "owner-a", token, "tenant:1", 1) == 0
+    assert [_enter(store, name) for name in ("b", "c", "d", "e")] == [1, 2, 3, 4]
+    with pytest.raises(LimitError, match="needs a cap of at least 1 thread, got 0"):
+        store.leave_key("a", token, "tenant:1", start_grace=5, cap=0)
+    assert store.leave_key("a", token, "tenant:1", start_grace=5, cap=3) == ["b", "c", "d"]
+    (state,) = store.key_states()
+    assert state.cap == 3 and [waiter.thread_id for waiter in state.waiting] == ["e"]
+
+
 def test_a_parked_thread_sent_again_keeps_its_place(keys_store: Store) -> None:
     store = keys_store
     assert [_enter(store, name) for name in ("a", "b", "c")] == [0, 1, 2]

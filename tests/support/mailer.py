@@ -22,9 +22,9 @@ ONE_EVERY_2S = agentq.limit("api", requests_per_minute=30, burst=1)
 
 class Mailer:
     """Sends ``mails`` mails (keys ``mail-1``, ``mail-2``, …) in its one node, each under
-    ``limit`` if one is named, after calling ``before``; ``asynchronous`` sends them from
-    an ``async def`` node with ``run.atool``. Each mail sent is pushed onto ``<prefix>sent``
-    in ``store``'s Redis."""
+    ``limit`` if one is named and at ``cost`` tokens, after calling ``before``;
+    ``asynchronous`` sends them from an ``async def`` node with ``run.atool``. Each mail
+    sent is pushed onto ``<prefix>sent`` in ``store``'s Redis."""
 
     name = "tests.mailer"
     append_only: tuple[str, ...] = ()
@@ -35,6 +35,7 @@ class Mailer:
         *,
         mails: int = 1,
         limit: str | None = None,
+        cost: float = 0,
         asynchronous: bool = False,
         before: Callable[[], None] = lambda: None,
     ) -> None:
@@ -42,6 +43,7 @@ class Mailer:
         self.sent_key = f"{store.keys.prefix}sent"
         self.mails = mails
         self.limit = limit
+        self.cost = cost
         self.entry_node = "send_async" if asynchronous else "send"
         self.before = before
 
@@ -58,7 +60,7 @@ class Mailer:
     def send(self, run: Run) -> Done:
         self.before()
         sent = [
-            run.tool(self.mail, f"to-{n}", key=f"mail-{n}", limit=self.limit)
+            run.tool(self.mail, f"to-{n}", key=f"mail-{n}", limit=self.limit, cost=self.cost)
             for n in range(1, self.mails + 1)
         ]
         return Done(sent)
@@ -66,7 +68,9 @@ class Mailer:
     async def send_async(self, run: Run) -> Done:
         self.before()
         sent = [
-            await run.atool(self.amail, f"to-{n}", key=f"mail-{n}", limit=self.limit)
+            await run.atool(
+                self.amail, f"to-{n}", key=f"mail-{n}", limit=self.limit, cost=self.cost
+            )
             for n in range(1, self.mails + 1)
         ]
         return Done(sent)

@@ -45,7 +45,7 @@ class KeyState(NamedTuple):
 
     key: str
     cap: int
-    """The cap the last thread entering the key gave."""
+    """The cap the last thread entering the key gave, or leaving it with a cap."""
     running: list[str]
     """The threads holding a live slot (or one reserved for them, woken and not started)."""
     waiting: list[KeyWaiter]
@@ -82,18 +82,23 @@ class ThreadKeysContract(ABC):
     @abstractmethod
     def _do_enter_key(self, thread_id: str, owner: str, token: int, key: str, cap: int) -> int: ...
 
-    def leave_key(self, thread_id: str, token: int, key: str, *, start_grace: float) -> list[str]:
+    def leave_key(
+        self, thread_id: str, token: int, key: str, *, start_grace: float, cap: int | None = None
+    ) -> list[str]:
         """Give back the thread's slot of ``key`` if ``token`` still owns it, then wake as
         many waiters as slots are free, first come first: each leaves the queue with a
         slot reserved for it and is due in ``start_grace`` seconds (so recovery sends it
-        if the caller does not). Returns the woken threads, for the caller to send.
-        Atomic."""
+        if the caller does not). ``cap``, the key's cap as declared now, becomes the
+        key's cap first; without one the cap the last thread entering gave stands.
+        Returns the woken threads, for the caller to send. Atomic."""
         validate_thread_id(thread_id)
-        return self._do_leave_key(thread_id, token, key, start_grace)
+        if cap is not None:
+            _check_cap(thread_id, key, cap)
+        return self._do_leave_key(thread_id, token, key, start_grace, cap)
 
     @abstractmethod
     def _do_leave_key(
-        self, thread_id: str, token: int, key: str, start_grace: float
+        self, thread_id: str, token: int, key: str, start_grace: float, cap: int | None
     ) -> list[str]: ...
 
     @abstractmethod

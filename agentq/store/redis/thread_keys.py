@@ -57,9 +57,13 @@ class RedisThreadKeys(RedisBase):
         raise_refusal(code, value, thread_id=thread_id, token=token)
         return int(value)
 
-    def _do_leave_key(self, thread_id: str, token: int, key: str, start_grace: float) -> list[str]:
+    def _do_leave_key(
+        self, thread_id: str, token: int, key: str, start_grace: float, cap: int | None
+    ) -> list[str]:
         woken = self._key_run(
-            "leave_key", self._parts(key), [thread_id, token, repr(float(start_grace)), key]
+            "leave_key",
+            self._parts(key),
+            [thread_id, token, repr(float(start_grace)), key, "" if cap is None else cap],
         )
         return [text(each) for each in woken]
 

@@ -123,12 +123,16 @@ class ThreadKeysMixin:
             release_lease(db, thread_id, owner, token)
             return rank + 1
 
-    def _do_leave_key(self, thread_id: str, token: int, key: str, start_grace: float) -> list[str]:
+    def _do_leave_key(
+        self, thread_id: str, token: int, key: str, start_grace: float, cap: int | None
+    ) -> list[str]:
         with self._conn.write() as db:
             db.execute(
                 'DELETE FROM key_slots WHERE "key" = ? AND thread_id = ? AND token = ?',
                 (key, thread_id, token),
             )
+            if cap is not None:  # declared now: as in leave_key.lua, a raised cap wakes more
+                db.execute('INSERT OR REPLACE INTO key_caps ("key", cap) VALUES (?, ?)', (key, cap))
             return _wake(db, key, time.time(), start_grace)
 
     def wake_keys(self) -> list[str]:

@@ -649,6 +649,19 @@ def test_fork_carries_the_langgraph_checkpoints_of_the_step_they_stand_on(store:
     assert _without_graph_index(snapshot(store)) == _without_graph_index(waiting)
 
 
+def test_gc_of_a_graph_thread_leaves_no_entry_in_the_langgraph_indexes(store: Store) -> None:
+    """Every graph thread gc deletes would otherwise leave its id behind for good."""
+    store.graph()  # its tables, on SQLite
+    before = snapshot(store)
+    token = started(store)
+    _graph_put(store, "", "c1", token)
+    store.commit("t1", token, cp(0, token), status=Status.DONE, release_owner="w1")
+    assert store.graph().threads() == ["t1"]
+    assert store.gc(0) == 1
+    assert store.graph().threads() == []
+    assert snapshot(store) == before
+
+
 def test_delete_thread_removes_everything_it_owns(store: Store) -> None:
     store.open_thread("keep", task="agent")
     before = snapshot(store)

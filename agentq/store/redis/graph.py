@@ -50,6 +50,22 @@ def refusal(code: int, value: Any, thread_id: str, token: int | None) -> None:
         raise lease_held(thread_id, int(value))
 
 
+def index_entries(keys: GraphKeys, thread_id: str, runs: Sequence[str]) -> list[tuple[str, str]]:
+    """The global index entries of a thread holding checkpoints of the (escaped) ``runs``."""
+    return [
+        (keys.thread_index(), thread_id),
+        *((keys.run_index(unescape(run)), thread_id) for run in runs),
+    ]
+
+
+def unindex(client: redis.Redis | RedisCluster, entries: Sequence[tuple[str, str]]) -> None:
+    """Remove ``(index key, thread id)`` entries of a thread whose data is deleted."""
+    pipe = client.pipeline(transaction=False)
+    for key, thread_id in entries:
+        pipe.srem(key, thread_id)
+    pipe.execute()
+
+
 class RedisGraph(GraphStore):
     """On the store's client and key prefix; the connection belongs to the store."""
 
@@ -96,10 +112,7 @@ class RedisGraph(GraphStore):
     def _unindex(self, *entries: tuple[str, str]) -> None:
         if not entries:
             return
-        pipe = self.client.pipeline(transaction=False)
-        for key, thread_id in entries:
-            pipe.srem(key, thread_id)
-        pipe.execute()
+        unindex(self.client, entries)
         with self._indexed_lock:
             self._indexed.difference_update(f"{key}\0{tid}" for key, tid in entries)
 
@@ -188,10 +201,7 @@ class RedisGraph(GraphStore):
 
     def delete_thread(self, thread_id: str, token: int | None) -> None:
         runs = self._fenced("delete", thread_id, token, [], [self.keys.base(thread_id)])
-        self._unindex(
-            (self.keys.thread_index(), thread_id),
-            *((self.keys.run_index(unescape(_text(r))), thread_id) for r in runs),
-        )
+        self._unindex(*index_entries(self.keys, thread_id, [_text(r) for r in runs]))
 
     def delete_runs(self, run_ids: Sequence[str]) -> None:
         by_thread: dict[str, list[str]] = {}

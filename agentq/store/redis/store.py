@@ -35,7 +35,8 @@ from agentq.store.redis.checkpoints import RedisCheckpoints
 from agentq.store.redis.decode import blob, fields, hash_to_fields, log_fields, raise_refusal, text
 from agentq.store.redis.effects import RedisEffects
 from agentq.store.redis.findings import server_findings
-from agentq.store.redis.graph import GraphCopy, RedisGraph
+from agentq.store.redis.graph import GraphCopy, RedisGraph, index_entries, unindex
+from agentq.store.redis.graph_keys import GraphKeys
 from agentq.store.redis.limits import RedisLimits
 from agentq.store.redis.listing import RedisListing
 from agentq.store.redis.refusal import Refusal
@@ -155,7 +156,7 @@ class RedisStore(RedisCheckpoints, RedisEffects, RedisLimits, RedisListing, Redi
     ) -> bool:
         keys = self.keys
         self._heads.pop(thread_id, None)
-        deleted, _ = self._run(
+        deleted, graph_runs, _ = self._run(
             "delete_thread",
             [
                 keys.meta(thread_id),
@@ -172,6 +173,11 @@ class RedisStore(RedisCheckpoints, RedisEffects, RedisLimits, RedisListing, Redi
             ],
             indexed=True,
         )
+        if graph_runs is not None:
+            # As graph().delete_thread does; left behind, the entries would pile up with
+            # every finished graph thread gc deletes.
+            runs = [text(run) for run in graph_runs]
+            unindex(self.client, index_entries(GraphKeys(self.keys), thread_id, runs))
         return bool(deleted)
 
     def _do_fork(self, thread_id: str, step: int, new_thread_id: str) -> ThreadMeta:

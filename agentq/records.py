@@ -241,6 +241,8 @@ class ListedThread(NamedTuple):
     interrupt: Any = None
     result: Any = None
     owner: str | None = None
+    cursor: str = ""
+    """Where the list goes on after this row: ``Store.listing(after=cursor)``."""
 
 
 @dataclass(frozen=True)

@@ -124,14 +124,14 @@ def run(quick: bool) -> list[Result]:
             index = store.keys.status_index("queued")
             metas = [store.keys.meta(t.decode()) for t in client.zrevrange(index, 0, PAGE - 1)]
             wanted = Filter(Status.QUEUED)
-            page = threads_page(store, wanted, 0)
+            page = threads_page(store, wanted, None)
             template = app.state.inspector.templates.get_template("threads.html")
             context = {
                 "page": page,
                 "wanted": wanted,
                 "query": "status=queued",
                 "live_query": "status=queued",
-                "next_query": f"status=queued&offset={page.next_offset}",
+                "next_query": f"status=queued&after={page.next_after}",
                 "first_query": None,
                 "read_only": False,
                 "csrf": "-",

@@ -5,10 +5,12 @@ Python allows."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any, Final
 
 from agentq.codec.envelope import decode_value
+from agentq.errors import InvalidArgument
 from agentq.records import ListedThread, Schedule, Status, ThreadMeta
 
 _STATUSES: Final[dict[str | bytes, Status]] = {
@@ -30,7 +32,7 @@ def _text(value: Any) -> str | None:
 _make = ListedThread._make
 
 
-def listed_thread(thread_id: str, fields: Sequence[Any], owner: Any) -> ListedThread:
+def listed_thread(thread_id: str, fields: Sequence[Any], owner: Any, cursor: str) -> ListedThread:
     """The row from the stored ``status, step, node, task, attempts, crashes, updated_at,
     error, cancel`` and ``note``: the encoded ``interrupt`` of a ``waiting`` thread or
     ``result`` of a ``done`` one (ignored for the others); ``owner`` is the live lease's."""
@@ -59,11 +61,12 @@ def listed_thread(thread_id: str, fields: Sequence[Any], owner: Any) -> ListedTh
             interrupt,
             result,
             _text(owner),
+            cursor,
         )
     )
 
 
-def listed_from_meta(meta: ThreadMeta, schedule: Schedule) -> ListedThread:
+def listed_from_meta(meta: ThreadMeta, schedule: Schedule, cursor: str) -> ListedThread:
     """The row of a meta read whole (where the page cannot be read in one call)."""
     return ListedThread(
         meta.thread_id,
@@ -79,4 +82,20 @@ def listed_from_meta(meta: ThreadMeta, schedule: Schedule) -> ListedThread:
         interrupt=meta.interrupt if meta.status is Status.WAITING else None,
         result=meta.result if meta.status is Status.DONE else None,
         owner=schedule.owner if meta.status is Status.RUNNING else None,
+        cursor=cursor,
     )
+
+
+def cursor_parts(after: str) -> tuple[str, str]:
+    """The position and thread id of a row's ``cursor`` (``<position>:<thread id>``)."""
+    position, colon, thread_id = after.partition(":")
+    try:
+        finite = math.isfinite(float(position))
+    except ValueError:
+        finite = False
+    if not (finite and colon and thread_id):
+        raise InvalidArgument(
+            f"{after!r} is not a cursor of a listing: pass the cursor of a row an earlier "
+            "listing() returned, or none for the first page"
+        )
+    return position, thread_id

@@ -77,7 +77,7 @@ def home(request: Request) -> Response:
 
 def threads(request: Request) -> Response:
     wanted = _filter(request)
-    page = threads_page(inspector(request).store, wanted, _number(request, "offset") or 0)
+    page = threads_page(inspector(request).store, wanted, request.query_params.get("after") or None)
     live = request.url.path.endswith("/live")
     return render(
         request,
@@ -85,9 +85,9 @@ def threads(request: Request) -> Response:
         page=page,
         wanted=wanted,
         query=_query(wanted),
-        live_query=_query(wanted, offset=page.offset or None),
-        next_query=None if page.next_offset is None else _query(wanted, offset=page.next_offset),
-        first_query=_query(wanted) if page.offset else None,
+        live_query=_query(wanted, after=page.after),
+        next_query=None if page.next_after is None else _query(wanted, after=page.next_after),
+        first_query=_query(wanted) if page.after else None,
     )
 
 

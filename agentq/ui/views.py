@@ -1,9 +1,9 @@
 """What the pages show, read from the store's public API: a page of threads, one thread.
 
-Listing walks the status indexes newest first (``Store.threads``), never the keyspace.
-Filters by task or id prefix are applied to the index pages as they are read, at most
-:data:`SCAN_LIMIT` entries per request; the page then says how far it looked and links
-on from there.
+Listing walks the status indexes newest first (``Store.listing``), never the keyspace,
+a page going on from the cursor of the last row of the one before. Filters by task or id
+prefix are applied to the index pages as they are read, at most :data:`SCAN_LIMIT`
+entries per request; the page then says how far it looked and links on from there.
 """
 
 from __future__ import annotations
@@ -47,38 +47,41 @@ class Filter:
 class ThreadsPage:
     counts: dict[Status, int]
     rows: list[ListedThread]
-    offset: int
-    next_offset: int | None
+    after: str | None
+    """The cursor this page starts after (``None``: the first page)."""
+    next_after: str | None
+    """The cursor the next page starts after (``None``: this is the last)."""
     examined: int
     """Index entries read to fill the page (more than the rows when a filter narrows)."""
 
 
-def threads_page(store: Store, wanted: Filter, offset: int, limit: int = PAGE) -> ThreadsPage:
-    """The counts and the page of threads from position ``offset`` of the index, newest
-    first: one store call (``Store.listing``) unless a filter narrows."""
+def threads_page(store: Store, wanted: Filter, after: str | None, limit: int = PAGE) -> ThreadsPage:
+    """The counts and the page of threads after the cursor ``after``, newest first: one
+    store call (``Store.listing``) unless a filter narrows."""
     if not wanted.narrows:
-        listing = store.listing(wanted.status, limit=limit + 1, offset=offset)
+        listing = store.listing(wanted.status, limit=limit + 1, after=after)
         rows = listing.rows[:limit]
         more = len(listing.rows) > limit
         return ThreadsPage(
-            listing.counts, rows, offset, offset + limit if more else None, len(rows)
+            listing.counts, rows, after, rows[-1].cursor if more else None, len(rows)
         )
     found: list[ListedThread] = []
-    position = offset
+    position, examined = after, 0
     counts: dict[Status, int] | None = None
     while True:
-        chunk = store.listing(wanted.status, limit=SCAN_CHUNK, offset=position)
+        chunk = store.listing(wanted.status, limit=SCAN_CHUNK, after=position)
         counts = counts or chunk.counts
         for row in chunk.rows:
-            position += 1
+            examined += 1
+            position = row.cursor
             if wanted.admits(row):
                 found.append(row)
                 if len(found) == limit:
-                    return ThreadsPage(counts, found, offset, position, position - offset)
+                    return ThreadsPage(counts, found, after, position, examined)
         if len(chunk.rows) < SCAN_CHUNK:
-            return ThreadsPage(counts, found, offset, None, position - offset)
-        if position - offset >= SCAN_LIMIT:
-            return ThreadsPage(counts, found, offset, position, position - offset)
+            return ThreadsPage(counts, found, after, None, examined)
+        if examined >= SCAN_LIMIT:
+            return ThreadsPage(counts, found, after, position, examined)
 
 
 @dataclass(frozen=True)

@@ -152,7 +152,7 @@ def test_listing_pages_threads_with_what_a_list_shows(store: Store) -> None:
     }
     assert [row.thread_id for row in page.rows] == [m.thread_id for m in store.threads(limit=50)]
     rows = {row.thread_id: row for row in page.rows}
-    assert rows["held"] == ListedThread(
+    assert rows["held"]._replace(cursor="") == ListedThread(
         "held", Status.RUNNING, -1, None, "agent", 0, 0, rows["held"].updated_at, None, True,
         owner="host:42:w1",
     )  # fmt: skip
@@ -161,10 +161,35 @@ def test_listing_pages_threads_with_what_a_list_shows(store: Store) -> None:
     assert (rows["done"].result, rows["done"].step, rows["done"].node) == ({"n": 1}, 0, "node0")
     assert (rows["failed"].error, rows["failed"].attempts, rows["failed"].crashes) == ("boom", 3, 1)
     assert rows["gone"].status is Status.CANCELLED and rows["queued"].interrupt is None
-    assert store.listing(limit=2, offset=1).rows == page.rows[1:3]
+    assert store.listing(limit=2, after=page.rows[0].cursor).rows == page.rows[1:3]
     assert [row.thread_id for row in store.listing(Status.QUEUED).rows] == ["queued"]
     assert store.listing(Status.RETRYING).rows == []
     assert store.listing(limit=0).rows == []
+
+
+def test_listing_pages_on_from_a_cursor_whatever_changes_between_pages(store: Store) -> None:
+    """Offsets would skip a thread each time one above it changed status (an operator
+    retrying the failed ones page by page); a cursor goes on from the row it names."""
+    for n in range(7):
+        token = started(store, f"f{n}")
+        store.set_status(f"f{n}", token, Status.FAILED, error="boom", release_owner="w1")
+    listed = [row.thread_id for row in store.listing(Status.FAILED, limit=10).rows]
+    first = store.listing(Status.FAILED, limit=3)
+    # The operator retries a thread of the first page; another, further down, is deleted.
+    store.reopen(first.rows[1].thread_id, from_statuses={Status.FAILED})
+    assert store.delete_thread(listed[4])
+    second = store.listing(Status.FAILED, limit=3, after=first.rows[-1].cursor)
+    third = store.listing(Status.FAILED, limit=3, after=second.rows[-1].cursor)
+    assert [row.thread_id for row in second.rows + third.rows] == listed[3:4] + listed[5:]
+    # All statuses together, the page's last thread gone from its index meanwhile.
+    every = [row.thread_id for row in store.listing(limit=20).rows]
+    top = store.listing(limit=2)
+    assert store.delete_thread(top.rows[-1].thread_id)
+    rest = store.listing(limit=20, after=top.rows[-1].cursor)
+    assert [row.thread_id for row in rest.rows] == every[2:]
+    for cursor in ("", "t1", "nan:t1", "1.5:", "step:t1"):
+        with pytest.raises(InvalidArgument, match="not a cursor"):
+            store.listing(after=cursor)
 
 
 def test_schedules_tell_the_lease_holder_and_the_due_time(store: Store) -> None:

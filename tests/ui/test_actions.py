@@ -206,7 +206,7 @@ def test_a_resume_value_holding_nan_is_refused(base: str, store: RedisStore) -> 
 def test_a_number_that_is_not_a_plain_whole_one_is_a_bad_request(
     base: str, number: str, store: RedisStore
 ) -> None:
-    for path, name in [("/threads", "offset"), ("/thread", "step"), ("/thread", "a")]:
+    for path, name in [("/thread", "step"), ("/thread", "a")]:
         answer = httpx.get(base + path, params={"id": "t-done", name: number, "b": "1"})
         assert answer.status_code == 400, (path, name, answer.text)
         assert "must be a whole number" in answer.text
@@ -248,3 +248,8 @@ def test_the_bearer_scheme_is_read_in_any_letter_case(
     assert (
         httpx.get(base + "/threads", headers={"authorization": "Basic s3cret"}).status_code == 401
     )
+
+
+def test_a_page_after_a_cursor_no_listing_gave_is_a_bad_request(base: str) -> None:
+    answer = httpx.get(base + "/threads", params={"after": "99999999999999999999"})
+    assert answer.status_code == 400 and "not a cursor of a listing" in answer.text

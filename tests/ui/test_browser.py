@@ -78,7 +78,7 @@ def test_threads_page_pages_through_the_index(
     first = ids_listed(browser)
     assert len(first) == 50
     browser.find_element(By.ID, "next-page").click()
-    WebDriverWait(browser, WAIT).until(lambda b: "offset=50" in b.current_url)
+    WebDriverWait(browser, WAIT).until(lambda b: "after=" in b.current_url)
     second = ids_listed(browser)
     everything = [meta.thread_id for meta in store.threads(limit=200)]
     assert first + second == everything

@@ -101,10 +101,16 @@ class ThreadsContract(ABC):
         from the status indexes: no thread is read. Not atomic across statuses."""
 
     @abstractmethod
-    def listing(self, status: Status | None = None, *, limit: int = 50, offset: int = 0) -> Listing:
+    def listing(
+        self, status: Status | None = None, *, limit: int = 50, after: str | None = None
+    ) -> Listing:
         """The status counts and a page of threads in the order of :meth:`threads`, each
         with only what a list shows (:class:`~agentq.records.ListedThread`), in one round
-        trip (one per node on Redis Cluster). Read-only, not atomic across threads."""
+        trip (two on Redis Cluster). ``after`` is a row's ``cursor`` from an earlier page:
+        the page goes on from there, so a thread that changes status meanwhile shifts no
+        other, and a page deep in the list costs what the first does. Raises
+        :class:`~agentq.errors.InvalidArgument` for a cursor this store did not give.
+        Read-only, not atomic across threads."""
 
     def schedules(self, thread_ids: Sequence[str]) -> list[Schedule]:
         """The lease and due time of each thread, in the order given, in one round trip;

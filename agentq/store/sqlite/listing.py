@@ -1,28 +1,31 @@
 """``Store.listing`` on SQLite: the page and the counts in one statement, so they come
-from one snapshot of the table."""
+from one snapshot of the table. A row's cursor is its ``updated_at`` (``repr``: it reads
+back as the same float) and its id, the order of the page."""
 
 from __future__ import annotations
 
 import time
-from typing import Final
+from typing import Any, Final
 
 from agentq.records import Listing, Status
-from agentq.store.listing import listed_thread
+from agentq.store.listing import cursor_parts, listed_thread
 from agentq.store.sqlite.connection import SharedConnection
 
 _COLUMNS: Final = (
-    "thread_id, status, step, node, task, attempts, crashes, updated_at, error, cancel, "
-    "CASE status WHEN 'waiting' THEN interrupt WHEN 'done' THEN result END, "
+    "thread_id, updated_at, status, step, node, task, attempts, crashes, updated_at, error, "
+    "cancel, CASE status WHEN 'waiting' THEN interrupt WHEN 'done' THEN result END, "
     "CASE WHEN status = 'running' AND lock_expires > ? THEN lock_owner END"
 )
 # The page's rows come first (part 0, in the order of threads()), then one row per status
 # present with its count in the step column (part 1).
 _QUERY: Final = (
     f"SELECT * FROM (SELECT 0 AS part, {_COLUMNS} FROM threads {{where}} "
-    "ORDER BY updated_at DESC, thread_id DESC LIMIT ? OFFSET ?) "
-    "UNION ALL SELECT 1, NULL, status, COUNT(*), NULL, NULL, NULL, NULL, NULL, NULL, NULL, "
-    "NULL, NULL FROM threads GROUP BY status ORDER BY part, updated_at DESC, thread_id DESC"
+    "ORDER BY updated_at DESC, thread_id DESC LIMIT ?) "
+    "UNION ALL SELECT 1, NULL, NULL, status, COUNT(*), NULL, NULL, NULL, NULL, NULL, NULL, "
+    "NULL, NULL, NULL FROM threads GROUP BY status ORDER BY part, updated_at DESC, "
+    "thread_id DESC"
 )
+_AFTER: Final = "(updated_at < ? OR (updated_at = ? AND thread_id < ?))"
 
 
 class ListingMixin:
@@ -30,17 +33,26 @@ class ListingMixin:
 
     _conn: SharedConnection
 
-    def listing(self, status: Status | None = None, *, limit: int = 50, offset: int = 0) -> Listing:
-        where, args = ("WHERE status = ?", [Status(status).value]) if status else ("", [])
+    def listing(
+        self, status: Status | None = None, *, limit: int = 50, after: str | None = None
+    ) -> Listing:
+        conditions: list[str] = []
+        args: list[Any] = []
+        if status:
+            conditions.append("status = ?")
+            args.append(Status(status).value)
+        if after is not None:
+            position, after_id = cursor_parts(after)
+            conditions.append(_AFTER)
+            args += [float(position), float(position), after_id]
+        where = f"WHERE {' AND '.join(conditions)}" if conditions else ""
         with self._conn.locked() as db:
-            found = db.execute(
-                _QUERY.format(where=where), (time.time(), *args, limit, offset)
-            ).fetchall()
+            found = db.execute(_QUERY.format(where=where), (time.time(), *args, limit)).fetchall()
         counts = dict.fromkeys(Status, 0)
         rows = []
-        for part, thread_id, *fields, owner in found:
+        for part, thread_id, position, *fields, owner in found:
             if part:
                 counts[Status(fields[0])] = fields[1]
             else:
-                rows.append(listed_thread(thread_id, fields, owner))
+                rows.append(listed_thread(thread_id, fields, owner, f"{position!r}:{thread_id}"))
         return Listing(counts, rows)

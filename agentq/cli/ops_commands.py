@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import signal
 import time
+from collections.abc import Iterator
+from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -171,6 +175,23 @@ def _print_doctor(
             out.print(row)
 
 
+@contextlib.contextmanager
+def _terminated_as_exit() -> Iterator[None]:
+    """SIGTERM (``timeout``, a container stopping) ends the probe as Ctrl-C does, so that
+    it deletes its scratch thread: left running, a sweeper would send it to workers that
+    have no task of that name, over and over. Run on a slow store, that is when the probe
+    is most likely to be stopped."""
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 @click.command(short_help="Check the store, its latency and the Celery settings.")
 @json_option
 @pass_session
@@ -185,7 +206,8 @@ def doctor(session: Session, as_json: bool) -> None:
     trips: list[latency.RoundTrips] = []
     latency_error = None
     try:
-        trips = latency.measure(store)
+        with _terminated_as_exit():
+            trips = latency.measure(store)
     except Exception as exc:  # a store that cannot take writes is a diagnosis, not a crash
         latency_error = describe(exc)
         if latency_error is None:

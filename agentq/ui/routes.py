@@ -3,6 +3,8 @@ plain function, which Starlette runs on its thread pool."""
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import logging
 from typing import Any, Final
 from urllib.parse import parse_qsl, urlencode
@@ -110,7 +112,8 @@ def thread(request: Request) -> Response:
     changes = diff(store, meta.thread_id, a, b) if a is not None and b is not None else None
     if a is None and len(view.timeline) > 1:
         a, b = view.timeline[1].checkpoint.step, view.timeline[0].checkpoint.step
-    done = request.query_params.get("done", "")
+    told = _told(request, meta.thread_id)
+    done = told.get("done", "")
     return render(
         request,
         "thread.html",
@@ -119,16 +122,35 @@ def thread(request: Request) -> Response:
         b=b,
         changes=changes,
         parts=_parts(view.shown) if view.shown is not None else [],
-        notice=notice(ACTIONS[done], _status(request)) if done in ACTIONS else None,
-        sent=request.query_params.get("sent"),
-        not_sent=request.query_params.get("not_sent") == "1",
+        notice=notice(ACTIONS[done], _status(told)) if done in ACTIONS else None,
+        sent=told.get("sent"),
+        not_sent=told.get("not_sent") == "1",
         start_grace=inspector(request).start_grace,
         actions=ACTIONS,
     )
 
 
-def _status(request: Request) -> Status | None:
-    raw = request.query_params.get("status", "")
+_TOLD: Final = ("done", "status", "sent", "not_sent")
+"""What an action's redirect tells the thread's page, signed by :func:`_signature`."""
+
+
+def _signature(request: Request, thread_id: str, told: dict[str, str]) -> str:
+    text = "\0".join([thread_id, *(told.get(name, "") for name in _TOLD)])
+    secret = inspector(request).csrf.encode()
+    return hmac.new(secret, text.encode(), hashlib.sha256).hexdigest()[:32]
+
+
+def _told(request: Request, thread_id: str) -> dict[str, str]:
+    """The action's outcome from the address, if this inspector wrote it: a link anyone can
+    make must not have the page say a thread was cancelled or a message sent."""
+    told = {name: request.query_params[name] for name in _TOLD if name in request.query_params}
+    if not same(request.query_params.get("sig"), _signature(request, thread_id, told)):
+        return {}
+    return told
+
+
+def _status(told: dict[str, str]) -> Status | None:
+    raw = told.get("status", "")
     return next((status for status in Status if status.value == raw), None)
 
 
@@ -222,13 +244,14 @@ def _act(request: Request, form: Form) -> Response:
         outcome = perform(ins.store, ins.app, ins.start_grace, spec, form, meta)
     except AgentqError as exc:
         return render(request, "confirm.html", 409, spec=spec, form=form, meta=meta, error=str(exc))
-    query = {"id": outcome.thread_id, "done": name, "status": outcome.status.value}
+    told = {"done": name, "status": outcome.status.value}
     if outcome.sent:
-        query["sent"] = outcome.sent
+        told["sent"] = outcome.sent
     if outcome.not_sent is not None:
-        # Only a flag in the address: a link anyone can make must not put words on the page.
+        # Only a flag in the address: the broker's words go to the log.
         logger.warning("inspector: %s", outcome.not_sent)
-        query["not_sent"] = "1"
+        told["not_sent"] = "1"
+    query = {"id": outcome.thread_id, **told, "sig": _signature(request, outcome.thread_id, told)}
     return RedirectResponse("/thread?" + urlencode(query), status_code=303)
 
 

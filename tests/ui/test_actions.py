@@ -253,3 +253,18 @@ def test_the_bearer_scheme_is_read_in_any_letter_case(
 def test_a_page_after_a_cursor_no_listing_gave_is_a_bad_request(base: str) -> None:
     answer = httpx.get(base + "/threads", params={"after": "99999999999999999999"})
     assert answer.status_code == 400 and "not a cursor of a listing" in answer.text
+
+
+def test_a_link_made_elsewhere_cannot_make_the_page_report_an_action(
+    base: str, store: RedisStore
+) -> None:
+    forged = httpx.get(
+        base + "/thread",
+        params={"id": "t-queued", "done": "cancel", "status": "cancelled", "sent": "evil-id"},
+    )
+    assert forged.status_code == 200
+    assert "Cancelled." not in forged.text and "evil-id" not in forged.text
+    done = confirm(base, page_form(base, "t-queued", "cancel-form"))
+    shown = httpx.get(base + done.headers["location"]).text
+    assert "Cancelled." in shown
+    assert store.meta("t-queued").status == Status.CANCELLED  # type: ignore[union-attr]

@@ -18,7 +18,7 @@ from agentq.engine.lease import Lease, confirm, keeper_for
 from agentq.engine.limits import limiter
 from agentq.engine.run import NO_VALUE, Run, TimedOut
 from agentq.engine.store_retry import RetriedCalls, give_back, raised_in_store
-from agentq.engine.thread_keys import KeySeat, KeyWait, leave, seated
+from agentq.engine.thread_keys import KeyRefused, KeySeat, KeyWait, leave, seated
 from agentq.engine.transition import checkpoint_after, checkpoint_lost, error_text, meta_after
 from agentq.errors import (
     AgentqError,
@@ -198,16 +198,19 @@ class Driver:
         if lost_worker:
             metrics.taken_over()
         if meta.cancel_requested:
-            return self._cancel_early(token, meta)
+            return self._cancel_early(token, self.seat_of(meta))
         # Only when this take counted one: a count above a lowered max_crashes, or kept
         # from a version whose retries did not clear it, fails no thread that lost none
         # now.
         if lost_worker and meta.crashes >= self.settings.max_crashes:
             return self._fail_for_crashes(token, meta)
         # Only now the key: a thread it parks is queued when woken, its lost worker counted.
-        with seated(self._calls, self.owner, token, self.seat_of(meta)) as waiting:
-            self.waiting_for = waiting
-            return None if waiting else self._steps(token, meta, lease)
+        seat = self.seat_of(meta)
+        with seated(self._calls, self.owner, token, seat) as entry:
+            if entry is KeyRefused.CANCEL_REQUESTED:
+                return self._cancel_early(token, seat)
+            self.waiting_for = entry
+            return None if entry else self._steps(token, meta, lease)
 
     def _steps(self, token: int, meta: ThreadMeta, lease: Lease) -> Any:
         latest = self._latest(token, meta)
@@ -440,10 +443,10 @@ class Driver:
         self._settle("cancelling", token, Status.CANCELLED)
         logger.info("thread %s: cancelled at its wait after step %d", self.thread_id, step)
 
-    def _cancel_early(self, token: int, meta: ThreadMeta) -> None:
+    def _cancel_early(self, token: int, seat: KeySeat | None) -> None:
         """Cancel a thread asked to stop before this drive ran a step of it."""
         self._settle("cancelling", token, Status.CANCELLED)
-        if seat := self.seat_of(meta):  # the slot it may have been woken to is free
+        if seat:  # the slot it may have been woken to is free
             leave(self._calls, token, seat)
 
     def _call(self, node: str, run: Run, input: Any) -> Any:

@@ -80,6 +80,7 @@ class Driver:
         *,
         may_open: bool = True,
         seat_of: Callable[[ThreadMeta], KeySeat | None] = lambda meta: None,
+        first_revoked: bool = False,
     ) -> None:
         self.task = task
         self.thread_id = thread_id
@@ -90,6 +91,10 @@ class Driver:
         self.owner = owner_id()
         self._calls = RetriedCalls(store, thread_id, settings.lease_ttl)
         self.seat_of = seat_of  # the thread's concurrency key, if it has one
+        # Its first task was revoked (Celery's word for "do not run this"), which this
+        # later message does not show: a thread that has committed no step stops, unless
+        # a person answered it since (their resume outranks the revoke).
+        self.first_revoked = first_revoked
         self.retrying: tuple[Exception, float] | None = None
         """The error and the delay of the retry this drive scheduled, if it did."""
         self.ended: ThreadMeta | None = None
@@ -199,6 +204,12 @@ class Driver:
             metrics.taken_over()
         if meta.cancel_requested:
             return self._cancel_early(token, self.seat_of(meta))
+        if self.first_revoked and meta.step < 0 and not meta.resumed:
+            self._cancel_early(token, self.seat_of(meta))
+            logger.info(
+                "thread %s: cancelled, its first task revoked before its first step", self.thread_id
+            )
+            return None
         # Only when this take counted one: a count above a lowered max_crashes, or kept
         # from a version whose retries did not clear it, fails no thread that lost none
         # now.

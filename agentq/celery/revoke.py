@@ -12,14 +12,20 @@ Which revokes stop the thread:
 - the thread's first message, whose id is the ``AsyncResult`` that ``delay()`` gave
   back: revoked or terminated, or expired before the thread started, the thread is
   cancelled as ``agent.cancel()`` does;
+- the first message revoked after it ran but before the thread committed a step (it
+  parked the thread on its concurrency key): no message holds that id any more, so this
+  handler never hears of it; the worker about to run a later message of the thread finds
+  the first task in its revoked set and the driver cancels the thread, unless a person
+  reopened it since (:mod:`agentq.celery.request`);
 - any of its messages terminated: someone killed the run of this thread;
 - not a later message revoked or expired without terminating it (a re-send by recovery,
   a resume, a second ``delay()`` of a running thread): that message is a duplicate
   nudge, dropping it leaves the thread to the message that carries it.
 
 Celery revokes by task id, so a revoke reaches the thread only through a message a worker
-holds or receives: once the thread waits for a human, or runs on under a later message,
-its first task id no longer names any message, and ``agent.cancel()`` is what stops it.
+holds or receives, or a later message's look at the revoked set before the thread's first
+step: once the thread has committed a step and waits for a human, or runs on under a
+later message, ``agent.cancel()`` is what stops it.
 """
 
 from __future__ import annotations

@@ -57,6 +57,20 @@ KEY_HEADER: Final = "agentq_concurrency_key"
 every later send (recovery, hand-over, resume) and every worker sees the first one."""
 
 
+ORIGIN_HEADER: Final = "agentq_origin"
+"""The header of a later message of a thread (a wake, recovery's, a hand-over's) naming
+the thread's first task, whose revoke the worker looks for (:data:`FIRST_REVOKED`). The
+message of a person's resume, retry or settle goes without: that decision, made since,
+outranks the revoke."""
+
+
+FIRST_REVOKED: Final = "agentq_first_revoked"
+"""Set in a message's request by the worker's main process, which revoke broadcasts
+reach (a prefork child keeps the revoked set it forked with), when the thread's first
+task is in the worker's revoked set: the driver cancels a thread that has committed no
+step and that no person resumed since."""
+
+
 _RETRY_TIMING: Final = ("max_retries", "interval_start", "interval_step", "interval_max")
 """The keys of a Celery ``retry_policy`` that say how often and how long to try again."""
 
@@ -67,8 +81,13 @@ def key_sent_with(meta: ThreadMeta) -> str | None:
     return key if isinstance(key, str) else None
 
 
-def _stored(options: dict[str, Any]) -> dict[str, Any]:
-    return {**options, "headers": {**(options.get("headers") or {}), STORED_HEADER: True}}
+def _stored(options: dict[str, Any], origin: str | None = None) -> dict[str, Any]:
+    """``options`` with the headers of a message of a thread the store holds, and
+    ``origin`` as its :data:`ORIGIN_HEADER` if given."""
+    headers = {**(options.get("headers") or {}), STORED_HEADER: True}
+    if origin is not None:
+        headers[ORIGIN_HEADER] = origin
+    return {**options, "headers": headers}
 
 
 def _start_delay(options: dict[str, Any]) -> float:
@@ -198,6 +217,7 @@ class AgentTask(Task):  # type: ignore[misc]
             draining.is_set,
             may_open=not stored,
             seat_of=self._seat_of,
+            first_revoked=bool(getattr(self.request, FIRST_REVOKED, False)),
         )
         calls = RetriedCalls(runtime.store, thread_id, runtime.settings.lease_ttl)
         try:
@@ -417,7 +437,12 @@ class AgentTask(Task):  # type: ignore[misc]
 
     def resend(self, meta: ThreadMeta, **options: Any) -> AsyncResult:
         """:meth:`enqueue` for a caller that holds the thread's meta already."""
-        return super().apply_async((meta.thread_id,), None, **_stored({**meta.options, **options}))
+        return self._resend(meta, options, reopened=False)
+
+    def _resend(self, meta: ThreadMeta, options: dict[str, Any], *, reopened: bool) -> AsyncResult:
+        origin = None if reopened else meta.origin
+        sent = _stored({**meta.options, **options}, origin)
+        return super().apply_async((meta.thread_id,), None, **sent)
 
     # -- hooks -------------------------------------------------------------------------------
 
@@ -534,7 +559,9 @@ class AgentTask(Task):  # type: ignore[misc]
 
     def _send_reopened(self, meta: ThreadMeta, options: dict[str, Any]) -> AsyncResult:
         return send_reopened(
-            meta, self.agentq.settings.start_grace, lambda: self.resend(meta, **options)
+            meta,
+            self.agentq.settings.start_grace,
+            lambda: self._resend(meta, options, reopened=True),
         )
 
     def cancel(self, thread_id: str) -> Status:
@@ -583,13 +610,15 @@ class AgentTask(Task):  # type: ignore[misc]
             time.sleep(interval)
 
 
-def resend_thread(app: Any, meta: ThreadMeta) -> Any:
+def resend_thread(app: Any, meta: ThreadMeta, *, reopened: bool = False) -> Any:
     """Send a message for a thread the store holds, routed as it was first sent: through
-    its task when this process has it, else by name (the task lives in the workers' code)."""
+    its task when this process has it, else by name (the task lives in the workers' code).
+    ``reopened``: a person just queued it again (see :data:`ORIGIN_HEADER`)."""
     task = app.tasks.get(meta.task)
     if isinstance(task, AgentTask):
-        return task.resend(meta)
-    return app.send_task(meta.task, args=(meta.thread_id,), **_stored(meta.options))
+        return task._resend(meta, {}, reopened=reopened)
+    origin = None if reopened else meta.origin
+    return app.send_task(meta.task, args=(meta.thread_id,), **_stored(meta.options, origin))
 
 
 def send_reopened(meta: ThreadMeta, start_grace: float, send: Callable[[], T]) -> T:

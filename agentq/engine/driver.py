@@ -18,7 +18,7 @@ from agentq.engine.lease import Lease, confirm, keeper_for
 from agentq.engine.limits import limiter
 from agentq.engine.run import NO_VALUE, Run, TimedOut
 from agentq.engine.store_retry import RetriedCalls, give_back, raised_in_store
-from agentq.engine.thread_keys import KeySeat, KeyWait, leave, seated
+from agentq.engine.thread_keys import KeyRefused, KeySeat, KeyWait, leave, seated
 from agentq.engine.transition import checkpoint_after, checkpoint_lost, error_text, meta_after
 from agentq.errors import (
     AgentqError,
@@ -80,6 +80,7 @@ class Driver:
         *,
         may_open: bool = True,
         seat_of: Callable[[ThreadMeta], KeySeat | None] = lambda meta: None,
+        first_revoked: bool = False,
     ) -> None:
         self.task = task
         self.thread_id = thread_id
@@ -90,6 +91,10 @@ class Driver:
         self.owner = owner_id()
         self._calls = RetriedCalls(store, thread_id, settings.lease_ttl)
         self.seat_of = seat_of  # the thread's concurrency key, if it has one
+        # Its first task was revoked (Celery's word for "do not run this"), which this
+        # later message does not show: a thread that has committed no step stops, unless
+        # a person answered it since (their resume outranks the revoke).
+        self.first_revoked = first_revoked
         self.retrying: tuple[Exception, float] | None = None
         """The error and the delay of the retry this drive scheduled, if it did."""
         self.ended: ThreadMeta | None = None
@@ -198,16 +203,25 @@ class Driver:
         if lost_worker:
             metrics.taken_over()
         if meta.cancel_requested:
-            return self._cancel_early(token, meta)
+            return self._cancel_early(token, self.seat_of(meta))
+        if self.first_revoked and meta.step < 0 and not meta.resumed:
+            self._cancel_early(token, self.seat_of(meta))
+            logger.info(
+                "thread %s: cancelled, its first task revoked before its first step", self.thread_id
+            )
+            return None
         # Only when this take counted one: a count above a lowered max_crashes, or kept
         # from a version whose retries did not clear it, fails no thread that lost none
         # now.
         if lost_worker and meta.crashes >= self.settings.max_crashes:
             return self._fail_for_crashes(token, meta)
         # Only now the key: a thread it parks is queued when woken, its lost worker counted.
-        with seated(self._calls, self.owner, token, self.seat_of(meta)) as waiting:
-            self.waiting_for = waiting
-            return None if waiting else self._steps(token, meta, lease)
+        seat = self.seat_of(meta)
+        with seated(self._calls, self.owner, token, seat) as entry:
+            if entry is KeyRefused.CANCEL_REQUESTED:
+                return self._cancel_early(token, seat)
+            self.waiting_for = entry
+            return None if entry else self._steps(token, meta, lease)
 
     def _steps(self, token: int, meta: ThreadMeta, lease: Lease) -> Any:
         latest = self._latest(token, meta)
@@ -440,10 +454,10 @@ class Driver:
         self._settle("cancelling", token, Status.CANCELLED)
         logger.info("thread %s: cancelled at its wait after step %d", self.thread_id, step)
 
-    def _cancel_early(self, token: int, meta: ThreadMeta) -> None:
+    def _cancel_early(self, token: int, seat: KeySeat | None) -> None:
         """Cancel a thread asked to stop before this drive ran a step of it."""
         self._settle("cancelling", token, Status.CANCELLED)
-        if seat := self.seat_of(meta):  # the slot it may have been woken to is free
+        if seat:  # the slot it may have been woken to is free
             leave(self._calls, token, seat)
 
     def _call(self, node: str, run: Run, input: Any) -> Any:

@@ -18,10 +18,12 @@ import logging
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from enum import Enum
 
 from agentq.engine.store_retry import RetriedCalls
 from agentq.records import ThreadMeta
 from agentq.store.contract import Store
+from agentq.store.contract.thread_keys import CANCEL_REQUESTED
 
 logger = logging.getLogger("agentq")
 
@@ -47,12 +49,20 @@ class KeyWait:
     """1 for the thread that starts next."""
 
 
+class KeyRefused(Enum):
+    """Why entering a key gave the thread neither a slot nor a place in the queue."""
+
+    CANCEL_REQUESTED = "cancel requested"
+    """Its cancel was asked for after its driver took the lease: the driver cancels it."""
+
+
 @contextmanager
 def seated(
     calls: RetriedCalls, owner: str, token: int, seat: KeySeat | None
-) -> Iterator[KeyWait | None]:
+) -> Iterator[KeyWait | KeyRefused | None]:
     """Hold a slot of ``seat``'s key for the block (``None``, the thread may run), or
-    park the thread (a :class:`KeyWait`: the block must not run it)."""
+    park the thread (a :class:`KeyWait`), or enter neither (a :class:`KeyRefused`): the
+    block must not run the thread then."""
     if seat is None:
         yield None
         return
@@ -60,6 +70,9 @@ def seated(
     position = calls(
         "entering its concurrency key", store.enter_key, thread_id, owner, token, seat.key, seat.cap
     )
+    if position == CANCEL_REQUESTED:
+        yield KeyRefused.CANCEL_REQUESTED
+        return
     if position:
         logger.info(
             "thread %s: concurrency key %s is full (%d at once); parked at position %d",

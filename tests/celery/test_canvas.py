@@ -18,17 +18,22 @@ from celery.contrib.testing.worker import start_worker
 from celery.exceptions import ChordError
 from celery.result import AsyncResult
 from celery.signals import task_postrun, task_revoked
+from celery.worker import state as worker_state
 from kombu.exceptions import ContentDisallowed
 
 import agentq
 from agentq import Done, FunctionAgent, Run, Status
 from agentq.celery import canvas
 from agentq.celery.task import STORED_HEADER
-from agentq.celery.task_outcome import WAITING
+from agentq.celery.task_outcome import WAITING, WAITING_FOR_KEY
 from agentq.records import Checkpoint, ThreadMeta
 from tests.support.redis_server import RedisServer, wait_until
 
 pytestmark = pytest.mark.filterwarnings("ignore:Call to deprecated setex:DeprecationWarning")
+
+
+SOLO = "solo"
+"""A concurrency key one thread holds at a time."""
 
 
 @dataclass
@@ -90,7 +95,13 @@ def env(
         broker_connection_retry_on_startup=True,
     )
     agentq.init_app(
-        app, store=redis_server.url, prefix=prefix, lease_ttl=5, start_grace=5, sweep_interval=0.1
+        app,
+        store=redis_server.url,
+        prefix=prefix,
+        lease_ttl=5,
+        start_grace=5,
+        sweep_interval=0.1,
+        limits=[agentq.limit(SOLO, threads=1)],
     )
     notified: list[Any] = []
     errors: list[str] = []
@@ -181,6 +192,39 @@ def test_a_chord_counts_a_revoked_part_once(env: Env) -> None:
     assert not result.ready()  # counted twice, the revoked part would have fired the body
     env.agent.resume("k8", "yes")
     with pytest.raises(ChordError, match="TaskRevokedError"):
+        result.get(timeout=20, follow_parents=False)
+
+
+@pytest.mark.parametrize("env", [None, "cache+memory://"], ids=["redis", "cache"], indirect=True)
+def test_a_chord_counts_once_a_part_revoked_while_parked_and_cancelled_when_woken(
+    env: Env,
+) -> None:
+    """The part's first task ran and parked the thread, so no message holds its id when
+    it is revoked, and Celery counts nothing; the woken thread's cancel counts the part as
+    revoked, once, though recovery and the wake may both send the thread."""
+    store = env.app._agentq_runtime.store
+    store.open_thread("holder", task="elsewhere")
+    holder = store.acquire("holder", "elsewhere", 60)
+    assert store.enter_key("holder", "elsewhere", holder, SOLO, 1) == 0
+    parts = [
+        env.agent.si("k10", mode="fast").set(concurrency_key=SOLO),
+        env.agent.si("k11", mode="wait"),
+        env.agent.si("k12", mode="fast"),
+    ]
+    result = chord(parts)(env.collect.s())
+    first = result.parent.results[0]
+    wait_until(lambda: first.state == WAITING_FOR_KEY, timeout=20, what="k10 parked")
+    first.revoke()
+    wait_until(lambda: first.id in worker_state.revoked, timeout=20, what="the revoke received")
+    assert store.leave_key("holder", holder, SOLO, start_grace=0) == ["k10"]
+    env.agent.enqueue("k10")  # as the holder's task sends the thread its leaving wakes
+    wait_until(lambda: first.state == "REVOKED", timeout=20, what="k10's first task REVOKED")
+    assert env.agent.thread("k10").status == Status.CANCELLED
+    wait_until(lambda: env.agent.thread("k11").status == "waiting", timeout=20, what="k11")
+    assert env.agent.wait("k12", timeout=20) == "k12"
+    assert not result.ready()  # counted twice, the revoked part would have fired the body
+    env.agent.resume("k11", "yes")
+    with pytest.raises(ChordError, match="was cancelled"):
         result.get(timeout=20, follow_parents=False)
 
 

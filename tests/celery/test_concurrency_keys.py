@@ -2,7 +2,8 @@
 processes, the waiting threads start in arrival order, a killed worker's slot comes back
 with its lease and starts the next waiter, a cancelled waiter leaves the queue, a crashed
 thread is counted as crashed before a full key parks it, a woken thread cancelled before
-its first step starts the next waiter."""
+its first step starts the next waiter, and so does a parked thread whose first task was
+revoked, cancelled when woken rather than run."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from celery import Celery
 import agentq
 from agentq import Status
 from agentq.celery.task import KEY_HEADER
+from agentq.celery.task_outcome import WAITING_FOR_KEY
 from agentq.errors import LimitError
 from agentq.store import open_store
 from tests.support.keyed_app import make_keyed_app
@@ -30,7 +32,7 @@ SLOW_SWEEP = 600.0
 
 
 class Setup:
-    def __init__(self, broker: str, server: RedisServer, store: str) -> None:
+    def __init__(self, broker: str, server: RedisServer, store: str, backend: str) -> None:
         self.prefix = f"key{uuid.uuid4().hex[:8]}:"
         self.ns = self.prefix.rstrip(":")
         self.env = {
@@ -40,6 +42,7 @@ class Setup:
             "AGENTQ_TEST_PREFIX": self.prefix,
             "AGENTQ_TEST_QUEUE": f"agentq-keys-{self.prefix}",
             "AGENTQ_TEST_LEASE_TTL": str(LEASE_TTL),
+            "AGENTQ_TEST_BACKEND": backend,
         }
         self.app: Celery = make_keyed_app(
             broker=broker,
@@ -47,6 +50,7 @@ class Setup:
             ledger=server.url,
             prefix=self.prefix,
             queue=self.env["AGENTQ_TEST_QUEUE"],
+            backend=backend,
             lease_ttl=LEASE_TTL,
         )
         self.agent: Any = self.app.tasks["tests.keyed_agent"]
@@ -72,10 +76,14 @@ class Setup:
 
 @pytest.fixture(params=["redis", "sqlite"])
 def setup(
-    redis_broker: str, redis_server: RedisServer, tmp_path: Path, request: pytest.FixtureRequest
+    redis_broker: str,
+    result_backend: str,
+    redis_server: RedisServer,
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
 ) -> Iterator[Setup]:
     store = redis_server.url if request.param == "redis" else f"sqlite:///{tmp_path / 'keys.db'}"
-    made = Setup(redis_broker, redis_server, store)
+    made = Setup(redis_broker, redis_server, store, result_backend)
     yield made
     made.store.close()
     made.app._agentq_runtime.store.close()
@@ -86,13 +94,15 @@ def setup(
 def worker(setup: Setup, tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
     started: list[WorkerProcess] = []
 
-    def start(concurrency: int = 4, sweep_interval: float = 0.2) -> WorkerProcess:
+    def start(
+        concurrency: int = 4, sweep_interval: float = 0.2, pool: str = "threads"
+    ) -> WorkerProcess:
         process = WorkerProcess(
             setup.app,
             {**setup.env, "AGENTQ_TEST_SWEEP_INTERVAL": str(sweep_interval)},
             tmp_path,
             concurrency=concurrency,
-            pool="threads",
+            pool=pool,
             app_module="tests.support.keyed_app",
         )
         started.append(process)
@@ -277,3 +287,32 @@ def test_cancelling_a_woken_thread_that_has_not_started_starts_the_next_waiter(
     assert setup.agent.cancel("woken") == Status.CANCELLED
     assert setup.agent.wait("next", timeout=60) == "next"
     assert setup.started() == ["next"]
+
+
+def test_a_parked_thread_whose_first_task_is_revoked_is_cancelled_when_woken(
+    setup: Setup, worker: Any
+) -> None:
+    """Its first task ended ``WAITING_FOR_KEY``, which is not ready: ``revoke()`` looks
+    like it stops the thread, which has run no step. Woken, the thread comes under a new
+    task id no revoked set holds; it is cancelled all the same, its first task
+    ``REVOKED``, and the slot goes to the next waiter. The pool is prefork, whose
+    children, forked before the revoke, never see it: the worker's main process does."""
+    key = "tenant:solo"
+    started = worker(concurrency=2, sweep_interval=SLOW_SWEEP, pool="prefork")
+    setup.send("holder", key, block=True)
+    wait_until(lambda: setup.started() == ["holder"], timeout=30, what="the holder running")
+    first = setup.agent.apply_async(("revoked",), {"work": 0.0}, concurrency_key=key)
+    wait_until(lambda: first.state == WAITING_FOR_KEY, timeout=30, what="WAITING_FOR_KEY")
+    _park(setup, "next", key, 2)
+    first.revoke()
+
+    def revoked_on_the_worker() -> bool:
+        inspect = setup.app.control.inspect(destination=[started.name], timeout=1)
+        return first.id in (inspect.revoked() or {}).get(started.name, [])
+
+    wait_until(revoked_on_the_worker, timeout=30, what="the revoke received")
+    setup.go()
+    assert setup.agent.wait("next", timeout=60) == "next"
+    assert setup.agent.thread("revoked").status == Status.CANCELLED
+    assert setup.started() == ["holder", "next"]
+    assert first.state == "REVOKED"

@@ -18,6 +18,7 @@ import pytest
 from celery import Celery
 from celery.contrib.testing.worker import start_worker
 from celery.result import AsyncResult
+from celery.worker import state as worker_state
 from click.testing import CliRunner
 
 import agentq
@@ -51,6 +52,8 @@ def define(app: Celery, ran: list[str]) -> FunctionAgent:
     @agent.node
     def start(run: Run, mode: str) -> Any:
         ran.append(run.thread_id)
+        if mode == "fail_once" and ran.count(run.thread_id) == 1:
+            raise ValueError("failing the first time")
         if mode == "wait":
             return Done(run.interrupt({"question": "refund 10?"}))
         return Done(mode)
@@ -204,3 +207,31 @@ def test_an_expired_first_message_redelivered_leaves_a_started_thread_alone(env:
     redelivered = SimpleNamespace(id=first.id, args=("rv-late",))
     cancel_revoked_thread(sender=env.agent, request=redelivered, terminated=False, expired=True)
     assert status_of(env, "rv-late") == Status.WAITING
+
+
+@pytest.mark.parametrize("reopen", ["resume", "resume-by-sweeper", "retry"])
+def test_a_person_reopening_a_thread_outranks_a_revoke_of_its_first_task(
+    env: Env, reopen: str
+) -> None:
+    """A later message honours a revoke of the first task while the thread has committed
+    no step (a thread parked on its concurrency key is cancelled when woken), but not
+    once a person reopened it: the thread asked, or failed, at its first node, so it has
+    no step yet. A resume without the app (``agentq resume`` alone) is sent by a sweeper."""
+    thread_id = f"rv-reopened-{reopen}"
+    if reopen == "retry":
+        first = env.agent.delay(thread_id, mode="fail_once")
+        wait_until(lambda: status_of(env, thread_id) == Status.FAILED, timeout=20, what="failed")
+    else:
+        first = waiting_thread(env, thread_id)
+    first.revoke()
+    wait_until(lambda: first.id in worker_state.revoked, timeout=20, what="the revoke received")
+    if reopen == "retry":
+        env.agent.retry_thread(thread_id)
+    elif reopen == "resume":
+        env.agent.resume(thread_id, "yes")
+    else:
+        env.store.reopen(
+            thread_id, from_statuses={Status.WAITING}, resume_value="yes", start_grace=0
+        )
+        assert thread_id in Sweeper(env.app).sweep_once()
+    assert env.agent.wait(thread_id, timeout=20) == ("fail_once" if reopen == "retry" else "yes")

@@ -8,6 +8,7 @@ import pytest
 from agentq import Status
 from agentq.errors import LimitError, StaleToken, StoreConfigError, ThreadStateError
 from agentq.store.contract import Store
+from agentq.store.contract.thread_keys import CANCEL_REQUESTED
 from tests.support.redis_server import wait_until
 
 TTL = 30.0
@@ -155,6 +156,46 @@ def test_a_thread_that_stopped_is_not_parked(keys_store: Store, stopped: Status)
     meta = store.meta("b")
     assert meta is not None and meta.status == stopped
     assert _state(store) == (["a"], [])
+
+
+@pytest.mark.parametrize("full", [True, False])
+def test_a_thread_asked_to_cancel_since_its_lease_was_taken_is_neither_parked_nor_seated(
+    keys_store: Store, full: bool
+) -> None:
+    """``cancel()`` only flags a thread that runs under a lease: entering the key then
+    leaves it running under its lease, for its driver to cancel, rather than park it
+    with the flag (where it would wait for its turn) or let it take a slot."""
+    store = keys_store
+    if full:
+        assert _enter(store, "a") == 0
+    token = _leased(store, "b")
+    assert store.request_cancel("b") == Status.RUNNING
+    assert store.enter_key("b", "owner-b", token, "tenant:1", 1) == CANCEL_REQUESTED
+    meta = store.meta("b")
+    assert meta is not None and meta.status == Status.RUNNING and meta.cancel_requested
+    assert store.schedules(["b"])[0].owner == "owner-b"
+    if full:
+        assert _state(store) == (["a"], [])  # b neither waits nor holds a slot
+        assert store.limit_takes() == {"tenant:1": 1}  # a's entry only
+    else:
+        assert store.key_states() == [] and store.limit_takes() == {}
+
+
+def test_a_woken_thread_asked_to_cancel_before_it_entered_frees_its_reserved_slot(
+    keys_store: Store,
+) -> None:
+    store = keys_store
+    token = _leased(store, "a")
+    assert store.enter_key("a", "owner-a", token, "tenant:1", 1) == 0
+    assert [_enter(store, name) for name in ("b", "c")] == [1, 2]
+    assert store.leave_key("a", token, "tenant:1", start_grace=5) == ["b"]
+    token = store.acquire("b", "owner-b", TTL)
+    assert store.request_cancel("b") == Status.RUNNING
+    assert store.enter_key("b", "owner-b", token, "tenant:1", 1) == CANCEL_REQUESTED
+    # What its driver then does, as for a cancel it read when it took the lease.
+    store.set_status("b", token, Status.CANCELLED, release_owner="owner-b")
+    assert store.leave_key("b", token, "tenant:1", start_grace=5) == ["c"]
+    assert _state(store) == (["c"], [])
 
 
 @pytest.mark.parametrize("cap", [0, -1, 1.5, True])

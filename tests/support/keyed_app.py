@@ -52,9 +52,16 @@ class KeyedAgent(AgentTask):
 
 
 def make_keyed_app(
-    *, broker: str, store: str, ledger: str, prefix: str, queue: str, **settings: Any
+    *,
+    broker: str,
+    store: str,
+    ledger: str,
+    prefix: str,
+    queue: str,
+    backend: str | None = None,
+    **settings: Any,
 ) -> Celery:
-    app = Celery("agentq-key-tests", broker=broker, set_as_current=False)
+    app = Celery("agentq-key-tests", broker=broker, backend=backend, set_as_current=False)
     app.conf.update(
         task_default_queue=queue,
         broker_connection_retry_on_startup=True,
@@ -75,6 +82,7 @@ if "AGENTQ_TEST_PREFIX" in os.environ:
         ledger=os.environ["AGENTQ_TEST_LEDGER"],
         prefix=os.environ["AGENTQ_TEST_PREFIX"],
         queue=os.environ["AGENTQ_TEST_QUEUE"],
+        backend=os.environ.get("AGENTQ_TEST_BACKEND"),
         lease_ttl=float(os.environ["AGENTQ_TEST_LEASE_TTL"]),
         # A test may make the sweep too rare to wake anyone: a freed slot must do it.
         sweep_interval=float(os.environ.get("AGENTQ_TEST_SWEEP_INTERVAL", "0.2")),

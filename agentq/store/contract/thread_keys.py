@@ -24,10 +24,15 @@ park again behind C: arrival order would be lost.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import NamedTuple
+from typing import Final, NamedTuple
 
 from agentq.errors import LimitError
 from agentq.ids import validate_thread_id
+
+CANCEL_REQUESTED: Final = -1
+"""What :meth:`ThreadKeysContract.enter_key` returns for a thread whose cancel was asked
+for after its driver took the lease (``cancel()`` only flags a running thread): it is
+neither given a slot nor parked, and its driver cancels it before its first step."""
 
 
 class KeyWaiter(NamedTuple):
@@ -71,7 +76,9 @@ class ThreadKeysContract(ABC):
         slots are free. Otherwise the thread is parked and its position (1-based) is
         returned: it becomes ``queued`` without a due time, its lease is released, and it
         joins the end of the key's queue (or keeps its place there). Slots whose lease
-        expired are reclaimed first. Raises :class:`~agentq.errors.StaleToken` for a
+        expired are reclaimed first. A thread whose cancel was asked for is left as it is
+        and :data:`CANCEL_REQUESTED` returned: parked, it would wait for a turn it must
+        not take. Raises :class:`~agentq.errors.StaleToken` for a
         token that is not the thread's latest, and
         :class:`~agentq.errors.ThreadStateError` unless the thread is ``running`` (one
         that stopped, e.g. was cancelled, is never queued again). Atomic."""

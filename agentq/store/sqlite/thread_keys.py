@@ -8,7 +8,7 @@ import time
 
 from agentq.errors import ThreadStateError
 from agentq.records import LIVE, Status
-from agentq.store.contract.thread_keys import KeyState, KeyWaiter
+from agentq.store.contract.thread_keys import CANCEL_REQUESTED, KeyState, KeyWaiter
 from agentq.store.sqlite.connection import SharedConnection
 from agentq.store.sqlite.queries import fenced, marks, release_lease, status_of, update
 
@@ -79,7 +79,7 @@ class ThreadKeysMixin:
     def _do_enter_key(self, thread_id: str, owner: str, token: int, key: str, cap: int) -> int:
         with self._conn.write() as db:
             now = time.time()
-            fenced(db, thread_id, token)
+            asked_to_cancel = bool(fenced(db, thread_id, token)["cancel"])
             status = status_of(db, thread_id)
             if status != Status.RUNNING:  # parking a stopped thread would queue it again
                 raise ThreadStateError(
@@ -88,6 +88,8 @@ class ThreadKeysMixin:
                     thread_id=thread_id,
                     status=status.value,
                 )
+            if asked_to_cancel:  # as enter_key.lua: its driver cancels it, it never waits
+                return CANCEL_REQUESTED
             db.execute('INSERT OR REPLACE INTO key_caps ("key", cap) VALUES (?, ?)', (key, cap))
             db.execute(  # counted with the key's takes: doctor sees a threads-only limit used
                 'INSERT INTO limit_takes ("key", takes) VALUES (?, 1) '

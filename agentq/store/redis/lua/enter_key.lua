@@ -7,7 +7,8 @@
 -- [9] 'parked', [10] the queue's key name.
 -- Returns {1, 0, 0} when seated; {1, position, ops} when parked (the thread is queued,
 -- out of the due index, its lease released), also to the same call resent after its
--- reply was lost; {STALE_TOKEN, fence, 0};
+-- reply was lost; {1, -1, 0} when its cancel was asked for (CANCEL_REQUESTED in
+-- agentq.store.contract.thread_keys: neither seated nor parked); {STALE_TOKEN, fence, 0};
 -- {STATUS_REFUSED, status, 0} unless the thread is running; {THREAD_NOT_FOUND, 0, 0}.
 local holders, queue, state, active, meta, lock = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local id, token, cap = ARGV[3], ARGV[4], tonumber(ARGV[6])
@@ -24,6 +25,11 @@ if status ~= STATUS.RUNNING then
     return {1, parked + 1, sync(meta, id)}
   end
   return {REFUSAL.STATUS_REFUSED, status, 0}
+end
+-- Asked to stop since its driver took the lease (cancel() only flags a running thread):
+-- parked, it would wait in the queue for a turn it must not take. Its driver cancels it.
+if redis.call('HGET', meta, 'cancel') == '1' then
+  return {1, -1, 0}
 end
 -- Counted with the key's takes, so doctor sees a threads-only limit in use.
 redis.call('HINCRBY', ARGV[8], 'takes', 1)

@@ -350,9 +350,9 @@ def test_effects_lists_every_record_of_a_thread(threads: Backend) -> None:
     assert all(isinstance(at, float) for at in claimed)
     assert listed == [
         {"key": "call-1", "state": "done", "token": token, "result": {"refund_id": "re_1"}}
-        | {"tool": "refund", "sent_as": sent[0]},
+        | {"tool": "refund", "claimed_by": "t-stuck", "sent_as": sent[0]},
         {"key": "call-2", "state": "pending", "token": token, "result": None}
-        | {"tool": "refund", "sent_as": sent[1]},
+        | {"tool": "refund", "claimed_by": "t-stuck", "sent_as": sent[1]},
     ]
     text = run(threads, "effects", "t-stuck").stdout
     assert "call-2" in text and "outcome unknown" in text and "re_1" in text

@@ -776,6 +776,22 @@ def test_shared_effects_span_threads(store: Store) -> None:
     assert store.effect("b", "invoice-9", shared=True) is not None
 
 
+def test_an_effect_record_names_the_thread_that_claimed_it(store: Store) -> None:
+    a = started(store, "a")
+    b = started(store, "b")
+    store.claim_effect("a", "refund-1", a)
+    [own] = store.effects("a")
+    assert own.claimed_by == "a"
+    # Tokens count per thread, so a shared record's token alone cannot tell whose it is.
+    store.claim_effect("a", "invoice-3", a, shared=True, tool="billing.invoice")
+    shared = store.effect("b", "invoice-3", shared=True)
+    assert shared is not None and (shared.claimed_by, shared.token) == ("a", a)
+    store.claim_effect("b", "invoice-3", b, shared=True, takeover=True)
+    store.complete_effect("b", "invoice-3", b, "in_3", shared=True)
+    shared = store.effect("a", "invoice-3", shared=True)
+    assert shared is not None and (shared.claimed_by, shared.state) == ("b", "done")
+
+
 def test_effects_lists_the_threads_own_records_by_key(store: Store) -> None:
     token = started(store)
     store.claim_effect("t1", "refund-2", token)

@@ -68,7 +68,8 @@ class RedisEffects(RedisBase):
         keys = self._effect_keys(thread_id, key, shared=shared)
         self._check_fence_apart(thread_id, token, shared)
         code, holder, result = self._scripts["claim_effect"](
-            keys=keys, args=[token, "1" if takeover else "0", claim_id, tool]
+            keys=keys,
+            args=[token, "1" if takeover else "0", claim_id, tool, thread_id if shared else ""],
         )
         raise_refusal(code, holder, thread_id=thread_id, token=token, key=key)
         if code == _DONE:
@@ -98,7 +99,7 @@ class RedisEffects(RedisBase):
 
     def _do_effect(self, thread_id: str, key: str, *, shared: bool) -> Effect | None:
         record = fields(self.client.hgetall(self._effect_keys(thread_id, key, shared=shared)[0]))
-        return _effect(thread_id, key, record)
+        return _effect(thread_id, key, record, shared=shared)
 
     def _do_effects(self, thread_id: str) -> list[Effect]:
         prefix = self.keys.effect(thread_id, "")
@@ -108,7 +109,7 @@ class RedisEffects(RedisBase):
         for name in names:
             pipe.hgetall(name)
         found = [
-            _effect(thread_id, name[len(prefix) :], fields(record))
+            _effect(thread_id, name[len(prefix) :], fields(record), shared=False)
             for name, record in zip(names, pipe.execute() if names else [], strict=True)
         ]
         return [effect for effect in found if effect is not None]
@@ -151,11 +152,15 @@ class RedisEffects(RedisBase):
         return self._meta(thread_id, hash_to_fields(value))
 
 
-def _effect(thread_id: str, key: str, record: dict[str, bytes]) -> Effect | None:
+def _effect(thread_id: str, key: str, record: dict[str, bytes], *, shared: bool) -> Effect | None:
     """The record from its stored fields, ``None`` when there are none."""
     if not record:
         return None
     result, tool, claimed_at = record.get("result"), record.get("tool"), record.get("at")
+    claimant: str | None = thread_id
+    if shared:
+        # None when an agentq that did not keep it made the claim.
+        claimant = text(record["thread"]) if "thread" in record else None
     return Effect(
         key,
         EffectState(record["state"].decode()),
@@ -165,4 +170,5 @@ def _effect(thread_id: str, key: str, record: dict[str, bytes]) -> Effect | None
         else decode_value(result, what=f"effect {key!r} result", thread_id=thread_id, step=None),
         tool=tool.decode() if tool else None,
         claimed_at=float(claimed_at) if claimed_at else None,
+        claimed_by=claimant,
     )

@@ -49,8 +49,8 @@ class EffectsMixin:
             if found is None or (found.state == EffectState.PENDING and takeover) or resent:
                 db.execute(
                     'INSERT OR REPLACE INTO effects (scope, "key", state, token, claim, tool, '
-                    "claimed_at) VALUES (?, ?, 'pending', ?, ?, ?, ?)",
-                    (scope, key, token, claim_id, tool or None, time.time()),
+                    "claimed_at, claimed_by) VALUES (?, ?, 'pending', ?, ?, ?, ?, ?)",
+                    (scope, key, token, claim_id, tool or None, time.time(), thread_id),
                 )
                 return Claim(ClaimOutcome.CLAIMED, Effect(key, EffectState.PENDING, token))
         done = found.state == EffectState.DONE
@@ -167,7 +167,8 @@ class EffectsMixin:
 
 def _read_effect(db: sqlite3.Connection, thread_id: str, scope: str, key: str) -> Effect | None:
     row = db.execute(
-        'SELECT state, token, result, tool, claimed_at FROM effects WHERE scope = ? AND "key" = ?',
+        "SELECT state, token, result, tool, claimed_at, claimed_by FROM effects "
+        'WHERE scope = ? AND "key" = ?',
         (scope, key),
     ).fetchone()
     if row is None:
@@ -182,6 +183,8 @@ def _read_effect(db: sqlite3.Connection, thread_id: str, scope: str, key: str) -
         result,
         tool=row["tool"],
         claimed_at=row["claimed_at"],
+        # A thread's own records were claimed by it, whichever agentq wrote them.
+        claimed_by=row["claimed_by"] if scope == "" else thread_id,
     )
 
 

@@ -341,10 +341,10 @@ def test_inputs_must_be_keywords(env: Env) -> None:
         env.agent("counting_agent").delay("t1", 3)
 
 
-def _claim_as_dead_worker(store: Store, thread_id: str, key: str) -> None:
+def _claim_as_dead_worker(store: Store, thread_id: str, key: str, *, shared: bool = False) -> None:
     """A driver that claimed an effect and died before recording it."""
     token = store.acquire(thread_id, "dead-worker", 30)
-    store.claim_effect(thread_id, key, token)
+    store.claim_effect(thread_id, key, token, shared=shared)
     store.set_status(thread_id, token, Status.QUEUED, due_in=0, release_owner="dead-worker")
 
 
@@ -411,6 +411,27 @@ def test_an_operator_settles_a_needs_attention_thread_and_it_runs_on(
     assert reply["refund_id"] == (
         "re_9" if settled == "result" else f"re_{env.ledger.sent('t1', 'call-refund-1')}"
     )
+
+
+@pytest.mark.parametrize("settled", ["result", "did_not_run"])
+def test_an_operator_settles_a_shared_call_and_the_thread_runs_on(env: Env, settled: str) -> None:
+    agent = env.agent("support_agent")
+    env.store.open_thread(
+        "t1", task=agent.name, start_grace=3600, input={"question": "hi", "policy": "shared"}
+    )
+    _claim_as_dead_worker(env.store, "t1", "call-refund-1", shared=True)
+    agent.enqueue("t1")
+    with pytest.raises(ThreadStopped):
+        agent.wait("t1", timeout=20)
+    if settled == "result":
+        agent.resolve_effect("t1", "call-refund-1", shared=True, result={"refund_id": "re_9"})
+    else:
+        agent.resolve_effect("t1", "call-refund-1", shared=True, did_not_run=True)
+    assert agent.wait("t1", timeout=20) == "Refunded 10 EUR."
+    sent = env.store.downstream_key("t1", "call-refund-1", shared=True)
+    assert env.ledger.tool_calls("t1") == ({} if settled == "result" else {sent: 1})
+    effect = env.store.effect("t1", "call-refund-1", shared=True)
+    assert effect is not None and effect.state == "done"
 
 
 def test_append_only_messages_are_written_once_each(env: Env) -> None:

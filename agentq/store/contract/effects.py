@@ -46,7 +46,8 @@ class EffectsContract(ABC):
         ``claim_id`` names this one call: the same claim sent again (a client retrying
         after its reply was lost) answers ``claimed`` again rather than ``unknown``, since
         no effect can have run in between. ``tool`` names the function, for the operator
-        who reads the record.
+        who reads the record; a shared record also keeps the thread that claimed it
+        (:attr:`~agentq.records.Effect.claimed_by`), as tokens count per thread.
 
         Raises :class:`~agentq.errors.StaleToken` when ``token`` is not the thread's
         current one. Atomic (for ``shared`` records on Redis Cluster the token check and the
@@ -114,8 +115,9 @@ class EffectsContract(ABC):
     def _do_effect(self, thread_id: str, key: str, *, shared: bool) -> Effect | None: ...
 
     def effects(self, thread_id: str) -> list[Effect]:
-        """The thread's own idempotency records (not the shared ones), sorted by key; empty
-        for an unknown thread. Each record is read as it is at that moment."""
+        """The thread's own idempotency records (not the shared ones: read one with
+        ``effect(..., shared=True)``), sorted by key; empty for an unknown thread. Each
+        record is read as it is at that moment."""
         validate_thread_id(thread_id)
         return sorted(self._do_effects(thread_id), key=lambda effect: effect.key)
 

@@ -159,7 +159,7 @@ class RedisEffects(RedisBase):
             indexed=True,
         )
         refusal = refusal_of(code)
-        if refusal is not None and record == "apart":
+        if record == "apart" and refusal in (Refusal.LEASE_HELD, Refusal.STATUS_REFUSED):
             raise self._moved_on(thread_id, key)
         if refusal is Refusal.LEASE_HELD:
             if isinstance(value, list):
@@ -225,14 +225,13 @@ class RedisEffects(RedisBase):
     def _moved_on(self, thread_id: str, key: str) -> ThreadStateError:
         """The thread was taken up between the settling of its shared record and its queuing
         (Redis Cluster only, see :meth:`_settle_apart`)."""
-        status = self.client.hget(self.keys.meta(thread_id), "status")
-        now = "deleted" if status is None else text(status)
+        status = text(self.client.hget(self.keys.meta(thread_id), "status"))
         return ThreadStateError(
             f"shared effect {key!r} is settled, but meanwhile the thread was taken up "
-            f"(status {now}), so it was not queued again: whenever it runs, it gets the "
+            f"(status {status}), so it was not queued again: whenever it runs, it gets the "
             f"settled outcome; 'agentq show {thread_id}' shows where it is",
             thread_id=thread_id,
-            status=now,
+            status=status,
         )
 
 

@@ -172,6 +172,11 @@ class Effect:
     """The name of the function claimed under the key (its ``__qualname__``)."""
     claimed_at: float | None = None
     """When the latest claim was made (Unix time, the store's clock)."""
+    claimed_by: str | None = None
+    """The thread whose worker made the latest claim: the record's own thread, or for a
+    shared record any thread that uses the key (the one it was settled for, once an
+    operator settled it). ``None`` for a shared record claimed by an agentq that did not
+    keep it."""
 
 
 @dataclass(frozen=True)

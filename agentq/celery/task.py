@@ -538,13 +538,16 @@ class AgentTask(Task):  # type: ignore[misc]
         *,
         result: Any = UNSET,
         did_not_run: bool = False,
+        shared: bool = False,
         **options: Any,
     ) -> AsyncResult:
         """Settle tool call ``key`` of a ``needs_attention`` (or ``failed``) thread once you
         checked what it did, and run the thread on from its latest checkpoint: with
         ``result`` the node gets it back as the tool's result without calling the tool;
-        with ``did_not_run=True`` the tool runs, once. Refused while a worker holds the
-        thread; see :meth:`~agentq.store.contract.Store.resolve_effect`."""
+        with ``did_not_run=True`` the tool runs, once. ``shared=True`` settles the shared
+        record of a tool declared ``shared=True`` (which every thread using the key finds).
+        Refused while a worker holds the thread, or the thread that claimed a shared key;
+        see :meth:`~agentq.store.contract.Store.resolve_effect`."""
         meta = self._store_call(
             "settling a tool call",
             thread_id,
@@ -554,6 +557,7 @@ class AgentTask(Task):  # type: ignore[misc]
             result=result,
             did_not_run=did_not_run,
             start_grace=self.agentq.settings.start_grace,
+            shared=shared,
         )
         return self._send_reopened(meta, options)
 

@@ -21,7 +21,7 @@ from agentq.engine.tool_policy import DID_NOT_RUN, ToolPolicy, policy_of
 from agentq.errors import InvalidArgument, LimitError, NeedsAttention
 from agentq.ids import downstream_key
 from agentq.outcomes import LimitWait
-from agentq.records import ClaimOutcome
+from agentq.records import ClaimOutcome, Effect
 from agentq.store.contract import Store
 
 logger = logging.getLogger("agentq")
@@ -297,19 +297,7 @@ class ToolCalls:
         if claim.outcome == ClaimOutcome.UNKNOWN:
             key = call.key
             if not (policy.idempotent or policy.reconcile):
-                name = tool_name(fn)
-                raise NeedsAttention(
-                    f"tool {name} with key {key!r} was started by an earlier worker that "
-                    "died before recording its outcome, and it declares neither "
-                    "idempotent=True nor reconcile=; check whether it happened, then "
-                    f"settle it: agentq resolve {thread_id} {key} --result JSON (what "
-                    "it returned) or --did-not-run (it runs once more); 'agentq effects "
-                    f"{thread_id}' lists the thread's calls (in code: task.resolve_effect)",
-                    thread_id=thread_id,
-                    step=self.step,
-                    key=key,
-                    tool=name,
-                )
+                raise self._needs_attention(call, tool_name(fn), claim.effect.token)
             self._store_calls(
                 "taking a tool call over",
                 store.claim_effect,
@@ -325,6 +313,32 @@ class ToolCalls:
                 found = policy.reconcile(call.downstream, *args, **kwargs)
                 if found is not DID_NOT_RUN:
                     call.recorded = self._record(call, found)
+
+    def _needs_attention(self, call: _Call, name: str, token: int) -> NeedsAttention:
+        """What stops the thread for a person when the call's outcome is unknown: who
+        claimed it, and the commands that show and settle it."""
+        thread_id, key = self.thread_id, call.key
+        if not call.policy.shared:
+            message = (
+                f"tool {name} with key {key!r} was started by an earlier worker that "
+                "died before recording its outcome, and it declares neither "
+                "idempotent=True nor reconcile=; check whether it happened, then "
+                f"settle it: agentq resolve {thread_id} {key} --result JSON (what "
+                "it returned) or --did-not-run (it runs once more); 'agentq effects "
+                f"{thread_id}' lists the thread's calls (in code: task.resolve_effect)"
+            )
+        else:
+            # The claim's answer does not say whose it is: a shared key's holder may be
+            # another thread (a fork's source, say), alive and about to record it.
+            holder = self._store_calls(
+                "reading a tool call's record",
+                self._store.effect,
+                thread_id,
+                key,
+                shared=True,
+            )
+            message = _shared_unknown(thread_id, key, name, token, holder)
+        return NeedsAttention(message, thread_id=thread_id, step=self.step, key=key, tool=name)
 
     def _record(self, call: _Call, result: Any) -> Any:
         self._store_calls(
@@ -500,6 +514,39 @@ def _drive(coro: Coroutine[Any, Any, Any]) -> Any:
         return stop.value
     coro.close()
     raise RuntimeError("a plain tool call suspended")
+
+
+def _shared_unknown(thread_id: str, key: str, name: str, token: int, holder: Effect | None) -> str:
+    """The needs_attention message of a shared key found claimed with no outcome: whose
+    claim it is (``holder``, its record as read after the claim; ``None`` once gone)."""
+    claimant = holder.claimed_by if holder is not None else None
+    if holder is not None:
+        token = holder.token
+    tool = f", tool {holder.tool}" if holder is not None and holder.tool else ""
+    settle = (
+        f"settle it: agentq resolve {thread_id} {key} --shared --result JSON (what it "
+        "returned) or --did-not-run (it runs once more)"
+    )
+    if claimant == thread_id:
+        by = f"an earlier worker of this thread (token {token}{tool}) that died before recording it"
+        then = f"Check whether the call happened, then {settle}"
+    else:
+        who = f"thread {claimant!r}" if claimant else "another thread or an earlier run of this one"
+        by = (
+            f"{who} (token {token}{tool}), which may still be running the call or may have "
+            "died before recording it"
+        )
+        then = (
+            f"If {who if claimant else 'that one'} still runs, wait until it records the "
+            f"outcome, then run this thread on: agentq retry {thread_id}. If not, check "
+            f"whether the call happened, then {settle}"
+        )
+    return (
+        f"tool {name} uses the shared key {key!r} (shared=True) and found it claimed, with no "
+        f"outcome recorded, by {by}; {name} declares neither idempotent=True nor reconcile=. "
+        f"{then}; 'agentq effects {thread_id} --shared {key}' shows the record (in code: "
+        "task.resolve_effect(..., shared=True))"
+    )
 
 
 def tool_name(fn: Callable[..., Any]) -> str:

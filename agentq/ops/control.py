@@ -70,6 +70,7 @@ def settle(
     result: Any = UNSET,
     did_not_run: bool = False,
     start_grace: float,
+    shared: bool = False,
 ) -> Requeued:
     """Settle the effect ``key`` nobody recorded (see ``Store.resolve_effect``) and send
     the thread on as :func:`requeue` does."""
@@ -79,6 +80,7 @@ def settle(
         result=result,
         did_not_run=did_not_run,
         start_grace=0 if app is None else start_grace,
+        shared=shared,
     )
     return _send(app, meta, start_grace)
 

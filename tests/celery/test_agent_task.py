@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import re
 import threading
 import uuid
 from collections.abc import Iterator
@@ -341,10 +342,10 @@ def test_inputs_must_be_keywords(env: Env) -> None:
         env.agent("counting_agent").delay("t1", 3)
 
 
-def _claim_as_dead_worker(store: Store, thread_id: str, key: str) -> None:
+def _claim_as_dead_worker(store: Store, thread_id: str, key: str, *, shared: bool = False) -> None:
     """A driver that claimed an effect and died before recording it."""
     token = store.acquire(thread_id, "dead-worker", 30)
-    store.claim_effect(thread_id, key, token)
+    store.claim_effect(thread_id, key, token, shared=shared)
     store.set_status(thread_id, token, Status.QUEUED, due_in=0, release_owner="dead-worker")
 
 
@@ -411,6 +412,74 @@ def test_an_operator_settles_a_needs_attention_thread_and_it_runs_on(
     assert reply["refund_id"] == (
         "re_9" if settled == "result" else f"re_{env.ledger.sent('t1', 'call-refund-1')}"
     )
+
+
+@pytest.mark.parametrize("settled", ["result", "did_not_run"])
+def test_an_operator_settles_a_shared_call_and_the_thread_runs_on(env: Env, settled: str) -> None:
+    agent = env.agent("support_agent")
+    env.store.open_thread(
+        "t1", task=agent.name, start_grace=3600, input={"question": "hi", "policy": "shared"}
+    )
+    _claim_as_dead_worker(env.store, "t1", "call-refund-1", shared=True)
+    agent.enqueue("t1")
+    with pytest.raises(ThreadStopped):
+        agent.wait("t1", timeout=20)
+    if settled == "result":
+        agent.resolve_effect("t1", "call-refund-1", shared=True, result={"refund_id": "re_9"})
+    else:
+        agent.resolve_effect("t1", "call-refund-1", shared=True, did_not_run=True)
+    assert agent.wait("t1", timeout=20) == "Refunded 10 EUR."
+    sent = env.store.downstream_key("t1", "call-refund-1", shared=True)
+    assert env.ledger.tool_calls("t1") == ({} if settled == "result" else {sent: 1})
+    effect = env.store.effect("t1", "call-refund-1", shared=True)
+    assert effect is not None and effect.state == "done"
+
+
+def test_a_shared_call_left_unknown_names_the_command_that_settles_it(env: Env) -> None:
+    agent = env.agent("support_agent")
+    env.store.open_thread(
+        "t1", task=agent.name, start_grace=3600, input={"question": "hi", "policy": "shared"}
+    )
+    _claim_as_dead_worker(env.store, "t1", "call-refund-1", shared=True)
+    agent.enqueue("t1")
+    with pytest.raises(ThreadStopped) as info:
+        agent.wait("t1", timeout=20)
+    error = info.value.error or ""
+    assert "shared key 'call-refund-1'" in error and "earlier worker of this thread" in error
+    shown = cli_on(env, "effects", "t1", "--shared", "call-refund-1")
+    assert "call-refund-1" in shown.stdout and "outcome unknown" in shown.stdout
+    # The command the error names is the one that settles it.
+    named = re.search(r"agentq (resolve t1 call-refund-1 --shared) --result JSON", error)
+    assert named is not None, error
+    settled = cli_on(env, *named.group(1).split(), "--did-not-run")
+    assert settled.exit_code == 0, settled.output
+    assert agent.wait("t1", timeout=20) == "Refunded 10 EUR."
+    sent = env.store.downstream_key("t1", "call-refund-1", shared=True)
+    assert env.ledger.tool_calls("t1") == {sent: 1}
+
+
+def test_a_shared_call_another_thread_still_runs_is_not_said_to_have_died(env: Env) -> None:
+    """A thread (a fork, say) reaches a shared key while its source is still inside that
+    call: the error names the source, and waiting for it then retrying is what works."""
+    agent = env.agent("support_agent")
+    env.store.open_thread("src", task=agent.name, start_grace=3600, input={"question": "hi"})
+    src = env.store.acquire("src", "src-worker", 30)
+    env.store.claim_effect("src", "call-refund-1", src, shared=True, tool="refund")
+    agent.delay("t1", question="hi", policy="shared")
+    with pytest.raises(ThreadStopped) as info:
+        agent.wait("t1", timeout=20)
+    error = info.value.error or ""
+    assert "earlier worker that died" not in error
+    assert "by thread 'src' (token 1, tool refund), which may still be running" in error
+    assert "agentq retry t1" in error and "--shared" in error
+    refused = cli_on(env, "resolve", "t1", "call-refund-1", "--shared", "--did-not-run")
+    assert refused.exit_code == 1 and "claimed by thread 'src'" in refused.stderr
+    env.store.complete_effect(
+        "src", "call-refund-1", src, {"refund_id": "re_src", "amount": 10}, shared=True
+    )
+    assert cli_on(env, "retry", "t1").exit_code == 0
+    assert agent.wait("t1", timeout=20) == "Refunded 10 EUR."
+    assert env.ledger.tool_calls("t1") == {}  # t1 got the result src recorded
 
 
 def test_append_only_messages_are_written_once_each(env: Env) -> None:

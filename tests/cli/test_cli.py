@@ -350,9 +350,9 @@ def test_effects_lists_every_record_of_a_thread(threads: Backend) -> None:
     assert all(isinstance(at, float) for at in claimed)
     assert listed == [
         {"key": "call-1", "state": "done", "token": token, "result": {"refund_id": "re_1"}}
-        | {"tool": "refund", "sent_as": sent[0]},
+        | {"tool": "refund", "claimed_by": "t-stuck", "sent_as": sent[0]},
         {"key": "call-2", "state": "pending", "token": token, "result": None}
-        | {"tool": "refund", "sent_as": sent[1]},
+        | {"tool": "refund", "claimed_by": "t-stuck", "sent_as": sent[1]},
     ]
     text = run(threads, "effects", "t-stuck").stdout
     assert "call-2" in text and "outcome unknown" in text and "re_1" in text
@@ -379,6 +379,48 @@ def test_resolve_settles_a_call_and_queues_the_thread(threads: Backend) -> None:
     text = run(threads, "resolve", "t-stuck-2", "call-2", "--did-not-run").stdout
     assert "Settled call-2 of t-stuck-2: queued" in text and "sweeper" in text
     assert threads.store.effect("t-stuck-2", "call-2") is None
+
+
+def test_a_shared_call_is_looked_up_and_settled_with_shared(threads: Backend) -> None:
+    """A tool declared shared=True keeps its record apart from the thread's own: the
+    thread's listing does not show it, --shared does, and settles it."""
+    store = threads.store
+    token = drive(store, "t-shared", [{"n": 1}])
+    store.claim_effect("t-shared", "invoice-1", token, shared=True, tool="invoice")
+    store.set_status("t-shared", token, Status.NEEDS_ATTENTION, error="?", release_owner=OWNER)
+    assert "no effect records" in run(threads, "effects", "t-shared").stdout
+    assert_one_line_error(
+        run(threads, "resolve", "t-shared", "invoice-1", "--did-not-run"),
+        "'invoice-1' has no record",
+        "agentq resolve --shared",
+        code=1,
+    )
+    [listed] = ok_json(threads, "effects", "t-shared", "--shared", "invoice-1")
+    assert isinstance(listed.pop("claimed_at"), float)
+    assert listed == {
+        "key": "invoice-1",
+        "state": "pending",
+        "token": token,
+        "result": None,
+        "tool": "invoice",
+        "claimed_by": "t-shared",
+        "sent_as": store.downstream_key("t-shared", "invoice-1", shared=True),
+    }
+    text = " ".join(run(threads, "effects", "t-shared", "--shared", "invoice-1").stdout.split())
+    assert "BY THREAD" in text and "outcome unknown" in text
+    assert "agentq resolve t-shared invoice-1 --shared --result JSON" in text
+    settled = ok_json(threads, "resolve", "t-shared", "invoice-1", "--shared", "--result", '"in_1"')
+    assert (settled["key"], settled["status"]) == ("invoice-1", "queued")
+    effect = store.effect("t-shared", "invoice-1", shared=True)
+    assert effect is not None and (effect.state, effect.result) == ("done", "in_1")
+    assert_one_line_error(
+        run(threads, "resolve", "t-shared", "invoice-1", "--shared", "--did-not-run"),
+        "'t-shared'",
+        "queued",
+        code=1,
+    )
+    missing = run(threads, "effects", "t-shared", "--shared", "invoice-2").stdout
+    assert "No shared record 'invoice-2'" in missing
 
 
 def test_cancel_idle_running_and_finished_threads(threads: Backend) -> None:

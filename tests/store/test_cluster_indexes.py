@@ -299,3 +299,28 @@ def test_a_thread_id_created_again_after_a_lost_delete_is_indexed(
     store.open_thread("t1", task="agent", start_grace=60)
     assert index_entries(store, "t1")[1] is not None
     assert_indexes_follow_meta(store, "t1")
+
+
+@pytest.mark.parametrize("script", ["settle_shared", "resolve_effect"])
+@pytest.mark.parametrize("settled", [{"result": "in_1"}, {"did_not_run": True}])
+def test_a_shared_record_settled_again_after_a_lost_reply_is_settled_once(
+    store: RedisStore, faults: Faults, script: str, settled: dict[str, Any]
+) -> None:
+    """The shared record and the thread are in two slots, settled in two calls: the
+    client resends either call whose reply it lost, and the resend answers as the first
+    run did, not "the record is not pending" or "the thread is queued already"."""
+    token = running(store, "t1")
+    store.claim_effect("t1", "invoice-1", token, shared=True, claim_id="c1")
+    store.set_status("t1", token, Status.NEEDS_ATTENTION, error="unknown", release_owner="w1")
+    # Loaded already, so that the reply lost is the one of a run, not of a NOSCRIPT.
+    store.client.script_load(store._scripts[script].script)
+    faults.lose_reply(sha(store, script))
+    meta = store.resolve_effect("t1", "invoice-1", shared=True, start_grace=0, **settled)
+    assert sum(proxy.lost for proxy in faults.proxies.values()) == 1
+    assert (meta.status, meta.fence) == (Status.QUEUED, token + 1)
+    effect = store.effect("t1", "invoice-1", shared=True)
+    if "result" in settled:
+        assert effect is not None and (effect.state, effect.result) == ("done", "in_1")
+    else:
+        assert effect is None
+    assert assert_indexes_follow_meta(store, "t1") is not None

@@ -801,6 +801,22 @@ def test_shared_effects_span_threads(store: Store) -> None:
     assert store.effect("b", "invoice-9", shared=True) is not None
 
 
+def test_an_effect_record_names_the_thread_that_claimed_it(store: Store) -> None:
+    a = started(store, "a")
+    b = started(store, "b")
+    store.claim_effect("a", "refund-1", a)
+    [own] = store.effects("a")
+    assert own.claimed_by == "a"
+    # Tokens count per thread, so a shared record's token alone cannot tell whose it is.
+    store.claim_effect("a", "invoice-3", a, shared=True, tool="billing.invoice")
+    shared = store.effect("b", "invoice-3", shared=True)
+    assert shared is not None and (shared.claimed_by, shared.token) == ("a", a)
+    store.claim_effect("b", "invoice-3", b, shared=True, takeover=True)
+    store.complete_effect("b", "invoice-3", b, "in_3", shared=True)
+    shared = store.effect("a", "invoice-3", shared=True)
+    assert shared is not None and (shared.claimed_by, shared.state) == ("b", "done")
+
+
 def test_effects_lists_the_threads_own_records_by_key(store: Store) -> None:
     token = started(store)
     store.claim_effect("t1", "refund-2", token)
@@ -887,6 +903,106 @@ def test_resolving_is_refused_unless_a_person_must_settle_it(store: Store) -> No
     with pytest.raises(EffectError, match="already done"):
         store.resolve_effect("t1", "refund-1", did_not_run=True)
     assert store.effect("t1", "refund-1").state == "done"  # type: ignore[union-attr]
+
+
+def stuck_on_shared(store: Store, key: str = "invoice-1", *, claimant: str = "t1") -> int:
+    """Thread t1 stopped in needs_attention on the shared ``key``, which ``claimant``
+    claimed; t1's token, after a claimant other than t1 still holds its lease."""
+    token = started(store)
+    if claimant != "t1":
+        other = started(store, claimant, owner="w-other")
+        store.claim_effect(claimant, key, other, shared=True, claim_id="c0", tool="billing.invoice")
+    else:
+        store.claim_effect("t1", key, token, shared=True, claim_id="c1", tool="billing.invoice")
+    assert store.claim_effect("t1", key, token, shared=True).outcome == "unknown"
+    store.set_status("t1", token, Status.NEEDS_ATTENTION, error="unknown", release_owner="w1")
+    return token
+
+
+def test_a_shared_record_that_stopped_a_thread_is_settled_with_its_result(store: Store) -> None:
+    old = stuck_on_shared(store)
+    meta = store.resolve_effect("t1", "invoice-1", shared=True, result={"id": "in_1"})
+    assert (meta.status, meta.error, meta.fence) == (Status.QUEUED, None, old + 1)
+    assert store.effect("t1", "invoice-1") is None  # the thread's own records stay as they were
+    settled = store.effect("t1", "invoice-1", shared=True)
+    assert settled is not None
+    assert (settled.state, settled.result, settled.token, settled.claimed_by) == (
+        "done",
+        {"id": "in_1"},
+        old + 1,
+        "t1",
+    )
+    with pytest.raises(StaleToken):  # the dead worker, were it only frozen
+        store.complete_effect("t1", "invoice-1", old, {"id": "other"}, shared=True)
+    token = store.acquire("t1", "w2", TTL)
+    claim = store.claim_effect("t1", "invoice-1", token, shared=True)
+    assert (claim.outcome, claim.effect.result) == ("done", {"id": "in_1"})
+    # Settled once, it is not settled again: a second settling is refused, changes nothing.
+    store.set_status("t1", token, Status.FAILED, error="boom", release_owner="w2")
+    with pytest.raises(EffectError, match=r"already done.*agentq retry t1"):
+        store.resolve_effect("t1", "invoice-1", shared=True, did_not_run=True)
+    assert store.effect("t1", "invoice-1", shared=True) == settled
+
+
+def test_a_shared_record_settled_as_not_run_is_claimed_afresh(store: Store) -> None:
+    stuck_on_shared(store)
+    store.resolve_effect("t1", "invoice-1", shared=True, did_not_run=True)
+    assert store.effect("t1", "invoice-1", shared=True) is None
+    token = store.acquire("t1", "w2", TTL)
+    assert store.claim_effect("t1", "invoice-1", token, shared=True).outcome == "claimed"
+
+
+def test_a_shared_record_is_not_settled_while_the_thread_that_claimed_it_runs(
+    store: Store,
+) -> None:
+    stuck_on_shared(store, claimant="src")
+    before = store.effect("t1", "invoice-1", shared=True)
+    assert before is not None and before.claimed_by == "src"
+    with pytest.raises(LeaseHeld, match=r"claimed by thread 'src'.*agentq retry t1") as held:
+        store.resolve_effect("t1", "invoice-1", shared=True, did_not_run=True)
+    assert held.value.thread_id == "t1" and held.value.ttl_ms > 0
+    assert store.effect("t1", "invoice-1", shared=True) == before
+    meta = store.meta("t1")
+    assert meta is not None and meta.status == Status.NEEDS_ATTENTION
+    # Its claimant records it after all: nothing to settle, t1 gets the result on a retry.
+    token = store.meta("src").fence  # type: ignore[union-attr]
+    store.complete_effect("src", "invoice-1", token, "in_1", shared=True)
+    with pytest.raises(EffectError, match=r"'invoice-1' is already done.*agentq retry t1"):
+        store.resolve_effect("t1", "invoice-1", shared=True, result="in_2")
+    assert store.effect("t1", "invoice-1", shared=True).result == "in_1"  # type: ignore[union-attr]
+
+
+def test_a_shared_record_whose_claimant_died_is_settled_from_a_thread_it_stopped(
+    store: Store,
+) -> None:
+    stuck_on_shared(store, claimant="src")
+    token = store.meta("src").fence  # type: ignore[union-attr]
+    store.release("src", "w-other", token)
+    store.resolve_effect("t1", "invoice-1", shared=True, result="in_1")
+    with pytest.raises(StaleToken):  # src's worker, were it only frozen
+        store.complete_effect("src", "invoice-1", token, "in_other", shared=True)
+    assert store.effect("src", "invoice-1", shared=True).result == "in_1"  # type: ignore[union-attr]
+
+
+def test_settling_a_shared_record_is_refused_unless_a_person_must(store: Store) -> None:
+    token = started(store)
+    store.claim_effect("t1", "invoice-1", token, shared=True)
+    with pytest.raises(LeaseHeld, match="holds this thread's lease"):
+        store.resolve_effect("t1", "invoice-1", shared=True, did_not_run=True)
+    store.set_status("t1", token, Status.WAITING, release_owner="w1")
+    with pytest.raises(ThreadStateError, match="waiting"):
+        store.resolve_effect("t1", "invoice-1", shared=True, did_not_run=True)
+    assert store.effect("t1", "invoice-1", shared=True).state == "pending"  # type: ignore[union-attr]
+    store.delete_thread("t1")
+    with pytest.raises(ThreadNotFound):
+        store.resolve_effect("t1", "invoice-1", shared=True, did_not_run=True)
+    stuck_on_shared(store, "invoice-2")
+    with pytest.raises(EffectError, match=r"shared effect 'other' has no record.*agentq retry t1"):
+        store.resolve_effect("t1", "other", shared=True, did_not_run=True)
+    # Asked for as the thread's own, a shared key's record is not found: the error says why.
+    with pytest.raises(EffectError, match=r"'invoice-2' has no record.*shared=True"):
+        store.resolve_effect("t1", "invoice-2", did_not_run=True)
+    assert store.effect("t1", "invoice-2", shared=True).state == "pending"  # type: ignore[union-attr]
 
 
 # -- recovery index ----------------------------------------------------------------------

@@ -287,7 +287,12 @@ def test_acknowledged_checkpoints_and_effects_survive_sigkill_of_redis(
         effect = store.effect("durable", "charge")
         assert effect is not None and effect.claimed_at is not None
         assert effect == Effect(
-            "charge", "done", token, {"id": "ch_1", "cents": 1250}, claimed_at=effect.claimed_at
+            "charge",
+            "done",
+            token,
+            {"id": "ch_1", "cents": 1250},
+            claimed_at=effect.claimed_at,
+            claimed_by="durable",
         )
         # The fence survived too: the next token is still greater than every earlier one.
         assert store.acquire("durable", "w2", TTL) == token + 1

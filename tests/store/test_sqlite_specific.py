@@ -360,12 +360,14 @@ def test_a_version_2_database_is_upgraded_in_place(tmp_path: Path) -> None:
         store.open_thread("t1", task="agent")
         token = store.acquire("t1", "w1", 60)
         store.commit("t1", token, Checkpoint(step=0, node="n", token=token))
+        store.claim_effect("t1", "invoice-1", token, shared=True)
     with sqlite3.connect(path) as db:  # what agentq wrote before retry times were kept
         db.execute("ALTER TABLE threads DROP COLUMN retry_at")
         db.execute("ALTER TABLE threads DROP COLUMN options")
         db.execute("ALTER TABLE threads DROP COLUMN origin")
         db.execute("ALTER TABLE effects DROP COLUMN tool")
         db.execute("ALTER TABLE effects DROP COLUMN claimed_at")
+        db.execute("ALTER TABLE effects DROP COLUMN claimed_by")
         for column in (
             "timeout",
             "timeout_at",
@@ -395,8 +397,10 @@ def test_a_version_2_database_is_upgraded_in_place(tmp_path: Path) -> None:
         # A thread from before incarnations keeps the keys it sent; a new one gets one.
         assert store.meta("t1").incarnation is None  # type: ignore[union-attr]
         assert store.meta("t3").incarnation is not None  # type: ignore[union-attr]
+        # Who claimed a shared key before agentq kept it is not known.
+        assert store.effect("t1", "invoice-1", shared=True).claimed_by is None  # type: ignore[union-attr]
     with sqlite3.connect(path) as db:
-        assert db.execute("PRAGMA user_version").fetchone() == (7,)
+        assert db.execute("PRAGMA user_version").fetchone() == (8,)
 
 
 def test_newer_schema_is_refused(tmp_path: Path) -> None:

@@ -126,7 +126,9 @@ def refund_tool(ledger: Ledger, thread_id: str) -> Any:
 
 
 class SupportAgent(AgentTask):
-    """The README's agent, on the fake model. ``policy`` picks the refund tool's policy."""
+    """The README's agent, on the fake model. ``policy`` picks the refund tool's policy:
+    ``idempotent``, ``reconcile``, ``shared`` (neither, its keys shared across threads) or
+    ``none``."""
 
     name = "tests.support_agent"
     retry_on = (RateLimitError,)
@@ -172,6 +174,8 @@ class SupportAgent(AgentTask):
                 return {"refund_id": f"re_{key}", "amount": int(applied)}
 
             options["reconcile"] = reconcile
+        elif policy == "shared":
+            options["shared"] = True
         for call in run.pending:
             result = run.tool(refund, call["args"]["amount"], key=call["id"], **options)
             run.state["messages"].append({"role": "tool", "content": result})

@@ -46,7 +46,8 @@ class EffectsContract(ABC):
         ``claim_id`` names this one call: the same claim sent again (a client retrying
         after its reply was lost) answers ``claimed`` again rather than ``unknown``, since
         no effect can have run in between. ``tool`` names the function, for the operator
-        who reads the record.
+        who reads the record; a shared record also keeps the thread that claimed it
+        (:attr:`~agentq.records.Effect.claimed_by`), as tokens count per thread.
 
         Raises :class:`~agentq.errors.StaleToken` when ``token`` is not the thread's
         current one. Atomic (for ``shared`` records on Redis Cluster the token check and the
@@ -114,8 +115,9 @@ class EffectsContract(ABC):
     def _do_effect(self, thread_id: str, key: str, *, shared: bool) -> Effect | None: ...
 
     def effects(self, thread_id: str) -> list[Effect]:
-        """The thread's own idempotency records (not the shared ones), sorted by key; empty
-        for an unknown thread. Each record is read as it is at that moment."""
+        """The thread's own idempotency records (not the shared ones: read one with
+        ``effect(..., shared=True)``), sorted by key; empty for an unknown thread. Each
+        record is read as it is at that moment."""
         validate_thread_id(thread_id)
         return sorted(self._do_effects(thread_id), key=lambda effect: effect.key)
 
@@ -130,6 +132,7 @@ class EffectsContract(ABC):
         result: Any = UNSET,
         did_not_run: bool = False,
         start_grace: float = 30.0,
+        shared: bool = False,
     ) -> ThreadMeta:
         """Settle the pending record ``key`` whose outcome no worker recorded, as a person
         who checked the outside world: with ``result`` the record becomes ``done`` with it
@@ -141,7 +144,17 @@ class EffectsContract(ABC):
         (else :class:`~agentq.errors.ThreadStateError`, :class:`~agentq.errors.LeaseHeld`);
         the fencing token is raised, so a worker frozen with the old one is refused from
         then on. :class:`~agentq.errors.EffectError` if the record is absent or ``done``.
-        Atomic.
+
+        ``shared=True`` settles the global record ``key`` (of a tool declared
+        ``shared=True``) that stopped the thread. It may have been claimed by another
+        thread (:attr:`~agentq.records.Effect.claimed_by`): while that one holds its lease
+        it may still be running the call and record it itself, so that is refused with
+        :class:`~agentq.errors.LeaseHeld` too. A record settled with ``result`` is then
+        held under this thread's new token.
+
+        Atomic; for a shared record on Redis Cluster, which lives in another slot than the
+        thread, in steps: the thread and the claimant are checked, the record is settled if
+        the same claim still holds it, then the thread is checked again and queued.
         """
         validate_thread_id(thread_id)
         validate_effect_key(key, thread_id)
@@ -152,21 +165,47 @@ class EffectsContract(ABC):
                 thread_id=thread_id,
             )
         return self._do_resolve_effect(
-            thread_id, key, result=result, did_not_run=did_not_run, start_grace=start_grace
+            thread_id,
+            key,
+            result=result,
+            did_not_run=did_not_run,
+            start_grace=start_grace,
+            shared=shared,
         )
 
     @abstractmethod
     def _do_resolve_effect(
-        self, thread_id: str, key: str, *, result: Any, did_not_run: bool, start_grace: float
+        self,
+        thread_id: str,
+        key: str,
+        *,
+        result: Any,
+        did_not_run: bool,
+        start_grace: float,
+        shared: bool,
     ) -> ThreadMeta: ...
 
 
-def not_resolvable(thread_id: str, key: str, state: EffectState | None) -> EffectError:
+def not_resolvable(
+    thread_id: str, key: str, state: EffectState | None, *, shared: bool
+) -> EffectError:
     """The refusal to settle a record that is absent or already ``done``."""
+    if shared:
+        if state is None:
+            found = "has no record: nothing to settle, the thread runs the call (once)"
+        else:
+            found = (
+                f"is already {state.value}: nothing to settle, the thread gets the recorded result"
+            )
+        return EffectError(
+            f"shared effect {key!r} {found} when it runs again: agentq retry {thread_id}",
+            thread_id=thread_id,
+        )
     found = "has no record" if state is None else f"is already {state.value}"
     return EffectError(
         f"effect {key!r} {found}: only a pending one can be settled; list the thread's "
-        "records with 'agentq effects THREAD'",
+        "records with 'agentq effects THREAD' (the record of a tool declared shared=True is "
+        "not the thread's own: settle it with shared=True, agentq resolve --shared)",
         thread_id=thread_id,
     )
 
@@ -187,6 +226,18 @@ def held_while_resolving(thread_id: str, ttl_ms: int) -> LeaseHeld:
     return LeaseHeld(
         f"a worker holds this thread's lease for {ttl_ms} ms more and records its own "
         "effects; settle one only once the thread stopped (needs_attention or failed)",
+        thread_id=thread_id,
+        ttl_ms=ttl_ms,
+    )
+
+
+def claimant_holds(thread_id: str, key: str, claimant: str, ttl_ms: int) -> LeaseHeld:
+    """The refusal to settle a shared record whose claimant may still record it."""
+    return LeaseHeld(
+        f"shared effect {key!r} was claimed by thread {claimant!r}, whose worker holds its "
+        f"lease for {ttl_ms} ms more: it may be running the call still, and records its "
+        f"outcome itself; wait until {claimant!r} stops, then run this thread on (agentq "
+        f"retry {thread_id}) or, if the outcome is still unknown, settle it",
         thread_id=thread_id,
         ttl_ms=ttl_ms,
     )

@@ -43,7 +43,9 @@ key                                        type    contents
                                                    each log is created
 ``P thread:{T}:owned``                     set     every effect and artifact key of the
                                                    thread, so that deleting it finds them
-``P effect:{<key>}``                       hash    a global (cross-thread) effect record
+``P effect:{<key>}``                       hash    a global (cross-thread) effect record:
+                                                   the same fields, and thread (the thread
+                                                   that claimed it last)
 ``P index:{index}:due``                    zset    thread id -> Unix time it is due to run
 ``P index:{index}:status:<status>``        zset    thread id -> Unix time of its last update
 ``P index:{index}:synced``                 hash    Redis Cluster only: thread id -> the meta's

@@ -43,6 +43,7 @@ STORE_SCRIPTS = (
     "lease_sweeper",
     "release_effect",
     "resolve_effect",
+    "settle_shared",
     "take_limits",
     "pause_limit",
     "listing",

@@ -12,6 +12,7 @@ from agentq.errors import EffectError, StaleToken, ThreadNotFound
 from agentq.records import Claim, ClaimOutcome, Effect, EffectState, Status, ThreadMeta
 from agentq.store.contract.effects import (
     RESOLVABLE,
+    claimant_holds,
     held_while_resolving,
     not_resolvable,
     status_not_resolvable,
@@ -49,8 +50,8 @@ class EffectsMixin:
             if found is None or (found.state == EffectState.PENDING and takeover) or resent:
                 db.execute(
                     'INSERT OR REPLACE INTO effects (scope, "key", state, token, claim, tool, '
-                    "claimed_at) VALUES (?, ?, 'pending', ?, ?, ?, ?)",
-                    (scope, key, token, claim_id, tool or None, time.time()),
+                    "claimed_at, claimed_by) VALUES (?, ?, 'pending', ?, ?, ?, ?, ?)",
+                    (scope, key, token, claim_id, tool or None, time.time(), thread_id),
                 )
                 return Claim(ClaimOutcome.CLAIMED, Effect(key, EffectState.PENDING, token))
         done = found.state == EffectState.DONE
@@ -119,9 +120,17 @@ class EffectsMixin:
         return [effect for effect in found if effect is not None]
 
     def _do_resolve_effect(
-        self, thread_id: str, key: str, *, result: Any, did_not_run: bool, start_grace: float
+        self,
+        thread_id: str,
+        key: str,
+        *,
+        result: Any,
+        did_not_run: bool,
+        start_grace: float,
+        shared: bool,
     ) -> ThreadMeta:
         data = None if did_not_run else encode(result, f"effect {key!r} result", thread_id, None)
+        scope = "" if shared else thread_id
         with self._conn.write() as db:
             now = time.time()
             row = db.execute(
@@ -130,23 +139,31 @@ class EffectsMixin:
             ).fetchone()
             if row is None:
                 raise ThreadNotFound(NOT_FOUND, thread_id=thread_id)
-            if row["lock_owner"] is not None and (row["lock_expires"] or 0) > now:
-                ttl_ms = max(1, math.ceil((row["lock_expires"] - now) * 1000))
+            if (ttl_ms := _lease_left(row, now)) is not None:
                 raise held_while_resolving(thread_id, ttl_ms)
             if Status(row["status"]) not in RESOLVABLE:
                 raise status_not_resolvable(thread_id, row["status"])
-            found = _read_effect(db, thread_id, thread_id, key)
+            found = _read_effect(db, thread_id, scope, key)
             if found is None or found.state != EffectState.PENDING:
-                raise not_resolvable(thread_id, key, None if found is None else found.state)
+                state = None if found is None else found.state
+                raise not_resolvable(thread_id, key, state, shared=shared)
+            if shared and found.claimed_by is not None:
+                claimant = db.execute(
+                    "SELECT lock_owner, lock_expires FROM threads WHERE thread_id = ?",
+                    (found.claimed_by,),
+                ).fetchone()
+                if claimant is not None and (ttl_ms := _lease_left(claimant, now)) is not None:
+                    raise claimant_holds(thread_id, key, found.claimed_by, ttl_ms)
             # A new fence: a worker frozen with the old token cannot record over this.
             fence = row["fence"] + 1
             if data is None:
-                db.execute('DELETE FROM effects WHERE scope = ? AND "key" = ?', (thread_id, key))
+                db.execute('DELETE FROM effects WHERE scope = ? AND "key" = ?', (scope, key))
             else:
+                # Tokens count per thread: the new one is this thread's.
                 db.execute(
-                    "UPDATE effects SET state = 'done', token = ?, result = ?, claim = NULL "
-                    'WHERE scope = ? AND "key" = ?',
-                    (fence, data, thread_id, key),
+                    "UPDATE effects SET state = 'done', token = ?, result = ?, claim = NULL, "
+                    'claimed_by = ? WHERE scope = ? AND "key" = ?',
+                    (fence, data, thread_id, scope, key),
                 )
             update(
                 db,
@@ -165,9 +182,18 @@ class EffectsMixin:
         return meta
 
 
+def _lease_left(row: sqlite3.Row, now: float) -> int | None:
+    """The milliseconds left of the lease a thread's row holds, ``None`` if none is live."""
+    expires: float | None = row["lock_expires"]
+    if row["lock_owner"] is None or expires is None or expires <= now:
+        return None
+    return max(1, math.ceil((expires - now) * 1000))
+
+
 def _read_effect(db: sqlite3.Connection, thread_id: str, scope: str, key: str) -> Effect | None:
     row = db.execute(
-        'SELECT state, token, result, tool, claimed_at FROM effects WHERE scope = ? AND "key" = ?',
+        "SELECT state, token, result, tool, claimed_at, claimed_by FROM effects "
+        'WHERE scope = ? AND "key" = ?',
         (scope, key),
     ).fetchone()
     if row is None:
@@ -182,6 +208,8 @@ def _read_effect(db: sqlite3.Connection, thread_id: str, scope: str, key: str) -
         result,
         tool=row["tool"],
         claimed_at=row["claimed_at"],
+        # A thread's own records were claimed by it, whichever agentq wrote them.
+        claimed_by=row["claimed_by"] if scope == "" else thread_id,
     )
 
 

@@ -14,7 +14,7 @@ from typing import Final
 from agentq.errors import StoreConfigError
 from agentq.store.meta_fields import META_FIELDS
 
-SCHEMA_VERSION: Final = 7
+SCHEMA_VERSION: Final = 8
 
 _META_TYPES: Final = {
     "status": "TEXT NOT NULL",
@@ -54,7 +54,7 @@ SCHEMA: Final = (
     "data BLOB NOT NULL, PRIMARY KEY (thread_id, step))",
     'CREATE TABLE IF NOT EXISTS effects (scope TEXT NOT NULL, "key" TEXT NOT NULL, '
     "state TEXT NOT NULL, token INTEGER NOT NULL, result BLOB, claim TEXT, tool TEXT, "
-    'claimed_at REAL, PRIMARY KEY (scope, "key"))',
+    'claimed_at REAL, claimed_by TEXT, PRIMARY KEY (scope, "key"))',
     "CREATE TABLE IF NOT EXISTS artifacts (thread_id TEXT NOT NULL, digest TEXT NOT NULL, "
     "data BLOB NOT NULL, PRIMARY KEY (thread_id, digest))",
     "CREATE TABLE IF NOT EXISTS leases (name TEXT PRIMARY KEY, owner TEXT NOT NULL, "
@@ -107,4 +107,6 @@ def migrate(db: sqlite3.Connection, path: str) -> None:
         db.execute("ALTER TABLE threads ADD COLUMN canvas_taker TEXT")
     if version in (1, 2, 3, 4, 5, 6):  # version 7: what its tools' downstream keys derive
         db.execute("ALTER TABLE threads ADD COLUMN incarnation TEXT")  # from
+    if version in (1, 2, 3, 4, 5, 6, 7):  # version 8: the thread that claimed a shared
+        db.execute("ALTER TABLE effects ADD COLUMN claimed_by TEXT")  # effect
     db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")

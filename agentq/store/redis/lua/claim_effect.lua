@@ -3,7 +3,8 @@
 -- [3]: the thread's set of owned keys (thread-scoped records only).
 -- ARGV[1]: token, [2]: '1' to take over a pending record, [3]: the claim's id ('' for
 -- none): a pending record holding the same id is this very claim, resent; [4] the tool's
--- name.
+-- name; [5] for a shared record the claiming thread's id, kept for the operator who must
+-- know whether that thread still runs the call ('' for a thread's own record).
 -- Returns {1, token, 0} claimed; {2, token, result} done; {3, token, 0} unknown
 -- outcome; {STALE_TOKEN, fence, 0}; {THREAD_NOT_FOUND, 0, 0}.
 local refused = refuse_stale_effect(ARGV[1])
@@ -23,6 +24,9 @@ if state == 'pending' and ARGV[2] ~= '1' then
 end
 redis.call('HSET', KEYS[1], 'state', 'pending', 'token', ARGV[1], 'claim', ARGV[3], 'tool', ARGV[4],
   'at', tostring(now_seconds()))
+if ARGV[5] ~= '' then
+  redis.call('HSET', KEYS[1], 'thread', ARGV[5])
+end
 if #KEYS >= 3 then
   redis.call('SADD', KEYS[3], KEYS[1])
 end

@@ -952,6 +952,23 @@ def test_a_shared_record_settled_as_not_run_is_claimed_afresh(store: Store) -> N
     assert store.claim_effect("t1", "invoice-1", token, shared=True).outcome == "claimed"
 
 
+def test_a_shared_record_taken_over_is_completed_only_by_the_thread_holding_it(
+    store: Store,
+) -> None:
+    """Tokens count per thread, so a shared key's two claimants can hold the same number:
+    the one that was taken over must not record its result over the other's claim."""
+    first, second = started(store, "a"), started(store, "b")
+    assert first == second
+    store.claim_effect("a", "invoice-7", first, shared=True)
+    store.claim_effect("b", "invoice-7", second, shared=True, takeover=True)
+    with pytest.raises(StaleToken):
+        store.complete_effect("a", "invoice-7", first, {"by": "a"}, shared=True)
+    store.complete_effect("b", "invoice-7", second, {"by": "b"}, shared=True)
+    store.complete_effect("b", "invoice-7", second, {"by": "b"}, shared=True)  # resent
+    effect = store.effect("b", "invoice-7", shared=True)
+    assert effect is not None and effect.result == {"by": "b"}
+
+
 def test_a_shared_record_is_not_settled_while_the_thread_that_claimed_it_runs(
     store: Store,
 ) -> None:

@@ -89,7 +89,9 @@ class RedisEffects(RedisBase):
         keys = self._effect_keys(thread_id, key, shared=shared)[:2]
         data = encode_value(result, what=f"effect {key!r} result", thread_id=thread_id, step=None)
         self._check_fence_apart(thread_id, token, shared)
-        code, holder, _ = self._scripts["complete_effect"](keys=keys, args=[token, data])
+        code, holder, _ = self._scripts["complete_effect"](
+            keys=keys, args=[token, data, thread_id if shared else ""]
+        )
         raise_refusal(code, holder, thread_id=thread_id, token=token, key=key)
 
     def _do_release_effect(

@@ -71,13 +71,11 @@ class EffectsMixin:
                     "before running the effect",
                     thread_id=thread_id,
                 )
-            if (
-                found.state == EffectState.DONE
-                and found.token == token
-                and _stored_result(db, scope, key) == data
-            ):
+            # Tokens count per thread: a shared record's may be another thread's claim.
+            mine = found.token == token and found.claimed_by in (None, thread_id)
+            if found.state == EffectState.DONE and mine and _stored_result(db, scope, key) == data:
                 return  # the same completion again: nothing to change
-            if found.state != EffectState.PENDING or found.token != token:
+            if found.state != EffectState.PENDING or not mine:
                 raise StaleToken(
                     f"effect {key!r} is {found.state} under token {found.token}, not claimed by "
                     f"token {token}; another driver took it over: do not record this result",

@@ -207,7 +207,8 @@ class AgentqSaver(BaseCheckpointSaver[str]):
 
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         thread_id, ns = _target(config)
-        row = self.backend.get(thread_id, ns, get_checkpoint_id(config))
+        # An empty id is no id, as LangGraph's own savers read it.
+        row = self.backend.get(thread_id, ns, get_checkpoint_id(config) or None)
         if row is None:
             return None
         record, metadata = self._decode(thread_id, row)
@@ -225,8 +226,8 @@ class AgentqSaver(BaseCheckpointSaver[str]):
         the config names one; with no config, every thread in id order."""
         if limit is not None and limit <= 0:
             return
-        before_id = get_checkpoint_id(before) if before else None
-        exact_id = get_checkpoint_id(config) if config else None
+        before_id = (get_checkpoint_id(before) or None) if before else None
+        exact_id = (get_checkpoint_id(config) or None) if config else None
         if config is None:
             threads: list[Any] = list(self.backend.threads())
             ns_given = None

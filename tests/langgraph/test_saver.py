@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+import threading
 import uuid
 from enum import Enum
 from pathlib import Path
@@ -125,6 +126,19 @@ def test_get_tuple_by_id_and_latest_per_namespace(saver: AgentqSaver) -> None:
     assert first.checkpoint["channel_values"] == {"n": 0}
     assert saver.get_tuple(config("t1", "nope")) is None
     assert saver.get_tuple(config("t1", checkpoint_id=str(uuid.uuid4()))) is None
+
+
+def test_an_empty_checkpoint_id_is_no_checkpoint_id(saver: AgentqSaver) -> None:
+    """As LangGraph's own savers read it, on either store."""
+    put_chain(saver, "t1", 3)
+    latest = saver.get_tuple(config("t1"))
+    empty = saver.get_tuple(config("t1", checkpoint_id=""))
+    assert latest is not None and empty is not None
+    assert empty.checkpoint["id"] == latest.checkpoint["id"]
+    every = [t.checkpoint["id"] for t in saver.list(config("t1"))]
+    before_nothing = saver.list(config("t1"), before=config("t1", checkpoint_id=""))
+    assert [t.checkpoint["id"] for t in before_nothing] == every
+    assert [t.checkpoint["id"] for t in saver.list(config("t1", checkpoint_id=""))] == every
 
 
 def test_list_orders_newest_first_across_namespaces_and_threads(saver: AgentqSaver) -> None:
@@ -436,6 +450,62 @@ def test_delete_for_runs_and_copy_thread(saver: AgentqSaver) -> None:
         assert [t.metadata["run_id"] for t in saver.list(config(thread_id))] == ["r1"]
     saver.delete_for_runs(["r1"])
     assert list(saver.list(None)) == []
+
+
+def test_a_thread_of_thousands_of_checkpoints_is_copied_whole(saver: AgentqSaver) -> None:
+    """A copy writes each key in commands a script unpacks: one command per key would pass
+    Lua's limit of about 8000 values past some 4000 checkpoints."""
+    put_chain(saver, "long", 4100)
+    saver.copy_thread("long", "long-copy")
+    assert len(list(saver.list(config("long-copy")))) == 4100
+    latest = saver.get_tuple(config("long-copy"))
+    assert latest is not None and latest.checkpoint["channel_values"] == {"n": 4099}
+
+
+def test_a_copy_made_while_the_source_runs_has_every_value_of_its_checkpoints(
+    saver: AgentqSaver,
+) -> None:
+    """A put landing between the copy's reads of two keys must not leave the copy a
+    checkpoint without the values it reads."""
+    stop = threading.Event()
+    written = threading.Event()
+
+    def write() -> None:
+        at = config("busy")
+        n = 0
+        while not stop.is_set():
+            n += 1
+            version = f"{n:032}.0"
+            at = saver.put(at, checkpoint({"n": n}, {"n": version}), metadata(n), {"n": version})
+            written.set()
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    try:
+        assert written.wait(timeout=10)
+        for copy in range(100):
+            saver.copy_thread("busy", f"copy-{copy}")
+            latest = saver.get_tuple(config(f"copy-{copy}"))
+            assert latest is not None and "n" in latest.checkpoint["channel_values"], copy
+    finally:
+        stop.set()
+        writer.join(timeout=30)
+
+
+def test_a_thread_deleted_elsewhere_and_written_again_is_listed(store: Store) -> None:
+    """Another worker process deleted the thread, index entries with it: this saver's
+    memory of having indexed it must not keep it out of list(None) and delete_for_runs."""
+    with AgentqSaver(store) as first, AgentqSaver(store) as other:
+        first.put(
+            config("chat-1"), checkpoint({"n": 0}, {"n": "1"}), metadata(0, run_id="r1"), {"n": "1"}
+        )
+        other.delete_thread("chat-1")
+        first.put(
+            config("chat-1"), checkpoint({"n": 1}, {"n": "2"}), metadata(1, run_id="r1"), {"n": "2"}
+        )
+        assert [t.config["configurable"]["thread_id"] for t in other.list(None)] == ["chat-1"]
+        other.delete_for_runs(["r1"])
+        assert first.get_tuple(config("chat-1")) is None
 
 
 def test_redis_keys_carry_the_thread_hash_tag(saver: AgentqSaver, store: Store) -> None:

@@ -32,7 +32,12 @@ _SCRIPTS: Final = (
     "delete_runs",
     "keep_latest",
     "restore",
+    "read_copy",
 )
+_COPY_CHUNK: Final = 2000
+"""Values per command of a copy: the script writing it unpacks each command into a call,
+and Lua unpacks about 8000 values at most."""
+_WRITE: Final = {b"hash": "HSET", b"zset": "ZADD", b"set": "SADD"}
 
 
 def _text(value: bytes | str) -> str:
@@ -94,12 +99,14 @@ class RedisGraph(GraphStore):
         refusal(reply[0], reply[1], thread_id, token)
         return reply[1]
 
-    def _index(self, *entries: tuple[str, str]) -> None:
-        """Add ``(index key, thread id)`` entries not yet known to be there."""
+    def _index(self, *entries: tuple[str, str]) -> list[tuple[str, str]]:
+        """Add ``(index key, thread id)`` entries not yet known to be there; return those
+        skipped as known."""
         with self._indexed_lock:
             missing = [e for e in entries if f"{e[0]}\0{e[1]}" not in self._indexed]
+        known = [e for e in entries if e not in missing]
         if not missing:
-            return
+            return known
         pipe = self.client.pipeline(transaction=False)
         for key, thread_id in missing:
             pipe.sadd(key, thread_id)
@@ -108,6 +115,7 @@ class RedisGraph(GraphStore):
             if len(self._indexed) > _INDEXED_LIMIT:
                 self._indexed.clear()
             self._indexed.update(f"{key}\0{thread_id}" for key, thread_id in missing)
+        return known
 
     def _unindex(self, *entries: tuple[str, str]) -> None:
         if not entries:
@@ -142,9 +150,9 @@ class RedisGraph(GraphStore):
         if stored.run_id is not None:
             index.append((k.run_index(stored.run_id), thread_id))
             keys.append(k.run(thread_id, stored.run_id))
-        self._index(*index)
+        skipped = self._index(*index)
         blobs = [item for pair in stored.blobs.items() for item in pair]
-        self._fenced(
+        first = self._fenced(
             "put",
             thread_id,
             token,
@@ -159,6 +167,13 @@ class RedisGraph(GraphStore):
                 *blobs,
             ],
         )
+        # An entry this process added once may have gone since with the thread's data,
+        # deleted by another process: the put tells when the data starts anew.
+        gone = [entry for entry, new in zip(index, first, strict=False) if new and entry in skipped]
+        if gone:
+            with self._indexed_lock:
+                self._indexed.difference_update(f"{key}\0{tid}" for key, tid in gone)
+            self._index(*gone)
 
     def put_writes(
         self,
@@ -228,8 +243,7 @@ class RedisGraph(GraphStore):
         )
 
     def copy_thread(self, source: str, target: str) -> None:
-        owned = self.client.smembers(self.store_keys.owned(source))
-        copied = self.read_copy(source, target, [_text(m) for m in owned])
+        copied = self.read_copy(source, target)
         if not copied.commands:
             return
         self.index_copy(target, copied)
@@ -240,32 +254,24 @@ class RedisGraph(GraphStore):
         base = self.keys.base(thread_id)
         return any(key.startswith(base) for key in owned)
 
-    def read_copy(self, source: str, target: str, owned: Sequence[str]) -> GraphCopy:
-        """The LangGraph keys among ``owned`` (the source's owned set) as commands that
-        write them under ``target``. Only reads the source, key by key: on Cluster the
-        target's keys are in another slot, so one script cannot read one and write the
-        other."""
+    def read_copy(self, source: str, target: str) -> GraphCopy:
+        """The source's LangGraph keys as commands that write them under ``target``, read
+        in one script (they share the source's hash tag): on Cluster the target's keys are
+        in another slot, so one script cannot read one and write the other."""
+        found = self._scripts["read_copy"](
+            keys=[self.store_keys.owned(source)], args=[self.keys.base(source)]
+        )
         commands: list[list[Any]] = []
         runs: list[str] = []
-        source_base, target_base = self.keys.base(source), self.keys.base(target)
-        for key in sorted(k for k in owned if k.startswith(source_base)):
-            suffix = key[len(source_base) :]
-            copied = target_base + suffix
-            kind = self.client.type(key)
-            if kind == b"hash":
-                flat = [x for pair in self.client.hgetall(key).items() for x in pair]
-                if flat:
-                    commands.append(["HSET", copied, *flat])
-            elif kind == b"zset":
-                members = self.client.zrange(key, 0, -1)
-                if members:
-                    commands.append(["ZADD", copied, *(x for m in members for x in (0, m))])
-            elif kind == b"set":
-                members = list(self.client.smembers(key))
-                if members:
-                    commands.append(["SADD", copied, *members])
-                if suffix.startswith("run:"):
-                    runs.append(unescape(suffix[len("run:") :]))
+        target_base = self.keys.base(target)
+        for raw_suffix, kind, members in sorted(found):
+            suffix = _text(raw_suffix)
+            values = [x for m in members for x in (0, m)] if kind == b"zset" else members
+            for start in range(0, len(values), _COPY_CHUNK):
+                chunk = values[start : start + _COPY_CHUNK]
+                commands.append([_WRITE[kind], target_base + suffix, *chunk])
+            if suffix.startswith("run:"):
+                runs.append(unescape(suffix[len("run:") :]))
         return GraphCopy(commands, runs)
 
     def index_copy(self, target: str, copied: GraphCopy) -> None:

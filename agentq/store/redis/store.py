@@ -255,7 +255,7 @@ class RedisStore(RedisCheckpoints, RedisEffects, RedisLimits, RedisListing, Redi
         if not graph.holds(thread_id, owned):
             return GraphCopy([], [])
         _refuse_driven(thread_id, step, driven)
-        copied = graph.read_copy(thread_id, new_thread_id, owned)
+        copied = graph.read_copy(thread_id, new_thread_id)
         after = self.client.hmget(self.keys.meta(thread_id), list(_DRIVEN))
         _refuse_driven(thread_id, step, after)
         if after != driven:

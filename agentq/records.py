@@ -106,6 +106,9 @@ class ThreadMeta:
     idempotency keys its tools send downstream derive from it, so a thread id deleted and
     created again, or the same id in another deployment, is another thread to the services
     they call. ``None`` for a thread created before agentq stored one."""
+    reopened: bool = False
+    """Whether a person has sent the thread on since it was created (a resume, a retry, a
+    tool call settled): their word outranks a revoke of its first task."""
     origin: str | None = None
     """The id of the Celery task that first sent the thread, whose result the caller of
     ``delay()`` holds: the task that ends the thread stores the outcome under it too."""

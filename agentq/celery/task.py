@@ -59,16 +59,16 @@ every later send (recovery, hand-over, resume) and every worker sees the first o
 
 ORIGIN_HEADER: Final = "agentq_origin"
 """The header of a later message of a thread (a wake, recovery's, a hand-over's) naming
-the thread's first task, whose revoke the worker looks for (:data:`FIRST_REVOKED`). The
-message of a person's resume, retry or settle goes without: that decision, made since,
-outranks the revoke."""
+the thread's first task, whose revoke the worker looks for (:data:`FIRST_REVOKED`). A
+person's resume, retry or settle marks the thread ``reopened`` in the store: that
+decision, made since, outranks the revoke for every message after it."""
 
 
 FIRST_REVOKED: Final = "agentq_first_revoked"
 """Set in a message's request by the worker's main process, which revoke broadcasts
 reach (a prefork child keeps the revoked set it forked with), when the thread's first
 task is in the worker's revoked set: the driver cancels a thread that has committed no
-step and that no person resumed since."""
+step and that no person sent on since (``ThreadMeta.reopened``)."""
 
 
 _RETRY_TIMING: Final = ("max_retries", "interval_start", "interval_step", "interval_max")
@@ -437,11 +437,7 @@ class AgentTask(Task):  # type: ignore[misc]
 
     def resend(self, meta: ThreadMeta, **options: Any) -> AsyncResult:
         """:meth:`enqueue` for a caller that holds the thread's meta already."""
-        return self._resend(meta, options, reopened=False)
-
-    def _resend(self, meta: ThreadMeta, options: dict[str, Any], *, reopened: bool) -> AsyncResult:
-        origin = None if reopened else meta.origin
-        sent = _stored({**meta.options, **options}, origin)
+        sent = _stored({**meta.options, **options}, meta.origin)
         return super().apply_async((meta.thread_id,), None, **sent)
 
     # -- hooks -------------------------------------------------------------------------------
@@ -565,7 +561,7 @@ class AgentTask(Task):  # type: ignore[misc]
         return send_reopened(
             meta,
             self.agentq.settings.start_grace,
-            lambda: self._resend(meta, options, reopened=True),
+            lambda: self.resend(meta, **options),
         )
 
     def cancel(self, thread_id: str) -> Status:
@@ -614,15 +610,13 @@ class AgentTask(Task):  # type: ignore[misc]
             time.sleep(interval)
 
 
-def resend_thread(app: Any, meta: ThreadMeta, *, reopened: bool = False) -> Any:
+def resend_thread(app: Any, meta: ThreadMeta) -> Any:
     """Send a message for a thread the store holds, routed as it was first sent: through
-    its task when this process has it, else by name (the task lives in the workers' code).
-    ``reopened``: a person just queued it again (see :data:`ORIGIN_HEADER`)."""
+    its task when this process has it, else by name (the task lives in the workers' code)."""
     task = app.tasks.get(meta.task)
     if isinstance(task, AgentTask):
-        return task._resend(meta, {}, reopened=reopened)
-    origin = None if reopened else meta.origin
-    return app.send_task(meta.task, args=(meta.thread_id,), **_stored(meta.options, origin))
+        return task.resend(meta)
+    return app.send_task(meta.task, args=(meta.thread_id,), **_stored(meta.options, meta.origin))
 
 
 def send_reopened(meta: ThreadMeta, start_grace: float, send: Callable[[], T]) -> T:

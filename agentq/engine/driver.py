@@ -204,7 +204,7 @@ class Driver:
             metrics.taken_over()
         if meta.cancel_requested:
             return self._cancel_early(token, self.seat_of(meta))
-        if self.first_revoked and meta.step < 0 and not meta.resumed:
+        if self.first_revoked and meta.step < 0 and not meta.reopened:
             self._cancel_early(token, self.seat_of(meta))
             logger.info(
                 "thread %s: cancelled, its first task revoked before its first step", self.thread_id

@@ -33,7 +33,7 @@ def _send(app: Any, meta: ThreadMeta, start_grace: float) -> Requeued:
     if app is None:
         return Requeued(meta.thread_id, meta.status, None)
     try:
-        sent = send_reopened(meta, start_grace, lambda: resend_thread(app, meta, reopened=True))
+        sent = send_reopened(meta, start_grace, lambda: resend_thread(app, meta))
     except MessageNotSent as exc:
         return Requeued(meta.thread_id, meta.status, None, exc)
     return Requeued(meta.thread_id, meta.status, sent.id)

@@ -209,7 +209,7 @@ def test_an_expired_first_message_redelivered_leaves_a_started_thread_alone(env:
     assert status_of(env, "rv-late") == Status.WAITING
 
 
-@pytest.mark.parametrize("reopen", ["resume", "resume-by-sweeper", "retry"])
+@pytest.mark.parametrize("reopen", ["resume", "resume-by-sweeper", "retry", "retry-by-sweeper"])
 def test_a_person_reopening_a_thread_outranks_a_revoke_of_its_first_task(
     env: Env, reopen: str
 ) -> None:
@@ -218,7 +218,8 @@ def test_a_person_reopening_a_thread_outranks_a_revoke_of_its_first_task(
     once a person reopened it: the thread asked, or failed, at its first node, so it has
     no step yet. A resume without the app (``agentq resume`` alone) is sent by a sweeper."""
     thread_id = f"rv-reopened-{reopen}"
-    if reopen == "retry":
+    retried = reopen.startswith("retry")
+    if retried:
         first = env.agent.delay(thread_id, mode="fail_once")
         wait_until(lambda: status_of(env, thread_id) == Status.FAILED, timeout=20, what="failed")
     else:
@@ -229,9 +230,12 @@ def test_a_person_reopening_a_thread_outranks_a_revoke_of_its_first_task(
         env.agent.retry_thread(thread_id)
     elif reopen == "resume":
         env.agent.resume(thread_id, "yes")
+    elif reopen == "retry-by-sweeper":  # agentq retry without -A
+        env.store.reopen(thread_id, from_statuses={Status.FAILED}, start_grace=0)
+        assert thread_id in Sweeper(env.app).sweep_once()
     else:
         env.store.reopen(
             thread_id, from_statuses={Status.WAITING}, resume_value="yes", start_grace=0
         )
         assert thread_id in Sweeper(env.app).sweep_once()
-    assert env.agent.wait(thread_id, timeout=20) == ("fail_once" if reopen == "retry" else "yes")
+    assert env.agent.wait(thread_id, timeout=20) == ("fail_once" if retried else "yes")

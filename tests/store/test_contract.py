@@ -1165,11 +1165,13 @@ def test_reopen_refuses_other_statuses_and_unknown_threads(store: Store) -> None
         store.reopen("nobody", from_statuses={Status.WAITING})
 
 
-def test_reopen_clears_a_failure(store: Store) -> None:
+def test_reopen_clears_a_failure_and_marks_the_thread_sent_on_by_a_person(store: Store) -> None:
     token = started(store)
+    assert not store.meta("t1").reopened  # type: ignore[union-attr]
     store.set_status("t1", token, Status.FAILED, error="boom", attempts=3, release_owner="w1")
     meta = store.reopen("t1", from_statuses={Status.FAILED})
     assert (meta.status, meta.error, meta.attempts) == (Status.QUEUED, None, 0)
+    assert meta.reopened and store.meta("t1").reopened  # type: ignore[union-attr]
 
 
 def test_cancel_flags_a_running_thread_for_its_driver(store: Store) -> None:

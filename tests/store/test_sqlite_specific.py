@@ -375,6 +375,7 @@ def test_a_version_2_database_is_upgraded_in_place(tmp_path: Path) -> None:
             "lock_lost",
             "canvas_taker",
             "incarnation",
+            "reopened",
         ):
             db.execute(f"ALTER TABLE threads DROP COLUMN {column}")
         db.execute("PRAGMA user_version = 2")
@@ -397,10 +398,13 @@ def test_a_version_2_database_is_upgraded_in_place(tmp_path: Path) -> None:
         # A thread from before incarnations keeps the keys it sent; a new one gets one.
         assert store.meta("t1").incarnation is None  # type: ignore[union-attr]
         assert store.meta("t3").incarnation is not None  # type: ignore[union-attr]
+        assert not store.meta("t1").reopened  # type: ignore[union-attr]
+        store.set_status("t1", token, Status.FAILED, error="boom", release_owner="w1")
+        assert store.reopen("t1", from_statuses={Status.FAILED}).reopened
         # Who claimed a shared key before agentq kept it is not known.
         assert store.effect("t1", "invoice-1", shared=True).claimed_by is None  # type: ignore[union-attr]
     with sqlite3.connect(path) as db:
-        assert db.execute("PRAGMA user_version").fetchone() == (8,)
+        assert db.execute("PRAGMA user_version").fetchone() == (9,)
 
 
 def test_newer_schema_is_refused(tmp_path: Path) -> None:

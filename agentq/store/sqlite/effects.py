@@ -173,6 +173,7 @@ class EffectsMixin:
                 attempts=0,
                 crashes=0,
                 cancel=0,
+                reopened=1,
                 due_at=now + start_grace,
             )
             meta = read_meta(db, thread_id)

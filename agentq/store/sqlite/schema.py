@@ -14,7 +14,7 @@ from typing import Final
 from agentq.errors import StoreConfigError
 from agentq.store.meta_fields import META_FIELDS
 
-SCHEMA_VERSION: Final = 8
+SCHEMA_VERSION: Final = 9
 
 _META_TYPES: Final = {
     "status": "TEXT NOT NULL",
@@ -36,6 +36,7 @@ _META_TYPES: Final = {
     "options": "BLOB",
     "origin": "TEXT",
     "incarnation": "TEXT",
+    "reopened": "INTEGER NOT NULL DEFAULT 0",
     "timeout": "REAL",
     "timeout_at": "REAL",
     "timed_out": "BLOB",
@@ -109,4 +110,6 @@ def migrate(db: sqlite3.Connection, path: str) -> None:
         db.execute("ALTER TABLE threads ADD COLUMN incarnation TEXT")  # from
     if version in (1, 2, 3, 4, 5, 6, 7):  # version 8: the thread that claimed a shared
         db.execute("ALTER TABLE effects ADD COLUMN claimed_by TEXT")  # effect
+    if version in (1, 2, 3, 4, 5, 6, 7, 8):  # version 9: whether a person sent it on
+        db.execute("ALTER TABLE threads ADD COLUMN reopened INTEGER NOT NULL DEFAULT 0")
     db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")

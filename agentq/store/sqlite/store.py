@@ -294,6 +294,7 @@ class SQLiteStore(
             "crashes": 0,
             "cancel": 0,
             "interrupt": None,
+            "reopened": 1,
         }
         if resume_value is not UNSET:
             values["resume"] = encode(resume_value, "resume_value", thread_id, None)

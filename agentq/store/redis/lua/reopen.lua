@@ -20,7 +20,7 @@ if not listed_from(6, status) then
 end
 local now = now_seconds()
 redis.call('HSET', meta, 'status', STATUS.QUEUED, 'attempts', 0, 'crashes', 0, 'updated_at',
-  tostring(now), 'request', ARGV[5])
+  tostring(now), 'request', ARGV[5], 'reopened', 1)
 redis.call('HDEL', meta, 'error', 'cancel', 'interrupt')
 -- A status write of the last driver, sent again after its reply was lost, is refused
 -- rather than undo this.

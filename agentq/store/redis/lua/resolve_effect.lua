@@ -64,7 +64,7 @@ elseif record then
 end
 local now = now_seconds()
 redis.call('HSET', meta, 'status', STATUS.QUEUED, 'attempts', 0, 'crashes', 0, 'updated_at',
-  tostring(now), 'request', ARGV[6])
+  tostring(now), 'request', ARGV[6], 'reopened', 1)
 redis.call('HDEL', meta, 'error', 'cancel')
 local ops = index(meta, ARGV[2], status, STATUS.QUEUED, now + tonumber(ARGV[3]), now)
 return {1, redis.call('HGETALL', meta), ops}

@@ -5,7 +5,7 @@ Python allows."""
 
 from __future__ import annotations
 
-import math
+import re
 from collections.abc import Sequence
 from typing import Any, Final
 
@@ -17,6 +17,11 @@ _STATUSES: Final[dict[str | bytes, Status]] = {
     **{status.value: status for status in Status},
     **{status.value.encode(): status for status in Status},
 }
+
+
+_POSITION: Final = re.compile(r"-?[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+)?")
+"""A cursor's position as both stores write it: a score as Redis formats it, a float's
+``repr``; what Python's ``float()`` alone accepts (``1_0``, ``nan``, spaces) Redis does not."""
 
 
 _CANCEL_SET: Final = frozenset((b"1", "1", 1))
@@ -89,11 +94,7 @@ def listed_from_meta(meta: ThreadMeta, schedule: Schedule, cursor: str) -> Liste
 def cursor_parts(after: str) -> tuple[str, str]:
     """The position and thread id of a row's ``cursor`` (``<position>:<thread id>``)."""
     position, colon, thread_id = after.partition(":")
-    try:
-        finite = math.isfinite(float(position))
-    except ValueError:
-        finite = False
-    if not (finite and colon and thread_id):
+    if not (_POSITION.fullmatch(position) and colon and thread_id):
         raise InvalidArgument(
             f"{after!r} is not a cursor of a listing: pass the cursor of a row an earlier "
             "listing() returned, or none for the first page"

@@ -25,6 +25,7 @@ from agentq.errors import LeaseHeld, ThreadExists, ThreadStopped
 from agentq.langgraph import graph_task
 from agentq.records import Checkpoint
 from agentq.store.contract import Taken
+from agentq.store.graph_records import StoredCheckpoint, encode_refs
 from agentq.store.redis.store import RedisStore
 from tests.chaos.flaky_proxy import FlakyProxy
 from tests.support.redis_server import RedisServer, wait_until
@@ -236,3 +237,25 @@ def test_a_park_resent_after_its_reply_was_lost_reports_the_place(env: Env) -> N
     meta = env.store.meta("t2")
     assert meta is not None and meta.status == Status.QUEUED
     assert env.store.leave_key("t1", seated, "tenant-a", start_grace=0) == ["t2"]
+
+
+def test_a_delete_resent_after_its_reply_was_lost_leaves_the_thread_out_of_langgraph_lists(
+    env: Env,
+) -> None:
+    """The resend finds the thread gone; the LangGraph thread index, which its first run
+    could not clean (the reply never came), must not keep listing it."""
+    token = env.store.acquire("t1", "w1", 30)
+    graph = env.store.graph()
+    stored = StoredCheckpoint(
+        checkpoint_id="c1",
+        record=b"record",
+        refs=encode_refs([b"ch"]),
+        run_id=None,
+        blobs={b"ch": b"v"},
+    )
+    graph.put("t1", "", stored, token)
+    assert graph.threads() == ["t1"]
+    env.proxy.lose_reply_to = env.sha("delete_thread")
+    env.store.delete_thread("t1")
+    assert env.proxy.lost == 1
+    assert graph.threads() == []

@@ -187,7 +187,7 @@ def test_listing_pages_on_from_a_cursor_whatever_changes_between_pages(store: St
     assert store.delete_thread(top.rows[-1].thread_id)
     rest = store.listing(limit=20, after=top.rows[-1].cursor)
     assert [row.thread_id for row in rest.rows] == every[2:]
-    for cursor in ("", "t1", "nan:t1", "1.5:", "step:t1"):
+    for cursor in ("", "t1", "nan:t1", "1.5:", "step:t1", "1_700:t1", "5\t:t1", " 5:t1"):
         with pytest.raises(InvalidArgument, match="not a cursor"):
             store.listing(after=cursor)
 

@@ -32,12 +32,19 @@ _SCRIPTS: Final = (
     "delete_runs",
     "keep_latest",
     "restore",
-    "read_copy",
 )
 _COPY_CHUNK: Final = 2000
 """Values per command of a copy: the script writing it unpacks each command into a call,
 and Lua unpacks about 8000 values at most."""
-_WRITE: Final = {b"hash": "HSET", b"zset": "ZADD", b"set": "SADD"}
+
+
+def _kind(suffix: str) -> str:
+    """The command that writes a LangGraph key, from its name (see graph_keys)."""
+    if suffix.startswith("ids:"):
+        return "ZADD"
+    if suffix == "ns" or suffix.startswith("run:"):
+        return "SADD"
+    return "HSET"
 
 
 def _text(value: bytes | str) -> str:
@@ -256,20 +263,35 @@ class RedisGraph(GraphStore):
 
     def read_copy(self, source: str, target: str) -> GraphCopy:
         """The source's LangGraph keys as commands that write them under ``target``, read
-        in one script (they share the source's hash tag): on Cluster the target's keys are
-        in another slot, so one script cannot read one and write the other."""
-        found = self._scripts["read_copy"](
-            keys=[self.store_keys.owned(source)], args=[self.keys.base(source)]
-        )
+        in one ``MULTI`` (they share the source's hash tag), so that a put cannot land
+        between two of them: on Cluster the target's keys are in another slot, so one
+        script cannot read one and write the other. Not a script: a long thread's keys
+        would keep the server from every other client while it copies them."""
+        base = self.keys.base(source)
+        owned = [_text(key) for key in self.client.smembers(self.store_keys.owned(source))]
+        keys = sorted(key for key in owned if key.startswith(base))
+        pipe = self.client.pipeline(transaction=True)
+        kinds = [_kind(key[len(base) :]) for key in keys]
+        for key, kind in zip(keys, kinds, strict=True):
+            if kind == "HSET":
+                pipe.hgetall(key)
+            elif kind == "ZADD":
+                pipe.zrange(key, 0, -1)
+            else:
+                pipe.smembers(key)
         commands: list[list[Any]] = []
         runs: list[str] = []
         target_base = self.keys.base(target)
-        for raw_suffix, kind, members in sorted(found):
-            suffix = _text(raw_suffix)
-            values = [x for m in members for x in (0, m)] if kind == b"zset" else members
+        for key, kind, found in zip(keys, kinds, pipe.execute() if keys else [], strict=True):
+            suffix = key[len(base) :]
+            if kind == "HSET":
+                values = [x for pair in found.items() for x in pair]
+            elif kind == "ZADD":
+                values = [x for member in found for x in (0, member)]
+            else:
+                values = sorted(found)
             for start in range(0, len(values), _COPY_CHUNK):
-                chunk = values[start : start + _COPY_CHUNK]
-                commands.append([_WRITE[kind], target_base + suffix, *chunk])
+                commands.append([kind, target_base + suffix, *values[start : start + _COPY_CHUNK]])
             if suffix.startswith("run:"):
                 runs.append(unescape(suffix[len("run:") :]))
         return GraphCopy(commands, runs)

@@ -5,14 +5,15 @@
 -- Unix time: then only delete if the thread is in one of ARGV[6..] and was last updated
 -- before it; [5] the thread's key prefix; [6..] the statuses gc may delete.
 -- Returns {1, graph, ops} if deleted, where graph lists the escaped ids of the LangGraph
--- runs it held checkpoints of, false if it held no LangGraph checkpoint; {0, false, ops}
--- if absent, {0, false, 0} if (with ARGV[4]) not deletable.
+-- runs it held checkpoints of, false if it held no LangGraph checkpoint; {0, {}, ops} if
+-- absent (maybe deleted by this very request, whose reply was lost: its LangGraph index
+-- entries may be left), {0, false, 0} if (with ARGV[4]) not deletable.
 local meta = KEYS[1]
 local status = redis.call('HGET', meta, 'status')
 if not status then
   -- On Redis Cluster a resend finds the thread gone, and its entries maybe not (the first
   -- run's index call lost): they go now. A single server removed them with the thread.
-  return {0, false, ARGV[1] == '' and index(meta, ARGV[2], '', '-', 'clear', 0) or 0}
+  return {0, {}, ARGV[1] == '' and index(meta, ARGV[2], '', '-', 'clear', 0) or 0}
 end
 if ARGV[4] ~= '' then
   if not listed_from(6, status) or tonumber(redis.call('HGET', meta, 'updated_at')) >= tonumber(ARGV[4]) then

@@ -65,12 +65,15 @@ for i = 9, #ARGV do
   end
 end
 
--- Merged newest first; `entries` holds id, score pairs.
+-- Merged newest first; `entries` holds id, score pairs. One index is in order already.
 local entries, heads = {}, {}
+if #pages == 1 then
+  entries = pages[1]
+end
 for p = 1, #pages do
   heads[p] = 1
 end
-while #entries < 2 * limit do
+while #pages > 1 and #entries < 2 * limit do
   local best, best_score, best_id = nil, nil, nil
   for p = 1, #pages do
     local id = pages[p][heads[p]]

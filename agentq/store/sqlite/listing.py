@@ -12,18 +12,19 @@ from agentq.store.listing import cursor_parts, listed_thread
 from agentq.store.sqlite.connection import SharedConnection
 
 _COLUMNS: Final = (
-    "thread_id, updated_at, status, step, node, task, attempts, crashes, updated_at, error, "
-    "cancel, CASE status WHEN 'waiting' THEN interrupt WHEN 'done' THEN result END, "
+    "thread_id, status, step, node, task, attempts, crashes, updated_at, error, cancel, "
+    "CASE status WHEN 'waiting' THEN interrupt WHEN 'done' THEN result END, "
     "CASE WHEN status = 'running' AND lock_expires > ? THEN lock_owner END"
 )
+_UPDATED_AT: Final = 6
+"""Where ``updated_at`` stands among a row's fields (the columns after the id)."""
 # The page's rows come first (part 0, in the order of threads()), then one row per status
 # present with its count in the step column (part 1).
 _QUERY: Final = (
     f"SELECT * FROM (SELECT 0 AS part, {_COLUMNS} FROM threads {{where}} "
     "ORDER BY updated_at DESC, thread_id DESC LIMIT ?) "
-    "UNION ALL SELECT 1, NULL, NULL, status, COUNT(*), NULL, NULL, NULL, NULL, NULL, NULL, "
-    "NULL, NULL, NULL FROM threads GROUP BY status ORDER BY part, updated_at DESC, "
-    "thread_id DESC"
+    "UNION ALL SELECT 1, NULL, status, COUNT(*), NULL, NULL, NULL, NULL, NULL, NULL, NULL, "
+    "NULL, NULL FROM threads GROUP BY status ORDER BY part, updated_at DESC, thread_id DESC"
 )
 # A row value: SQLite seeks the index to it, where an OR of the two would scan.
 _AFTER: Final = "(updated_at, thread_id) < (?, ?)"
@@ -51,9 +52,10 @@ class ListingMixin:
             found = db.execute(_QUERY.format(where=where), (time.time(), *args, limit)).fetchall()
         counts = dict.fromkeys(Status, 0)
         rows = []
-        for part, thread_id, position, *fields, owner in found:
+        for part, thread_id, *fields, owner in found:
             if part:
                 counts[Status(fields[0])] = fields[1]
             else:
-                rows.append(listed_thread(thread_id, fields, owner, f"{position!r}:{thread_id}"))
+                cursor = f"{fields[_UPDATED_AT]!r}:{thread_id}"
+                rows.append(listed_thread(thread_id, fields, owner, cursor))
         return Listing(counts, rows)

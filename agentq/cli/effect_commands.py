@@ -12,6 +12,7 @@ from agentq.cli.control_commands import parse_json, queued_outcome, report_queue
 from agentq.cli.output import ago, emit_json, show_block
 from agentq.cli.read_commands import json_option, pass_session
 from agentq.cli.session import Session
+from agentq.ids import downstream_key
 from agentq.ops.console import console
 from agentq.ops.control import settle
 from agentq.ops.jsonable import plain, short
@@ -45,8 +46,12 @@ def effects(session: Session, thread: str, shared_key: str | None, as_json: bool
     else:
         found = session.store.effects(thread)
 
+    namespace = session.store.key_namespace
+    incarnation = None if shared else meta.incarnation
+
     def sent_as(effect: Effect) -> str:
-        return session.store.downstream_key(thread, effect.key, shared=shared)
+        # From the meta read above: a page of records costs no round trip per record.
+        return downstream_key(namespace, thread, effect.key, shared=shared, incarnation=incarnation)
 
     if as_json:
         emit_json([{**plain(e), "sent_as": sent_as(e)} for e in found])

@@ -15,7 +15,7 @@ import signal
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -342,10 +342,29 @@ def stuck(store: Store, thread_id: str = "t-stuck") -> int:
     return token
 
 
+def hash_reads(backend: Backend) -> Callable[[], int | None]:
+    """From now on, how many hashes (metas, effect records) the Redis store read whole
+    (``None`` on SQLite)."""
+    if backend.kind != "redis":
+        return lambda: None
+    client = redis.Redis.from_url(backend.url)
+    client.config_resetstat()
+
+    def reads() -> int:
+        with client:
+            stats: dict[str, dict[str, int]] = client.info("commandstats")
+        return stats.get("cmdstat_hgetall", {}).get("calls", 0)
+
+    return reads
+
+
 def test_effects_lists_every_record_of_a_thread(threads: Backend) -> None:
     token = stuck(threads.store)
     sent = [threads.store.downstream_key("t-stuck", key) for key in ("call-1", "call-2")]
+    reads = hash_reads(threads)
     listed = ok_json(threads, "effects", "t-stuck")
+    # The meta once and each record: the keys sent downstream come from that one meta.
+    assert reads() in (None, 1 + len(listed))
     claimed = [effect.pop("claimed_at") for effect in listed]
     assert all(isinstance(at, float) for at in claimed)
     assert listed == [

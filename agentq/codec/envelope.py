@@ -212,7 +212,15 @@ def decode_envelope(
     Raises :class:`CorruptCheckpoint` for bytes that are not an envelope and
     :class:`UnsupportedVersion` for one written by a newer format version.
     """
-    envelope = decode_value(data, what="checkpoint", thread_id=thread_id, step=step)
+    try:
+        envelope = decode_value(data, what="checkpoint", thread_id=thread_id, step=step)
+    except CorruptCheckpoint as exc:
+        # A newer agentq may store a value type this one has no ext code for: its
+        # checkpoint is newer, not damaged, and restoring a backup would lose progress.
+        newer = _newer_version(data)
+        if newer is None:
+            raise
+        raise _unsupported(newer, thread_id, step) from exc
     if not isinstance(envelope, dict) or not isinstance(envelope.get("v"), int):
         raise CorruptCheckpoint(
             "stored bytes are not an agentq checkpoint envelope; restore the key from a "
@@ -221,12 +229,7 @@ def decode_envelope(
             step=step,
         )
     if envelope["v"] > FORMAT_VERSION:
-        raise UnsupportedVersion(
-            f"checkpoint format version {envelope['v']} is newer than this agentq "
-            f"understands ({FORMAT_VERSION}); upgrade agentq on this worker",
-            thread_id=thread_id,
-            step=step,
-        )
+        raise _unsupported(envelope["v"], thread_id, step)
     logs = envelope.get("logs") or {}
     if not isinstance(logs, dict):
         raise CorruptCheckpoint(
@@ -235,6 +238,28 @@ def decode_envelope(
             step=step,
         )
     return envelope, logs
+
+
+def _newer_version(data: bytes) -> int | None:
+    """The format version of an envelope that did not decode, if it is newer than this
+    agentq's: read again with ext types left undecoded (only on that error path)."""
+    try:
+        envelope = msgpack.unpackb(data, raw=False, strict_map_key=False)
+    except Exception:
+        return None
+    version = envelope.get("v") if isinstance(envelope, dict) else None
+    if isinstance(version, int) and not isinstance(version, bool) and version > FORMAT_VERSION:
+        return version
+    return None
+
+
+def _unsupported(version: int, thread_id: str, step: int | None) -> UnsupportedVersion:
+    return UnsupportedVersion(
+        f"checkpoint format version {version} is newer than this agentq understands "
+        f"({FORMAT_VERSION}); upgrade agentq on this worker",
+        thread_id=thread_id,
+        step=step,
+    )
 
 
 def build_checkpoint(

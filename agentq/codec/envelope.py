@@ -1,7 +1,8 @@
 """msgpack encoding of checkpoints and stored values, with a versioned envelope.
 
 Beyond msgpack's own types, tuples, sets, frozensets, datetimes and dates round-trip as
-ext types. Nothing else is accepted, and decoding never runs code: there is no pickle.
+ext types. Nothing else is accepted, subclasses of these types neither (they would come
+back as the base type), and decoding never runs code: there is no pickle.
 """
 
 from __future__ import annotations
@@ -35,31 +36,22 @@ _EXT_DATETIME = 4
 _EXT_DATE = 5
 
 
-def _default(obj: object) -> Any:
-    if isinstance(obj, tuple):
-        return msgpack.ExtType(_EXT_TUPLE, _pack(list(obj)))
-    if isinstance(obj, frozenset):
-        return msgpack.ExtType(_EXT_FROZENSET, _pack(list(obj)))
-    if isinstance(obj, set):
-        return msgpack.ExtType(_EXT_SET, _pack(list(obj)))
-    if isinstance(obj, dt.datetime):
-        return msgpack.ExtType(_EXT_DATETIME, obj.isoformat().encode())
-    if isinstance(obj, dt.date):
-        return msgpack.ExtType(_EXT_DATE, obj.isoformat().encode())
-    # strict_types sends subclasses here; store them as their base type.
-    if isinstance(obj, Mapping):
-        return dict(obj)
-    if isinstance(obj, list):
-        return list(obj)
-    if isinstance(obj, str):
-        return str(obj)
-    if isinstance(obj, bool):
-        return bool(obj)
-    if isinstance(obj, int):
-        return int(obj)
-    if isinstance(obj, float):
-        return float(obj)
-    raise TypeError(f"cannot store {type(obj).__name__}")
+_COLLECTION_EXT: dict[type, int] = {tuple: _EXT_TUPLE, set: _EXT_SET, frozenset: _EXT_FROZENSET}
+_TIME_EXT: dict[type, int] = {dt.datetime: _EXT_DATETIME, dt.date: _EXT_DATE}
+
+
+def _default(obj: Any) -> Any:
+    # By exact type: strict_types sends every subclass here too (a named tuple, a
+    # defaultdict, an enum member), and stored as its base type it would come back as
+    # another type after a resume, or as another value (str() of a (str, Enum) member).
+    kind = type(obj)
+    code = _COLLECTION_EXT.get(kind)
+    if code is not None:
+        return msgpack.ExtType(code, _pack(list(obj)))
+    code = _TIME_EXT.get(kind)
+    if code is not None:
+        return msgpack.ExtType(code, obj.isoformat().encode())
+    raise TypeError(f"cannot store {kind.__name__}")
 
 
 def _ext_hook(code: int, data: bytes) -> Any:

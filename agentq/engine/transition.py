@@ -37,6 +37,10 @@ def checkpoint_after(
             thread_id=run.thread_id,
             step=run.step,
         )
+    if isinstance(next_node, str):
+        # A name given as a str subclass (an enum member) as the plain str it holds: the
+        # codec refuses subclasses, and str() of a (str, Enum) member is not its value.
+        next_node = str.__str__(next_node)
     checkpoint = Checkpoint(
         step=run.step,
         node=next_node,

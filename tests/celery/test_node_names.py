@@ -13,6 +13,7 @@ from celery import Celery
 from celery.contrib.testing.worker import start_worker
 
 from agentq import AgentTask, Done, Interrupt, Run, Status
+from agentq.errors import ThreadStopped
 from tests.support.agents import make_app
 from tests.support.redis_server import RedisServer, wait_until
 
@@ -39,6 +40,15 @@ class EnumNodesAgent(AgentTask):  # type: ignore[misc]
         return Done({"asked": run.state["asked"], "answer": run.resume_value})
 
 
+class TaskMethodNodeAgent(AgentTask):  # type: ignore[misc]
+    """Names a next node it does not define, that is the name of a task method."""
+
+    name = "tests.task_method_node_agent"
+
+    def start(self, run: Run, next_node: str) -> str:
+        return next_node
+
+
 @pytest.fixture
 def app(redis_broker: str, redis_server: RedisServer) -> Iterator[Celery]:
     prefix = f"nn{uuid.uuid4().hex[:8]}:"
@@ -50,6 +60,7 @@ def app(redis_broker: str, redis_server: RedisServer) -> Iterator[Celery]:
         ledger_url=redis_server.url,
     )
     app.register_task(EnumNodesAgent())
+    app.register_task(TaskMethodNodeAgent())
     with start_worker(app, pool="threads", concurrency=1, perform_ping_check=False):
         yield app
     app._agentq_runtime.store.close()
@@ -66,3 +77,17 @@ def test_a_node_named_by_an_enum_member_is_where_the_thread_resumes(app: Celery)
     assert latest is not None and type(latest.node) is str and latest.node == "finish"
     agent.resume("t1", "yes")
     assert agent.wait("t1", timeout=20) == {"asked": True, "answer": "yes"}
+
+
+@pytest.mark.parametrize("name", ["wait", "delay", "run", "resume", "apply"])
+def test_a_task_method_the_agent_does_not_define_is_an_unknown_node(app: Celery, name: str) -> None:
+    """Calling ``wait(run)`` or ``delay(run)`` would fail far from the cause, with an
+    error about a thread id, or call Celery with a Run as its arguments."""
+    agent: Any = app.tasks["tests.task_method_node_agent"]
+    agent.delay("t1", next_node=name)
+    with pytest.raises(ThreadStopped) as info:
+        agent.wait("t1", timeout=20)
+    error = info.value.error or ""
+    assert error.startswith("UnknownNode: thread 't1', step 1: node"), error
+    assert f"{name!r} is not a node of TaskMethodNodeAgent" in error
+    assert agent.thread("t1").step == 0  # the step that named it is kept

@@ -26,6 +26,15 @@ def checkpoint_after(
     if isinstance(outcome, Done):
         next_node, status, extra["result"] = None, Status.DONE, outcome.result
     elif isinstance(outcome, Interrupt):
+        if not isinstance(outcome.resume_at, str):
+            # Stored, the thread would wait for a resume that finds no node to go on at.
+            raise UnknownNode(
+                f"node {run.node!r} returned an Interrupt whose resume_at is "
+                f"{type(outcome.resume_at).__name__}, not a node's name; name the node the "
+                "answer continues at: Interrupt(payload, resume_at='node')",
+                thread_id=run.thread_id,
+                step=run.step,
+            )
         next_node, status, extra["interrupt"] = outcome.resume_at, Status.WAITING, outcome.payload
         extra["due_in"] = wait_seconds(outcome.timeout, thread_id=run.thread_id, step=run.step)
     elif isinstance(outcome, str):

@@ -49,6 +49,19 @@ class TaskMethodNodeAgent(AgentTask):  # type: ignore[misc]
         return next_node
 
 
+class BadInterruptAgent(AgentTask):  # type: ignore[misc]
+    """Asks a person, naming no node (or not by name) to continue at."""
+
+    name = "tests.bad_interrupt_agent"
+
+    def start(self, run: Run, resume_at: Any) -> str:
+        run.state["at"] = resume_at
+        return "ask"
+
+    def ask(self, run: Run) -> Interrupt:
+        return Interrupt({"question": "ok?"}, resume_at=run.state.get("at"))
+
+
 @pytest.fixture
 def app(redis_broker: str, redis_server: RedisServer) -> Iterator[Celery]:
     prefix = f"nn{uuid.uuid4().hex[:8]}:"
@@ -61,6 +74,7 @@ def app(redis_broker: str, redis_server: RedisServer) -> Iterator[Celery]:
     )
     app.register_task(EnumNodesAgent())
     app.register_task(TaskMethodNodeAgent())
+    app.register_task(BadInterruptAgent())
     with start_worker(app, pool="threads", concurrency=1, perform_ping_check=False):
         yield app
     app._agentq_runtime.store.close()
@@ -91,3 +105,16 @@ def test_a_task_method_the_agent_does_not_define_is_an_unknown_node(app: Celery,
     assert error.startswith("UnknownNode: thread 't1', step 1: node"), error
     assert f"{name!r} is not a node of TaskMethodNodeAgent" in error
     assert agent.thread("t1").step == 0  # the step that named it is kept
+
+
+@pytest.mark.parametrize("resume_at", [None, 3])
+def test_an_interrupt_that_names_no_node_fails_before_it_waits(app: Celery, resume_at: Any) -> None:
+    """Stored, the wait would end at a resume that finds no node to continue at."""
+    agent: Any = app.tasks["tests.bad_interrupt_agent"]
+    agent.delay("t1", resume_at=resume_at)
+    with pytest.raises(ThreadStopped) as info:
+        agent.wait("t1", timeout=20)
+    error = info.value.error or ""
+    assert error.startswith("UnknownNode: thread 't1', step 1: node 'ask'"), error
+    assert "resume_at" in error
+    assert agent.thread("t1").step == 0  # nothing of the failed step is kept

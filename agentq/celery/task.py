@@ -184,6 +184,19 @@ class AgentTask(Task):  # type: ignore[misc]
             thread_id=thread_id,
         )
 
+    def find_node(self, name: str) -> Callable[..., Any] | None:
+        """The node ``name``: a public method of the agent's own class. One this class
+        and Celery's ``Task`` define (``wait``, ``delay``, ``run``, ``apply``) is none,
+        unless the agent overrides it: called with a run, it would fail far from the
+        misnamed node, or run the task again inside the step."""
+        if not isinstance(name, str) or not name or name.startswith("_"):
+            return None
+        defined = getattr(type(self), name, None)
+        if defined is None or defined is getattr(AgentTask, name, None):
+            return None
+        node = getattr(self, name)
+        return node if callable(node) else None
+
     def _store_call(
         self, what: str, thread_id: str, call: Callable[..., T], *args: Any, **kwargs: Any
     ) -> T:

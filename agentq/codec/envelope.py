@@ -1,7 +1,8 @@
 """msgpack encoding of checkpoints and stored values, with a versioned envelope.
 
 Beyond msgpack's own types, tuples, sets, frozensets, datetimes and dates round-trip as
-ext types. Nothing else is accepted, and decoding never runs code: there is no pickle.
+ext types. Nothing else is accepted, subclasses of these types neither (they would come
+back as the base type), and decoding never runs code: there is no pickle.
 """
 
 from __future__ import annotations
@@ -35,31 +36,28 @@ _EXT_DATETIME = 4
 _EXT_DATE = 5
 
 
-def _default(obj: object) -> Any:
-    if isinstance(obj, tuple):
-        return msgpack.ExtType(_EXT_TUPLE, _pack(list(obj)))
-    if isinstance(obj, frozenset):
-        return msgpack.ExtType(_EXT_FROZENSET, _pack(list(obj)))
-    if isinstance(obj, set):
-        return msgpack.ExtType(_EXT_SET, _pack(list(obj)))
-    if isinstance(obj, dt.datetime):
-        return msgpack.ExtType(_EXT_DATETIME, obj.isoformat().encode())
-    if isinstance(obj, dt.date):
-        return msgpack.ExtType(_EXT_DATE, obj.isoformat().encode())
-    # strict_types sends subclasses here; store them as their base type.
-    if isinstance(obj, Mapping):
-        return dict(obj)
-    if isinstance(obj, list):
-        return list(obj)
-    if isinstance(obj, str):
-        return str(obj)
-    if isinstance(obj, bool):
-        return bool(obj)
-    if isinstance(obj, int):
-        return int(obj)
-    if isinstance(obj, float):
-        return float(obj)
-    raise TypeError(f"cannot store {type(obj).__name__}")
+_COLLECTION_EXT: dict[type, int] = {tuple: _EXT_TUPLE, set: _EXT_SET, frozenset: _EXT_FROZENSET}
+_TIME_EXT: dict[type, int] = {dt.datetime: _EXT_DATETIME, dt.date: _EXT_DATE}
+_FIXED_ZONES = (type(None), dt.timezone)
+"""A datetime's ``tzinfo`` types its ISO text keeps exactly: naive, or a fixed offset."""
+
+
+def _default(obj: Any) -> Any:
+    # By exact type: strict_types sends every subclass here too (a named tuple, a
+    # defaultdict, an enum member), and stored as its base type it would come back as
+    # another type after a resume, or as another value (str() of a (str, Enum) member).
+    kind = type(obj)
+    code = _COLLECTION_EXT.get(kind)
+    if code is not None:
+        return msgpack.ExtType(code, _pack(list(obj)))
+    code = _TIME_EXT.get(kind)
+    if code is not None:
+        if kind is dt.datetime and type(obj.tzinfo) not in _FIXED_ZONES:
+            # ISO text keeps the offset, not the zone (ZoneInfo, pytz): it would come
+            # back at a fixed offset, blind to the zone's daylight-saving changes.
+            raise TypeError(f"cannot store a datetime in zone {obj.tzinfo}")
+        return msgpack.ExtType(code, obj.isoformat().encode())
+    raise TypeError(f"cannot store {kind.__name__}")
 
 
 def _ext_hook(code: int, data: bytes) -> Any:
@@ -212,7 +210,15 @@ def decode_envelope(
     Raises :class:`CorruptCheckpoint` for bytes that are not an envelope and
     :class:`UnsupportedVersion` for one written by a newer format version.
     """
-    envelope = decode_value(data, what="checkpoint", thread_id=thread_id, step=step)
+    try:
+        envelope = decode_value(data, what="checkpoint", thread_id=thread_id, step=step)
+    except CorruptCheckpoint as exc:
+        # A newer agentq may store a value type this one has no ext code for: its
+        # checkpoint is newer, not damaged, and restoring a backup would lose progress.
+        newer = _newer_version(data)
+        if newer is None:
+            raise
+        raise _unsupported(newer, thread_id, step) from exc
     if not isinstance(envelope, dict) or not isinstance(envelope.get("v"), int):
         raise CorruptCheckpoint(
             "stored bytes are not an agentq checkpoint envelope; restore the key from a "
@@ -221,12 +227,7 @@ def decode_envelope(
             step=step,
         )
     if envelope["v"] > FORMAT_VERSION:
-        raise UnsupportedVersion(
-            f"checkpoint format version {envelope['v']} is newer than this agentq "
-            f"understands ({FORMAT_VERSION}); upgrade agentq on this worker",
-            thread_id=thread_id,
-            step=step,
-        )
+        raise _unsupported(envelope["v"], thread_id, step)
     logs = envelope.get("logs") or {}
     if not isinstance(logs, dict):
         raise CorruptCheckpoint(
@@ -235,6 +236,28 @@ def decode_envelope(
             step=step,
         )
     return envelope, logs
+
+
+def _newer_version(data: bytes) -> int | None:
+    """The format version of an envelope that did not decode, if it is newer than this
+    agentq's: read again with ext types left undecoded (only on that error path)."""
+    try:
+        envelope = msgpack.unpackb(data, raw=False, strict_map_key=False)
+    except Exception:
+        return None
+    version = envelope.get("v") if isinstance(envelope, dict) else None
+    if isinstance(version, int) and not isinstance(version, bool) and version > FORMAT_VERSION:
+        return version
+    return None
+
+
+def _unsupported(version: int, thread_id: str, step: int | None) -> UnsupportedVersion:
+    return UnsupportedVersion(
+        f"checkpoint format version {version} is newer than this agentq understands "
+        f"({FORMAT_VERSION}); upgrade agentq on this worker",
+        thread_id=thread_id,
+        step=step,
+    )
 
 
 def build_checkpoint(

@@ -6,13 +6,16 @@ Only runs once msgpack has refused a value, so it can afford to walk it item by 
 from __future__ import annotations
 
 import datetime as dt
+import enum
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from agentq.errors import UnserializableState
 
-_PLAIN = (str, bytes, int, float, bool, type(None))
+_BASES = (dict, list, tuple, set, frozenset, str, bytes, bool, int, float, dt.datetime, dt.date)
+_STORABLE = frozenset({*_BASES, type(None)})
+"""The types the codec stores, exactly: not their subclasses."""
 _INT_MIN = -(2**63)
 _INT_MAX = 2**64 - 1
 _PLAIN_DATA = (
@@ -64,11 +67,11 @@ def _find_problem(value: Any, path: str) -> _Problem | None:
         problem = _scalar_problem(item, where)
         if problem is not None:
             return problem
+        if type(item) not in _STORABLE:
+            return _Problem(where.path(), type(item).__name__, _subclass_fix(item, where))
         children = _children(item, where)
         if children is None:
-            if isinstance(item, (*_PLAIN, dt.datetime, dt.date)):
-                continue
-            return _Problem(where.path(), type(item).__name__, None)
+            continue
         if id(item) in on_path:
             return _Problem(
                 where.path(),
@@ -82,9 +85,31 @@ def _find_problem(value: Any, path: str) -> _Problem | None:
     return None
 
 
+def _subclass_fix(item: Any, where: _Where) -> str | None:
+    """Why a subclass of a storable type is refused, and the fix; ``None`` for any other
+    type, which the type's name and the list of storable types explain."""
+    kind = type(item).__name__
+    if isinstance(item, enum.Enum):
+        fix = f"store its .value and rebuild it with {kind}(value) when reading it"
+        return f"{where.path()}: {kind}.{item.name}, an enum member, cannot be stored; {fix}"
+    base = next(
+        (b for b in _BASES if isinstance(item, b)), dict if isinstance(item, Mapping) else None
+    )
+    if base is None:
+        return None
+    if base is tuple and hasattr(item, "_asdict"):
+        fix = f"store x._asdict() (or tuple(x)) and rebuild it with {kind}(**d)"
+    else:
+        fix = f"store {base.__name__}(x)"
+    return (
+        f"{where.path()}: this {kind} would come back as a plain {base.__name__} after a "
+        f"resume, losing what the {kind} adds; {fix}"
+    )
+
+
 def _children(item: Any, where: _Where) -> list[tuple[Any, _Where]] | None:
     """The items of a container with where they are (a map's keys too), else ``None``."""
-    if isinstance(item, Mapping):
+    if isinstance(item, dict):
         children = []
         for key, child in item.items():
             shown = _show(key)
@@ -105,6 +130,19 @@ def _scalar_problem(item: Any, where: _Where) -> _Problem | None:
             f"{where.path()}: an int of {item.bit_length()} bits cannot be stored, ints must "
             "fit in 64 bits (-2**63 to 2**64-1); store it as a string, str(n), and convert it "
             "back with int() when reading it",
+        )
+    if (
+        type(item) is dt.datetime
+        and item.tzinfo is not None
+        and type(item.tzinfo) is not dt.timezone
+    ):
+        return _Problem(
+            where.path(),
+            type(item).__name__,
+            f"{where.path()}: a datetime in zone {item.tzinfo} would come back at a fixed UTC "
+            f"offset ({item.strftime('%z') or 'none'}), blind to the zone's daylight-saving "
+            "changes; store it in UTC, value.astimezone(datetime.UTC), and the zone's name "
+            "apart if it matters",
         )
     if isinstance(item, str):
         try:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from agentq.records import ThreadMeta
@@ -11,7 +11,7 @@ from agentq.records import ThreadMeta
 class Agent(Protocol):
     """What the driver needs of the task it drives; the Celery side stays in the task.
 
-    Nodes are the agent's methods, looked up by name.
+    Nodes are the agent's methods, looked up by name with :meth:`find_node`.
     """
 
     @property
@@ -34,3 +34,6 @@ class Agent(Protocol):
         self, thread_id: str, step: int, node: str, limit_waits: Sequence[dict[str, Any]]
     ) -> None: ...
     def resend(self, meta: ThreadMeta) -> Any: ...
+    def find_node(self, name: str) -> Callable[..., Any] | None:
+        """The node called ``name``, bound to the agent; ``None`` if it defines none."""
+        ...

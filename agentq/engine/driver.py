@@ -461,10 +461,10 @@ class Driver:
             leave(self._calls, token, seat)
 
     def _call(self, node: str, run: Run, input: Any) -> Any:
-        fn = getattr(self.task, node, None)
-        if not callable(fn) or node.startswith("_"):
+        fn = self.task.find_node(node)
+        if fn is None:
             raise UnknownNode(
-                f"node {node!r} is not a method of {type(self.task).__name__}; define it or "
+                f"node {node!r} is not a node of {type(self.task).__name__}; define it or "
                 "return the name of an existing node",
                 thread_id=self.thread_id,
                 step=run.step,

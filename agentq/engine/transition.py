@@ -26,6 +26,15 @@ def checkpoint_after(
     if isinstance(outcome, Done):
         next_node, status, extra["result"] = None, Status.DONE, outcome.result
     elif isinstance(outcome, Interrupt):
+        if not isinstance(outcome.resume_at, str):
+            # Stored, the thread would wait for a resume that finds no node to go on at.
+            raise UnknownNode(
+                f"node {run.node!r} returned an Interrupt whose resume_at is "
+                f"{type(outcome.resume_at).__name__}, not a node's name; name the node the "
+                "answer continues at: Interrupt(payload, resume_at='node')",
+                thread_id=run.thread_id,
+                step=run.step,
+            )
         next_node, status, extra["interrupt"] = outcome.resume_at, Status.WAITING, outcome.payload
         extra["due_in"] = wait_seconds(outcome.timeout, thread_id=run.thread_id, step=run.step)
     elif isinstance(outcome, str):
@@ -37,6 +46,10 @@ def checkpoint_after(
             thread_id=run.thread_id,
             step=run.step,
         )
+    if isinstance(next_node, str):
+        # A name given as a str subclass (an enum member) as the plain str it holds: the
+        # codec refuses subclasses, and str() of a (str, Enum) member is not its value.
+        next_node = str.__str__(next_node)
     checkpoint = Checkpoint(
         step=run.step,
         node=next_node,

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import collections
+import datetime as dt
+import enum
+import types
+import zoneinfo
+from collections.abc import Hashable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -160,3 +165,92 @@ def test_a_refused_result_or_log_item_leaves_the_store_unchanged(
     assert info.value.path == "result.id"
     assert snapshot(store) == before
     assert store.latest("t1") == first
+
+
+# -- values that would come back as another type or value are refused -----------------------
+
+
+class Color(str, enum.Enum):  # noqa: UP042  # str() of a member is "Color.RED"
+    RED = "red"
+
+
+class Stage(enum.StrEnum):
+    REVIEW = "review"
+
+
+class Priority(enum.IntEnum):
+    HIGH = 1
+
+
+Point = collections.namedtuple("Point", "x y")
+
+
+@pytest.mark.parametrize(
+    ("value", "fix"),
+    [
+        (Color.RED, "Color(value)"),
+        (Stage.REVIEW, "Stage(value)"),
+        (Priority.HIGH, "Priority(value)"),
+        (Point(1, 2), "._asdict()"),
+        (collections.defaultdict(list, a=[1]), "dict("),
+        (collections.OrderedDict(a=1), "dict("),
+        (collections.Counter("aab"), "dict("),
+        (types.MappingProxyType({"a": 1}), "dict("),
+    ],
+    ids=[
+        "str-enum",
+        "StrEnum",
+        "IntEnum",
+        "namedtuple",
+        "defaultdict",
+        "OrderedDict",
+        "Counter",
+        "mappingproxy",
+    ],
+)
+def test_a_subclass_is_refused_rather_than_stored_as_its_base_type(value: Any, fix: str) -> None:
+    """A worker that goes on from a step keeps the value it holds; one that resumes the
+    thread after a crash reads the stored one: a named tuple would lose its fields there,
+    a defaultdict its default, an enum member its type (a (str, Enum) one its value)."""
+    with pytest.raises(UnserializableState) as info:
+        encode_checkpoint("t1", cp(1, 1, rows=[{"v": value}]))
+    assert info.value.path == "state.rows[0].v"
+    assert type(value).__name__ in str(info.value) and fix in str(info.value)
+    if isinstance(value, Hashable):
+        with pytest.raises(UnserializableState) as info:
+            encode_checkpoint("t1", cp(1, 1, by={value: 1}))
+        assert info.value.path == f"state.by[{value!r}] (a key)"
+
+
+def test_a_refused_subclass_leaves_the_stored_thread_unchanged(
+    store: SQLiteStore, token: int
+) -> None:
+    first = cp(0, token, color="red")
+    store.commit("t1", token, first)
+    before = snapshot(store)
+    with pytest.raises(UnserializableState) as info:
+        store.commit("t1", token, cp(1, token, color=Color.RED))
+    assert (info.value.thread_id, info.value.step, info.value.path) == ("t1", 1, "state.color")
+    assert snapshot(store) == before and store.latest("t1") == first
+
+
+# -- datetimes keep their zone or are refused ------------------------------------------------
+
+
+def test_a_datetime_in_a_named_zone_is_refused_rather_than_fixed_to_its_offset() -> None:
+    """Stored as its ISO text it would come back at a fixed UTC offset: a day added to it
+    after a resume would miss the zone's daylight-saving change."""
+    paris = dt.datetime(2026, 3, 28, 12, tzinfo=zoneinfo.ZoneInfo("Europe/Paris"))
+    with pytest.raises(UnserializableState) as info:
+        encode_checkpoint("t1", cp(1, 1, meeting={"at": paris}))
+    assert info.value.path == "state.meeting.at"
+    assert "Europe/Paris" in str(info.value) and "astimezone(datetime.UTC)" in str(info.value)
+    # Fixed offsets, UTC among them, and naive datetimes come back exactly as they were.
+    kept = {
+        "utc": paris.astimezone(dt.UTC),
+        "offset": paris.astimezone(dt.timezone(dt.timedelta(hours=1))),
+        "naive": paris.replace(tzinfo=None),
+    }
+    back = decode_checkpoint("t1", encode_checkpoint("t1", cp(1, 1, **kept)).snapshot).state
+    assert back == kept
+    assert {k: v.tzinfo for k, v in back.items()} == {k: v.tzinfo for k, v in kept.items()}

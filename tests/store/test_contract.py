@@ -1103,6 +1103,28 @@ def test_future_format_version_is_refused_and_the_previous_one_still_loads(
     assert store.checkpoint("t1", 0).state == {"n": 0}
 
 
+def test_a_future_version_that_stores_a_new_value_type_asks_for_an_upgrade(
+    store: Store,
+) -> None:
+    """A newer agentq may store a type this one has no ext code for: its checkpoints are
+    newer, not damaged, and must not send the operator to restore a backup or fork."""
+    token = started(store)
+    store.commit("t1", token, cp(0, token, n=0))
+    store.commit("t1", token, cp(1, token, n=1))
+    newer = {"v": 99, "step": 1, "state": {"price": msgpack.ExtType(42, b"9.99")}}
+    overwrite_checkpoint(store, "t1", 1, msgpack.packb(newer))
+    before = snapshot(store)
+    with pytest.raises(UnsupportedVersion, match="upgrade agentq") as info:
+        store.latest("t1")
+    assert (info.value.thread_id, info.value.step) == ("t1", 1)
+    assert snapshot(store) == before
+    assert store.checkpoint("t1", 0).state == {"n": 0}
+    # An unknown value type in a checkpoint of this version is damage, as before.
+    overwrite_checkpoint(store, "t1", 1, msgpack.packb({**newer, "v": 1}))
+    with pytest.raises(CorruptCheckpoint):
+        store.latest("t1")
+
+
 # -- control from outside the driver -----------------------------------------------------
 
 

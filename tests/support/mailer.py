@@ -97,6 +97,10 @@ class Mailer:
     def resend(self, meta: ThreadMeta) -> None:
         pass
 
+    def find_node(self, name: str) -> Callable[..., Any] | None:
+        node = getattr(self, name, None) if not name.startswith("_") else None
+        return node if callable(node) else None
+
 
 def drive(agent: Mailer, thread_id: str, store: RedisStore, settings: Settings) -> Any:
     """One driver's run of the thread, as one task would make it."""

@@ -38,8 +38,6 @@ _EXT_DATE = 5
 
 _COLLECTION_EXT: dict[type, int] = {tuple: _EXT_TUPLE, set: _EXT_SET, frozenset: _EXT_FROZENSET}
 _TIME_EXT: dict[type, int] = {dt.datetime: _EXT_DATETIME, dt.date: _EXT_DATE}
-_FIXED_ZONES = (type(None), dt.timezone)
-"""A datetime's ``tzinfo`` types its ISO text keeps exactly: naive, or a fixed offset."""
 
 
 def _default(obj: Any) -> Any:
@@ -52,10 +50,6 @@ def _default(obj: Any) -> Any:
         return msgpack.ExtType(code, _pack(list(obj)))
     code = _TIME_EXT.get(kind)
     if code is not None:
-        if kind is dt.datetime and type(obj.tzinfo) not in _FIXED_ZONES:
-            # ISO text keeps the offset, not the zone (ZoneInfo, pytz): it would come
-            # back at a fixed offset, blind to the zone's daylight-saving changes.
-            raise TypeError(f"cannot store a datetime in zone {obj.tzinfo}")
         return msgpack.ExtType(code, obj.isoformat().encode())
     raise TypeError(f"cannot store {kind.__name__}")
 

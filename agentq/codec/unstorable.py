@@ -131,19 +131,6 @@ def _scalar_problem(item: Any, where: _Where) -> _Problem | None:
             "fit in 64 bits (-2**63 to 2**64-1); store it as a string, str(n), and convert it "
             "back with int() when reading it",
         )
-    if (
-        type(item) is dt.datetime
-        and item.tzinfo is not None
-        and type(item.tzinfo) is not dt.timezone
-    ):
-        return _Problem(
-            where.path(),
-            type(item).__name__,
-            f"{where.path()}: a datetime in zone {item.tzinfo} would come back at a fixed UTC "
-            f"offset ({item.strftime('%z') or 'none'}), blind to the zone's daylight-saving "
-            "changes; store it in UTC, value.astimezone(datetime.UTC), and the zone's name "
-            "apart if it matters",
-        )
     if isinstance(item, str):
         try:
             item.encode()

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import collections
-import datetime as dt
 import enum
 import types
-import zoneinfo
 from collections.abc import Hashable, Iterator
 from pathlib import Path
 from typing import Any
@@ -232,25 +230,3 @@ def test_a_refused_subclass_leaves_the_stored_thread_unchanged(
         store.commit("t1", token, cp(1, token, color=Color.RED))
     assert (info.value.thread_id, info.value.step, info.value.path) == ("t1", 1, "state.color")
     assert snapshot(store) == before and store.latest("t1") == first
-
-
-# -- datetimes keep their zone or are refused ------------------------------------------------
-
-
-def test_a_datetime_in_a_named_zone_is_refused_rather_than_fixed_to_its_offset() -> None:
-    """Stored as its ISO text it would come back at a fixed UTC offset: a day added to it
-    after a resume would miss the zone's daylight-saving change."""
-    paris = dt.datetime(2026, 3, 28, 12, tzinfo=zoneinfo.ZoneInfo("Europe/Paris"))
-    with pytest.raises(UnserializableState) as info:
-        encode_checkpoint("t1", cp(1, 1, meeting={"at": paris}))
-    assert info.value.path == "state.meeting.at"
-    assert "Europe/Paris" in str(info.value) and "astimezone(datetime.UTC)" in str(info.value)
-    # Fixed offsets, UTC among them, and naive datetimes come back exactly as they were.
-    kept = {
-        "utc": paris.astimezone(dt.UTC),
-        "offset": paris.astimezone(dt.timezone(dt.timedelta(hours=1))),
-        "naive": paris.replace(tzinfo=None),
-    }
-    back = decode_checkpoint("t1", encode_checkpoint("t1", cp(1, 1, **kept)).snapshot).state
-    assert back == kept
-    assert {k: v.tzinfo for k, v in back.items()} == {k: v.tzinfo for k, v in kept.items()}

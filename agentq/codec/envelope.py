@@ -1,8 +1,9 @@
 """msgpack encoding of checkpoints and stored values, with a versioned envelope.
 
 Beyond msgpack's own types, tuples, sets, frozensets, datetimes and dates round-trip as
-ext types. Nothing else is accepted, subclasses of these types neither (they would come
-back as the base type), and decoding never runs code: there is no pickle.
+ext types. Nothing else is accepted, nor subclasses of these types, which would come back
+as the base type, save texts and numbers, stored as their plain value. Decoding never runs
+code: there is no pickle.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 
 import msgpack
 
-from agentq.codec.unstorable import unserializable
+from agentq.codec.unstorable import plain_scalar, unserializable
 from agentq.errors import (
     CheckpointTooLarge,
     CorruptCheckpoint,
@@ -44,6 +45,7 @@ def _default(obj: Any) -> Any:
     # By exact type: strict_types sends every subclass here too (a named tuple, a
     # defaultdict, an enum member), and stored as its base type it would come back as
     # another type after a resume, or as another value (str() of a (str, Enum) member).
+    # Only texts and numbers are stored as their plain value.
     kind = type(obj)
     code = _COLLECTION_EXT.get(kind)
     if code is not None:
@@ -51,6 +53,9 @@ def _default(obj: Any) -> Any:
     code = _TIME_EXT.get(kind)
     if code is not None:
         return msgpack.ExtType(code, obj.isoformat().encode())
+    plain = plain_scalar(obj)
+    if plain is not None:
+        return plain
     raise TypeError(f"cannot store {kind.__name__}")
 
 

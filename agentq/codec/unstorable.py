@@ -67,7 +67,7 @@ def _find_problem(value: Any, path: str) -> _Problem | None:
         problem = _scalar_problem(item, where)
         if problem is not None:
             return problem
-        if type(item) not in _STORABLE:
+        if type(item) not in _STORABLE and plain_scalar(item) is None:
             return _Problem(where.path(), type(item).__name__, _subclass_fix(item, where))
         children = _children(item, where)
         if children is None:
@@ -82,6 +82,22 @@ def _find_problem(value: Any, path: str) -> _Problem | None:
         on_path.add(id(item))
         stack.append((item, where, True))
         stack.extend((child, at, False) for child, at in reversed(children))
+    return None
+
+
+def plain_scalar(obj: object) -> str | int | float | None:
+    """The plain value of a text or number of a subclass (numpy's ``float64``, a ``str``
+    subclass of a library), which comes back equal and behaves the same; ``None`` for
+    anything else, enum members included, whose type is what they mean."""
+    if isinstance(obj, enum.Enum):
+        return None
+    # The base type's own conversion: a subclass may override __str__ or __float__.
+    if isinstance(obj, str):
+        return str.__str__(obj)
+    if isinstance(obj, int):
+        return int.__int__(obj)
+    if isinstance(obj, float):
+        return float.__float__(obj)
     return None
 
 

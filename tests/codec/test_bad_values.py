@@ -220,6 +220,27 @@ def test_a_subclass_is_refused_rather_than_stored_as_its_base_type(value: Any, f
         assert info.value.path == f"state.by[{value!r}] (a key)"
 
 
+class Score(float):
+    """Like numpy's float64: a number whose type adds nothing the state needs."""
+
+    def __str__(self) -> str:
+        return "score"
+
+
+class Label(str):
+    def __str__(self) -> str:
+        return "label"
+
+
+def test_a_text_or_number_of_a_subclass_is_stored_as_its_plain_value() -> None:
+    """The same value comes back, as the plain type: not what the subclass's __str__
+    says, and not refused like an enum member, whose type is its meaning."""
+    encoded = encode_checkpoint("t1", cp(1, 1, score=Score(0.25), label=Label("x")))
+    stored = decode_checkpoint("t1", encoded.snapshot)
+    assert stored.state == {"score": 0.25, "label": "x"}
+    assert type(stored.state["score"]) is float and type(stored.state["label"]) is str
+
+
 def test_a_refused_subclass_leaves_the_stored_thread_unchanged(
     store: SQLiteStore, token: int
 ) -> None:

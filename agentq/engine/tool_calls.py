@@ -18,7 +18,7 @@ from agentq.engine import aio, limits, tracing
 from agentq.engine.backoff import retry_after
 from agentq.engine.store_retry import RetriedCalls
 from agentq.engine.tool_policy import DID_NOT_RUN, ToolPolicy, policy_of
-from agentq.errors import InvalidArgument, LimitError, NeedsAttention
+from agentq.errors import InvalidArgument, InvalidInput, LimitError, NeedsAttention
 from agentq.ids import downstream_key
 from agentq.outcomes import LimitWait
 from agentq.records import ClaimOutcome, Effect
@@ -134,7 +134,7 @@ class ToolCalls:
                 step=self.step,
             )
         with tracing.tool_span(self.thread_id, self.step, tool_name(fn), self._token) as note:
-            call = self._call(fn, kwargs, options)
+            call = self._call(fn, args, kwargs, options)
             held = await offload(
                 self._ready,
                 call,
@@ -170,8 +170,15 @@ class ToolCalls:
                 raise asyncio.CancelledError
             return recorded
 
-    def _call(self, fn: Callable[..., Any], kwargs: dict[str, Any], options: Options) -> _Call:
-        """The call's key, policy and arguments, numbered in call order."""
+    def _call(
+        self,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        options: Options,
+    ) -> _Call:
+        """The call's key, policy and arguments, numbered in call order; arguments that do
+        not fit ``fn`` raise :class:`~agentq.errors.InvalidInput`."""
         declared = policy_of(fn)
         policy = ToolPolicy(
             idempotent=declared.idempotent if options.idempotent is None else options.idempotent,
@@ -189,11 +196,28 @@ class ToolCalls:
         )
         # Names this call, so that a claim resent after a lost reply is known as ours.
         call = _Call(key, downstream, uuid.uuid4().hex, policy, dict(kwargs))
-        parameters = inspect.signature(fn).parameters
-        if "idempotency_key" in parameters:
+        signature = inspect.signature(fn)
+        if "idempotency_key" in signature.parameters:
             call.kwargs["idempotency_key"] = downstream
-        if "fencing_token" in parameters:
+        if "fencing_token" in signature.parameters:
             call.kwargs["fencing_token"] = self._token
+        try:
+            signature.bind(*args, **call.kwargs)
+        except TypeError as exc:
+            # Before the claim: a call the tool cannot even take never ran, and a claim
+            # left pending would stop the retried thread for a person over it.
+            params = signature.parameters
+            takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
+            # A misspelt name is the likelier mistake: name it before the one it misses.
+            unknown = [] if takes_any else [name for name in kwargs if name not in params]
+            problem = f"unexpected keyword argument(s) {unknown}" if unknown else str(exc)
+            raise InvalidInput(
+                f"tool {tool_name(fn)}{signature} cannot take these arguments ({problem}); "
+                f"nothing was claimed nor run: pass the arguments it declares (a model's "
+                "tool call naming other ones can be caught as TypeError and answered)",
+                thread_id=self.thread_id,
+                step=self.step,
+            ) from exc
         return call
 
     def _unrecorded(self, call: _Call) -> bool:

@@ -1,0 +1,125 @@
+"""Mistakes in a node's tool calls that the engine can see before or right after the tool,
+refused with an error that names the thread, the step and the fix, and recorded so that
+the next run neither stops for a person over a call that never ran nor runs one twice.
+Each runs on both stores."""
+
+from __future__ import annotations
+
+import inspect
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agentq import Done, Run, Status
+from agentq.engine.driver import Driver
+from agentq.errors import InvalidInput
+from agentq.records import ThreadMeta
+from agentq.settings import Settings
+from agentq.store.contract import Store
+from agentq.store.redis.store import RedisStore
+from agentq.store.sqlite.store import SQLiteStore
+from tests.support.redis_server import RedisServer
+
+
+@pytest.fixture(params=["redis", "sqlite"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    made: Store
+    if request.param == "redis":
+        server: RedisServer = request.getfixturevalue("redis_server")
+        made = RedisStore.from_url(server.url, prefix=f"tm{uuid.uuid4().hex[:8]}:")
+    else:
+        made = SQLiteStore(tmp_path / "agentq.db")
+    with made:
+        yield made
+
+
+class Agent:
+    """One node, ``node(agent, run)``; the calls its tools make are kept in ``calls``."""
+
+    name = "tests.tool_call_mistakes"
+    entry_node = "go"
+    append_only: tuple[str, ...] = ()
+
+    def __init__(self, node: Callable[[Agent, Run], Any]) -> None:
+        self.node = node
+        if inspect.iscoroutinefunction(node):
+            self.entry_node = "ago"
+        self.calls: list[Any] = []
+
+    def go(self, run: Run) -> Any:
+        return self.node(self, run)
+
+    async def ago(self, run: Run) -> Any:
+        return await self.node(self, run)
+
+    def should_retry(self, exc: BaseException) -> bool:
+        return False
+
+    def on_step(
+        self,
+        thread_id: str,
+        step: int,
+        node: str,
+        next_node: str | None,
+        *,
+        limit_waits: Sequence[dict[str, Any]] = (),
+    ) -> None:
+        pass
+
+    def on_limit_wait(
+        self, thread_id: str, step: int, node: str, limit_waits: Sequence[dict[str, Any]]
+    ) -> None:
+        pass
+
+    def resend(self, meta: ThreadMeta) -> None:
+        pass
+
+
+def drive(agent: Agent, store: Store, thread_id: str = "t1") -> Any:
+    return Driver(agent, thread_id, store, Settings(store=store), lambda: False).drive()
+
+
+def _meta(store: Store, thread_id: str = "t1") -> ThreadMeta:
+    meta = store.meta(thread_id)
+    assert meta is not None
+    return meta
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["tool", "atool"])
+def test_arguments_the_tool_does_not_take_are_refused_before_the_call_is_claimed(
+    store: Store, asynchronous: bool
+) -> None:
+    """A model's tool call naming an argument the tool does not have: the tool cannot have
+    run, so no claim may say it might have. Fixed and retried, the thread makes the call
+    (rather than stop in needs_attention), once."""
+
+    def send(to: str) -> str:
+        agent.calls.append(to)
+        return f"sent to {to}"
+
+    async def asend(to: str) -> str:
+        return send(to)
+
+    def go(agent: Agent, run: Run) -> Done:
+        return Done(run.tool(send, key="call-1", **arguments))
+
+    async def ago(agent: Agent, run: Run) -> Done:
+        return Done(await run.atool(asend, key="call-1", **arguments))
+
+    arguments: dict[str, Any] = {"too": "a@example.com"}  # the model misspelt it
+    agent = Agent(ago if asynchronous else go)
+    store.open_thread("t1", task=agent.name)
+    with pytest.raises(InvalidInput) as refused:
+        drive(agent, store)
+    assert (refused.value.thread_id, refused.value.step) == ("t1", 0)
+    assert "'too'" in str(refused.value) and "send" in str(refused.value)
+    assert isinstance(refused.value, TypeError)  # a node catching TypeError still does
+    assert store.effect("t1", "call-1") is None
+    assert _meta(store).status == Status.FAILED
+    arguments = {"to": "a@example.com"}
+    store.reopen("t1", from_statuses={Status.FAILED}, start_grace=0)
+    assert drive(agent, store) == "sent to a@example.com"
+    assert agent.calls == ["a@example.com"]

@@ -14,11 +14,18 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, TypeVar
 
+from agentq.codec.unstorable import unserializable
 from agentq.engine import aio, limits, tracing
 from agentq.engine.backoff import retry_after
 from agentq.engine.store_retry import RetriedCalls
 from agentq.engine.tool_policy import DID_NOT_RUN, ToolPolicy, policy_of
-from agentq.errors import InvalidArgument, InvalidInput, LimitError, NeedsAttention
+from agentq.errors import (
+    InvalidArgument,
+    InvalidInput,
+    LimitError,
+    NeedsAttention,
+    UnserializableState,
+)
 from agentq.ids import downstream_key
 from agentq.outcomes import LimitWait
 from agentq.records import ClaimOutcome, Effect
@@ -195,7 +202,7 @@ class ToolCalls:
             incarnation=self._incarnation,
         )
         # Names this call, so that a claim resent after a lost reply is known as ours.
-        call = _Call(key, downstream, uuid.uuid4().hex, policy, dict(kwargs))
+        call = _Call(key, downstream, uuid.uuid4().hex, policy, dict(kwargs), tool_name(fn))
         signature = inspect.signature(fn)
         if "idempotency_key" in signature.parameters:
             call.kwargs["idempotency_key"] = downstream
@@ -365,16 +372,45 @@ class ToolCalls:
         return NeedsAttention(message, thread_id=thread_id, step=self.step, key=key, tool=name)
 
     def _record(self, call: _Call, result: Any) -> Any:
-        self._store_calls(
-            "recording a tool call",
-            self._store.complete_effect,
-            self.thread_id,
-            call.key,
-            self._token,
-            result,
-            shared=call.policy.shared,
-        )
+        try:
+            self._store_calls(
+                "recording a tool call",
+                self._store.complete_effect,
+                self.thread_id,
+                call.key,
+                self._token,
+                result,
+                shared=call.policy.shared,
+            )
+        except UnserializableState as exc:
+            raise self._unstorable(call, result, exc) from exc
         return result
+
+    def _unstorable(
+        self, call: _Call, result: Any, exc: UnserializableState
+    ) -> UnserializableState:
+        """The store's refusal of a result, said for the node: the step, and that the call
+        ran, so its claim stays pending (a retry must not guess that it did nothing)."""
+        what = f"tool {call.tool} result (key {call.key!r})"
+        found = unserializable(result, what, exc.__cause__ or exc, thread_id=None, step=None)
+        shared = " --shared" if call.policy.shared else ""
+        if call.policy.idempotent or call.policy.reconcile:
+            then = (
+                "its policy settles the call when the thread runs again, once the code is "
+                f"fixed: agentq retry {self.thread_id}"
+            )
+        else:
+            then = (
+                "as it ran, its outcome is left unknown: settle it once the code is fixed, "
+                f"agentq resolve {self.thread_id} {call.key}{shared} --result JSON (what it "
+                "returned) or --did-not-run"
+            )
+        return UnserializableState(
+            f"{found.args[0]}; {then}",
+            path=found.path,
+            thread_id=self.thread_id,
+            step=self.step,
+        )
 
     def _settle_result(
         self, call: _Call, held: limits.Held | None, result: Any, options: Options
@@ -454,6 +490,8 @@ class _Call:
     claim_id: str
     policy: ToolPolicy
     kwargs: dict[str, Any]
+    tool: str
+    """The tool's name, for the errors that name the call."""
     recorded: Any = _UNSETTLED
     """The outcome already recorded (a replay) or reconciled, if any."""
     cancelled: bool = False

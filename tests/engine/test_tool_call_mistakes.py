@@ -15,7 +15,7 @@ import pytest
 
 from agentq import Done, Run, Status
 from agentq.engine.driver import Driver
-from agentq.errors import InvalidInput
+from agentq.errors import InvalidInput, UnserializableState
 from agentq.records import ThreadMeta
 from agentq.settings import Settings
 from agentq.store.contract import Store
@@ -123,3 +123,34 @@ def test_arguments_the_tool_does_not_take_are_refused_before_the_call_is_claimed
     store.reopen("t1", from_statuses={Status.FAILED}, start_grace=0)
     assert drive(agent, store) == "sent to a@example.com"
     assert agent.calls == ["a@example.com"]
+
+
+class _Receipt:
+    """What a client library returns: not plain data."""
+
+
+def test_a_result_that_cannot_be_stored_names_the_step_and_how_to_settle_the_call(
+    store: Store,
+) -> None:
+    """The tool ran, so its call stays claimed with no outcome (running it again could
+    repeat it), and the error says so: where, what to return instead, how to settle it."""
+
+    def charge(amount: int) -> _Receipt:
+        agent.calls.append(amount)
+        return _Receipt()
+
+    def go(agent: Agent, run: Run) -> Done:
+        return Done(run.tool(charge, 12, key="charge-1"))
+
+    agent = Agent(go)
+    store.open_thread("t1", task=agent.name)
+    with pytest.raises(UnserializableState) as refused:
+        drive(agent, store)
+    assert (refused.value.thread_id, refused.value.step) == ("t1", 0)
+    message = str(refused.value)
+    assert "_Receipt cannot be stored" in message and "charge" in message
+    assert "agentq resolve t1 charge-1 --result JSON" in message
+    assert agent.calls == [12]
+    effect = store.effect("t1", "charge-1")
+    assert effect is not None and effect.state == "pending"
+    assert _meta(store).status == Status.FAILED

@@ -77,7 +77,9 @@ class ToolCalls:
         options: Options,
     ) -> Any:
         """A plain function's call, made in the node's thread."""
-        if inspect.iscoroutinefunction(fn):
+        # An object with ``async def __call__`` is one too, which iscoroutinefunction
+        # (3.11) does not see on the object itself.
+        if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(type(fn).__call__):
             raise InvalidArgument(
                 f"tool {tool_name(fn)} is a coroutine function; in an async node call it with "
                 "await run.atool(...) (await agentq.langgraph.atool_call(...) in a graph)",
@@ -93,7 +95,7 @@ class ToolCalls:
                 "async def tool: it waits without holding the loop, and the store's round "
                 "trips run off it"
             )
-        return _drive(self._effect(fn, args, kwargs, options, _inline, _called_plain))
+        return _drive(self._effect(fn, args, kwargs, options, _inline, self._called_plain))
 
     async def awaited(
         self,
@@ -176,6 +178,25 @@ class ToolCalls:
             if call.cancelled:
                 raise asyncio.CancelledError
             return recorded
+
+    async def _called_plain(
+        self, call: _Call, fn: Callable[..., Any], args: tuple[Any, ...]
+    ) -> Any:
+        result = fn(*args, **call.kwargs)
+        if inspect.iscoroutine(result):
+            # Returned by a plain callable (a lambda around an async client): run.tool
+            # cannot await it, and left alone it would be taken for the tool's unstorable
+            # result, its claim left pending over a call that never happened.
+            call.never_started = inspect.getcoroutinestate(result) == inspect.CORO_CREATED
+            result.close()
+            raise InvalidArgument(
+                f"tool {call.tool} returned a coroutine, which run.tool cannot await; make "
+                "the call with await run.atool(...) in an async node (await "
+                "agentq.langgraph.atool_call(...) in a graph)",
+                thread_id=self.thread_id,
+                step=self.step,
+            )
+        return result
 
     def _call(
         self,
@@ -441,7 +462,7 @@ class ToolCalls:
     def _failed(self, call: _Call, exc: Exception) -> None:
         # Only a refusal that names when to come back proves nothing happened: retry_on
         # often lists timeouts too, and a timeout can come after the effect.
-        if self._retryable(exc) and retry_after(exc) is not None:
+        if call.never_started or (self._retryable(exc) and retry_after(exc) is not None):
             self._drop_claim(call, repr(exc))
 
     def _drop_claim(self, call: _Call, why: str) -> None:
@@ -496,6 +517,9 @@ class _Call:
     """The outcome already recorded (a replay) or reconciled, if any."""
     cancelled: bool = False
     """Whether the node cancelled the call while its tool ran, which then ran to its end."""
+    never_started: bool = False
+    """Whether the tool's call gave a coroutine, closed before it ever ran (``run.tool`` on
+    a lambda around an ``async def``): nothing can have happened, so its claim goes."""
 
 
 async def _inline(fn: Callable[..., Any], *args: Any, undo: object = None) -> Any:
@@ -540,10 +564,6 @@ def _cancel_wins(call: _Call) -> Iterator[None]:
         if call.cancelled:
             raise asyncio.CancelledError from exc
         raise
-
-
-async def _called_plain(call: _Call, fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
-    return fn(*args, **call.kwargs)
 
 
 async def _called_awaited(call: _Call, fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:

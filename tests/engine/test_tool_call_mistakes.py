@@ -15,7 +15,7 @@ import pytest
 
 from agentq import Done, Run, Status
 from agentq.engine.driver import Driver
-from agentq.errors import InvalidInput, UnserializableState
+from agentq.errors import InvalidArgument, InvalidInput, UnserializableState
 from agentq.records import ThreadMeta
 from agentq.settings import Settings
 from agentq.store.contract import Store
@@ -154,3 +154,44 @@ def test_a_result_that_cannot_be_stored_names_the_step_and_how_to_settle_the_cal
     effect = store.effect("t1", "charge-1")
     assert effect is not None and effect.state == "pending"
     assert _meta(store).status == Status.FAILED
+
+
+class _AsyncClient:
+    """A tool object whose call is a coroutine: ``async def __call__``."""
+
+    def __init__(self, agent: Agent) -> None:
+        self.agent = agent
+
+    async def __call__(self, to: str) -> str:
+        self.agent.calls.append(to)
+        return f"sent to {to}"
+
+
+@pytest.mark.parametrize("made", ["lambda", "object"])
+def test_a_plain_call_of_a_coroutine_is_refused_and_leaves_no_claim(
+    store: Store, made: str
+) -> None:
+    """``run.tool`` on something whose call gives a coroutine (a lambda around an async
+    client, an object with ``async def __call__``) never runs it: its claim is not left
+    to say it may have, nor is a coroutine left never awaited, and the error says to
+    await ``run.atool``. Fixed, the call is made once."""
+    client = _AsyncClient(agent := Agent(lambda agent, run: None))
+    tool: Any = (lambda to: client(to)) if made == "lambda" else client
+
+    def go(agent: Agent, run: Run) -> Done:
+        return Done(run.tool(tool, "a@example.com", key="mail-1"))
+
+    async def ago(agent: Agent, run: Run) -> Done:
+        return Done(await run.atool(tool, "a@example.com", key="mail-1"))
+
+    agent.node = go
+    store.open_thread("t1", task=agent.name)
+    with pytest.raises(InvalidArgument, match=r"await run\.atool") as refused:
+        drive(agent, store)
+    assert (refused.value.thread_id, refused.value.step) == ("t1", 0)
+    assert store.effect("t1", "mail-1") is None
+    assert agent.calls == []
+    agent.node, agent.entry_node = ago, "ago"
+    store.reopen("t1", from_statuses={Status.FAILED}, start_grace=0)
+    assert drive(agent, store) == "sent to a@example.com"
+    assert agent.calls == ["a@example.com"]

@@ -350,7 +350,7 @@ class ToolCalls:
             key = call.key
             if not (policy.idempotent or policy.reconcile):
                 raise self._needs_attention(call, tool_name(fn), claim.effect.token)
-            self._store_calls(
+            taken = self._store_calls(
                 "taking a tool call over",
                 store.claim_effect,
                 thread_id,
@@ -361,6 +361,12 @@ class ToolCalls:
                 claim_id=call.claim_id,
                 tool=tool_name(fn),
             )
+            if taken.outcome == ClaimOutcome.DONE:
+                # Recorded since the first claim (a shared key's other claimant finished
+                # its call meanwhile): that outcome is the call's, and running it again
+                # would end in a record refused as another driver's.
+                call.recorded = taken.effect.result
+                return
             if policy.reconcile is not None:
                 found = policy.reconcile(call.downstream, *args, **kwargs)
                 if found is not DID_NOT_RUN:

@@ -195,3 +195,61 @@ def test_a_plain_call_of_a_coroutine_is_refused_and_leaves_no_claim(
     store.reopen("t1", from_statuses={Status.FAILED}, start_grace=0)
     assert drive(agent, store) == "sent to a@example.com"
     assert agent.calls == ["a@example.com"]
+
+
+class _OtherThreadRecordsFirst:
+    """A store on which thread ``a``, whose claim on the shared key ``invoice-1`` a call
+    of thread ``t1`` just found pending, records its result before ``t1`` takes the claim
+    over: the moment between the two claims, made to happen every time."""
+
+    a_token = 0
+
+    def claim_effect(self, *args: Any, **kwargs: Any) -> Any:
+        claim = super().claim_effect(*args, **kwargs)  # type: ignore[misc]
+        if args[0] == "t1" and claim.outcome == "unknown":
+            self.complete_effect(  # type: ignore[attr-defined]
+                "a", "invoice-1", self.a_token, {"id": "in_a"}, shared=True
+            )
+        return claim
+
+
+class _RedisRecordsFirst(_OtherThreadRecordsFirst, RedisStore):
+    pass
+
+
+class _SQLiteRecordsFirst(_OtherThreadRecordsFirst, SQLiteStore):
+    pass
+
+
+@pytest.mark.parametrize("backend", ["redis", "sqlite"])
+def test_a_shared_call_recorded_by_another_thread_before_the_takeover_is_replayed(
+    backend: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """An idempotent tool's shared key found pending (thread ``a`` runs the call), then
+    recorded by ``a`` before this thread's takeover: the takeover answers with ``a``'s
+    result, which the call returns, rather than run the tool again and have its record
+    refused (the record is ``a``'s) as if the thread had lost its lease."""
+    made: _OtherThreadRecordsFirst
+    if backend == "redis":
+        server: RedisServer = request.getfixturevalue("redis_server")
+        made = _RedisRecordsFirst.from_url(server.url, prefix=f"tm{uuid.uuid4().hex[:8]}:")
+    else:
+        made = _SQLiteRecordsFirst(tmp_path / "agentq.db")
+
+    def invoice(customer: str) -> dict[str, str]:
+        agent.calls.append(customer)
+        return {"id": f"in_{customer}"}
+
+    def go(agent: Agent, run: Run) -> Done:
+        return Done(run.tool(invoice, "t1", key="invoice-1", shared=True, idempotent=True))
+
+    agent = Agent(go)
+    with made as store:
+        assert isinstance(store, Store)
+        store.open_thread("a", task=agent.name)
+        made.a_token = store.acquire("a", "w-a", 60)
+        store.claim_effect("a", "invoice-1", made.a_token, shared=True, claim_id="by-a")
+        store.open_thread("t1", task=agent.name)
+        assert drive(agent, store) == {"id": "in_a"}
+        assert agent.calls == []
+        assert _meta(store).status == Status.DONE

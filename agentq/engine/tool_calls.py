@@ -66,6 +66,9 @@ class ToolCalls:
         self._retryable = retryable
         self._take_limits = take_limits
         self._calls = 0
+        self._returned: dict[tuple[str, bool], _Made] = {}
+        """The calls of this node run that returned, by key: another call under one of
+        their keys would get their result back."""
         self.limit_waits: list[dict[str, Any]] = []
         """The calls' waits for their limits, as ``run.limit_waits`` reports them."""
 
@@ -157,6 +160,7 @@ class ToolCalls:
                 if held is not None:
                     await offload(held.release)
                 note(call.key, "replayed")
+                self._returned[call.key, call.policy.shared] = _Made(call.tool, args, kwargs)
                 return call.recorded
             try:
                 result = await invoke(call, fn, args)
@@ -175,6 +179,7 @@ class ToolCalls:
             note(call.key, "called")
             with _cancel_wins(call):
                 recorded = await offload(self._settle_result, call, held, result, options)
+            self._returned[call.key, call.policy.shared] = _Made(call.tool, args, kwargs)
             if call.cancelled:
                 raise asyncio.CancelledError
             return recorded
@@ -246,6 +251,18 @@ class ToolCalls:
                 thread_id=self.thread_id,
                 step=self.step,
             ) from exc
+        made = self._returned.get((key, policy.shared))
+        if made is not None and not made.same(call.tool, args, kwargs):
+            # Its claim would answer with that call's result: this one would never run.
+            differs = "other arguments" if made.tool == call.tool else "another tool"
+            raise InvalidArgument(
+                f"key {key!r} names two different calls in this node: {made.tool} returned "
+                f"under it already, and this call of {call.tool} ({differs}) would get "
+                "that result back without running; give each call its own key "
+                "(the model's tool-call id, or one built from what makes the call unique)",
+                thread_id=self.thread_id,
+                step=self.step,
+            )
         return call
 
     def _unrecorded(self, call: _Call) -> bool:
@@ -526,6 +543,24 @@ class _Call:
     never_started: bool = False
     """Whether the tool's call gave a coroutine, closed before it ever ran (``run.tool`` on
     a lambda around an ``async def``): nothing can have happened, so its claim goes."""
+
+
+@dataclass(frozen=True)
+class _Made:
+    """A call of a node run that returned: its tool and arguments."""
+
+    tool: str
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+
+    def same(self, tool: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        """Whether a call is this one made again (a retried branch of the node)."""
+        try:
+            return tool == self.tool and bool(args == self.args) and bool(kwargs == self.kwargs)
+        except Exception:
+            # Arguments whose == raises or is ambiguous (arrays): not a mistake to refuse
+            # on a guess, so the call replays as before.
+            return tool == self.tool
 
 
 async def _inline(fn: Callable[..., Any], *args: Any, undo: object = None) -> Any:

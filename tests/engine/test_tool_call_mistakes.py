@@ -253,3 +253,30 @@ def test_a_shared_call_recorded_by_another_thread_before_the_takeover_is_replaye
         assert drive(agent, store) == {"id": "in_a"}
         assert agent.calls == []
         assert _meta(store).status == Status.DONE
+
+
+def test_one_key_for_two_different_calls_in_a_node_is_refused(store: Store) -> None:
+    """The second call under a key the node already used would get the first one's
+    recorded result back, its own effect never made: a mail to b reported as sent. The
+    same call again (a retried branch of the node) still gets its result back."""
+
+    def send(to: str) -> str:
+        agent.calls.append(to)
+        return f"sent to {to}"
+
+    def go(agent: Agent, run: Run) -> Done:
+        first = run.tool(send, "a", key="mail")
+        again = run.tool(send, "a", key="mail")
+        return Done([first, again, run.tool(send, "b", key=second_key)])
+
+    second_key = "mail"  # e.g. a model that numbers its tool calls afresh in each reply
+    agent = Agent(go)
+    store.open_thread("t1", task=agent.name)
+    with pytest.raises(InvalidArgument, match=r"key 'mail'.*own key") as refused:
+        drive(agent, store)
+    assert (refused.value.thread_id, refused.value.step) == ("t1", 0)
+    assert agent.calls == ["a"]
+    second_key = "mail-2"
+    store.reopen("t1", from_statuses={Status.FAILED}, start_grace=0)
+    assert drive(agent, store) == ["sent to a", "sent to a", "sent to b"]
+    assert agent.calls == ["a", "b"]

@@ -21,12 +21,13 @@ from agentq.engine.store_retry import RetriedCalls
 from agentq.engine.tool_policy import DID_NOT_RUN, ToolPolicy, policy_of
 from agentq.errors import (
     InvalidArgument,
+    InvalidEffectKey,
     InvalidInput,
     LimitError,
     NeedsAttention,
     UnserializableState,
 )
-from agentq.ids import downstream_key
+from agentq.ids import downstream_key, validate_effect_key
 from agentq.outcomes import LimitWait
 from agentq.records import ClaimOutcome, Effect
 from agentq.store.contract import Store
@@ -220,6 +221,13 @@ class ToolCalls:
         )
         self._calls += 1
         key = options.key if options.key is not None else f"step{self.step}.call{self._calls}"
+        try:
+            validate_effect_key(key, None)
+        except InvalidEffectKey as exc:
+            # The store refuses it too, but naming neither the step nor the call.
+            raise InvalidEffectKey(
+                f"tool {tool_name(fn)}: {exc}", thread_id=self.thread_id, step=self.step
+            ) from exc
         downstream = downstream_key(
             self._store.key_namespace,
             self.thread_id,

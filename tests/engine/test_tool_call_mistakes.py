@@ -15,7 +15,7 @@ import pytest
 
 from agentq import Done, Run, Status
 from agentq.engine.driver import Driver
-from agentq.errors import InvalidArgument, InvalidInput, UnserializableState
+from agentq.errors import InvalidArgument, InvalidEffectKey, InvalidInput, UnserializableState
 from agentq.records import ThreadMeta
 from agentq.settings import Settings
 from agentq.store.contract import Store
@@ -280,3 +280,27 @@ def test_one_key_for_two_different_calls_in_a_node_is_refused(store: Store) -> N
     store.reopen("t1", from_statuses={Status.FAILED}, start_grace=0)
     assert drive(agent, store) == ["sent to a", "sent to a", "sent to b"]
     assert agent.calls == ["a", "b"]
+
+
+@pytest.mark.parametrize(
+    ("key", "problem"),
+    [("mail{1}", "brace"), ("", "empty"), ("mail\n1", r"U\+000A"), (7, "must be a str")],
+    ids=["brace", "empty", "newline", "int"],
+)
+def test_a_key_that_cannot_name_a_record_is_refused_naming_the_call(
+    store: Store, key: Any, problem: str
+) -> None:
+    def send(to: str) -> str:
+        agent.calls.append(to)
+        return f"sent to {to}"
+
+    def go(agent: Agent, run: Run) -> Done:
+        return Done(run.tool(send, "a", key=key))
+
+    agent = Agent(go)
+    store.open_thread("t1", task=agent.name)
+    with pytest.raises(InvalidEffectKey, match=problem) as refused:
+        drive(agent, store)
+    assert (refused.value.thread_id, refused.value.step) == ("t1", 0)
+    assert "send" in str(refused.value)
+    assert agent.calls == [] and store.effects("t1") == []

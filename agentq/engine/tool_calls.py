@@ -70,6 +70,9 @@ class ToolCalls:
         self._returned: dict[tuple[str, bool], _Made] = {}
         """The calls of this node run that returned, by key: another call under one of
         their keys would get their result back."""
+        self._raised: dict[tuple[str, bool], str] = {}
+        """The errors of this node run's calls that raised after their claim, by key: a call
+        made again under one finds it pending, left by this run rather than a dead worker."""
         self.limit_waits: list[dict[str, Any]] = []
         """The calls' waits for their limits, as ``run.limit_waits`` reports them."""
 
@@ -166,6 +169,8 @@ class ToolCalls:
             try:
                 result = await invoke(call, fn, args)
             except Exception as exc:
+                # Cut short: an HTTP error's repr may carry a whole response body.
+                self._raised[call.key, call.policy.shared] = _short(repr(exc))
                 # One store call from here, run to its end: a cancel in between would
                 # leave the claim of a call that is over.
                 with _cancel_wins(call):
@@ -401,7 +406,19 @@ class ToolCalls:
         """What stops the thread for a person when the call's outcome is unknown: who
         claimed it, and the commands that show and settle it."""
         thread_id, key = self.thread_id, call.key
-        if not call.policy.shared:
+        raised = self._raised.get((key, call.policy.shared))
+        if raised is not None:
+            # Not a worker that died: this node's own earlier call, which raised.
+            shared = " --shared" if call.policy.shared else ""
+            message = (
+                f"tool {name} with key {key!r} raised {raised} earlier in this step, after "
+                "its claim, so whether it took effect is unknown, and it declares neither "
+                "idempotent=True nor reconcile=; give a call made again after an error "
+                "its own key (or declare a policy), then check whether the first one "
+                f"happened and settle it: agentq resolve {thread_id} {key}{shared} "
+                "--result JSON (what it did) or --did-not-run (it runs once more)"
+            )
+        elif not call.policy.shared:
             message = (
                 f"tool {name} with key {key!r} was started by an earlier worker that "
                 "died before recording its outcome, and it declares neither "
@@ -678,6 +695,10 @@ def _shared_unknown(thread_id: str, key: str, name: str, token: int, holder: Eff
         f"{then}; 'agentq effects {thread_id} --shared {key}' shows the record (in code: "
         "task.resolve_effect(..., shared=True))"
     )
+
+
+def _short(text: str, limit: int = 200) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def tool_name(fn: Callable[..., Any]) -> str:

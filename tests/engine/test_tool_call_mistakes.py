@@ -304,3 +304,36 @@ def test_a_key_that_cannot_name_a_record_is_refused_naming_the_call(
     assert (refused.value.thread_id, refused.value.step) == ("t1", 0)
     assert "send" in str(refused.value)
     assert agent.calls == [] and store.effects("t1") == []
+
+
+class CardDeclined(Exception):
+    pass
+
+
+def test_a_key_called_again_after_its_call_raised_in_the_node_says_so(store: Store) -> None:
+    """The first call raised after its claim, so whether it took effect is unknown, and the
+    thread stops for a person: the error tells what happened in this very node, not of a
+    worker that died, and how to go on."""
+
+    def charge(card: str) -> str:
+        agent.calls.append(card)
+        if card == "card-1":
+            raise CardDeclined("card-1 declined")
+        return f"charged {card}"
+
+    def go(agent: Agent, run: Run) -> Done:
+        try:
+            return Done(run.tool(charge, "card-1", key="charge-1"))
+        except CardDeclined:
+            return Done(run.tool(charge, "card-2", key="charge-1"))
+
+    agent = Agent(go)
+    store.open_thread("t1", task=agent.name)
+    assert drive(agent, store) is None
+    meta = _meta(store)
+    assert meta.status == Status.NEEDS_ATTENTION
+    assert meta.error is not None
+    assert "raised CardDeclined('card-1 declined') earlier in this step" in meta.error
+    assert "died" not in meta.error
+    assert "its own key" in meta.error and "agentq resolve t1 charge-1" in meta.error
+    assert agent.calls == ["card-1"]

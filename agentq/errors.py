@@ -36,7 +36,9 @@ class InvalidArgument(AgentqError, ValueError):
 
 class InvalidInput(InvalidArgument, TypeError):
     """Raised by ``delay``/``apply_async`` when the input does not fit the entry node's
-    signature (a missing or misspelt keyword), before anything is stored or sent."""
+    signature (a missing or misspelt keyword), before anything is stored or sent; and by
+    ``run.tool``/``run.atool`` when the arguments do not fit the tool's, before its call
+    is claimed."""
 
 
 class InvalidThreadId(AgentqError, ValueError):

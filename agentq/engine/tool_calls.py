@@ -14,12 +14,20 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, TypeVar
 
+from agentq.codec.unstorable import unserializable
 from agentq.engine import aio, limits, tracing
 from agentq.engine.backoff import retry_after
 from agentq.engine.store_retry import RetriedCalls
 from agentq.engine.tool_policy import DID_NOT_RUN, ToolPolicy, policy_of
-from agentq.errors import InvalidArgument, LimitError, NeedsAttention
-from agentq.ids import downstream_key
+from agentq.errors import (
+    InvalidArgument,
+    InvalidEffectKey,
+    InvalidInput,
+    LimitError,
+    NeedsAttention,
+    UnserializableState,
+)
+from agentq.ids import downstream_key, validate_effect_key
 from agentq.outcomes import LimitWait
 from agentq.records import ClaimOutcome, Effect
 from agentq.store.contract import Store
@@ -59,6 +67,12 @@ class ToolCalls:
         self._retryable = retryable
         self._take_limits = take_limits
         self._calls = 0
+        self._returned: dict[tuple[str, bool], _Made] = {}
+        """The calls of this node run that returned, by key: another call under one of
+        their keys would get their result back."""
+        self._raised: dict[tuple[str, bool], str] = {}
+        """The errors of this node run's calls that raised after their claim, by key: a call
+        made again under one finds it pending, left by this run rather than a dead worker."""
         self.limit_waits: list[dict[str, Any]] = []
         """The calls' waits for their limits, as ``run.limit_waits`` reports them."""
 
@@ -70,7 +84,9 @@ class ToolCalls:
         options: Options,
     ) -> Any:
         """A plain function's call, made in the node's thread."""
-        if inspect.iscoroutinefunction(fn):
+        # An object with ``async def __call__`` is one too, which iscoroutinefunction
+        # (3.11) does not see on the object itself.
+        if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(type(fn).__call__):
             raise InvalidArgument(
                 f"tool {tool_name(fn)} is a coroutine function; in an async node call it with "
                 "await run.atool(...) (await agentq.langgraph.atool_call(...) in a graph)",
@@ -86,7 +102,7 @@ class ToolCalls:
                 "async def tool: it waits without holding the loop, and the store's round "
                 "trips run off it"
             )
-        return _drive(self._effect(fn, args, kwargs, options, _inline, _called_plain))
+        return _drive(self._effect(fn, args, kwargs, options, _inline, self._called_plain))
 
     async def awaited(
         self,
@@ -134,7 +150,7 @@ class ToolCalls:
                 step=self.step,
             )
         with tracing.tool_span(self.thread_id, self.step, tool_name(fn), self._token) as note:
-            call = self._call(fn, kwargs, options)
+            call = self._call(fn, args, kwargs, options)
             held = await offload(
                 self._ready,
                 call,
@@ -148,10 +164,13 @@ class ToolCalls:
                 if held is not None:
                     await offload(held.release)
                 note(call.key, "replayed")
+                self._returned[call.key, call.policy.shared] = _Made(call.tool, args, kwargs)
                 return call.recorded
             try:
                 result = await invoke(call, fn, args)
             except Exception as exc:
+                # Cut short: an HTTP error's repr may carry a whole response body.
+                self._raised[call.key, call.policy.shared] = _short(repr(exc))
                 # One store call from here, run to its end: a cancel in between would
                 # leave the claim of a call that is over.
                 with _cancel_wins(call):
@@ -166,12 +185,39 @@ class ToolCalls:
             note(call.key, "called")
             with _cancel_wins(call):
                 recorded = await offload(self._settle_result, call, held, result, options)
+            self._returned[call.key, call.policy.shared] = _Made(call.tool, args, kwargs)
             if call.cancelled:
                 raise asyncio.CancelledError
             return recorded
 
-    def _call(self, fn: Callable[..., Any], kwargs: dict[str, Any], options: Options) -> _Call:
-        """The call's key, policy and arguments, numbered in call order."""
+    async def _called_plain(
+        self, call: _Call, fn: Callable[..., Any], args: tuple[Any, ...]
+    ) -> Any:
+        result = fn(*args, **call.kwargs)
+        if inspect.iscoroutine(result):
+            # Returned by a plain callable (a lambda around an async client): run.tool
+            # cannot await it, and left alone it would be taken for the tool's unstorable
+            # result, its claim left pending over a call that never happened.
+            call.never_started = inspect.getcoroutinestate(result) == inspect.CORO_CREATED
+            result.close()
+            raise InvalidArgument(
+                f"tool {call.tool} returned a coroutine, which run.tool cannot await; make "
+                "the call with await run.atool(...) in an async node (await "
+                "agentq.langgraph.atool_call(...) in a graph)",
+                thread_id=self.thread_id,
+                step=self.step,
+            )
+        return result
+
+    def _call(
+        self,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        options: Options,
+    ) -> _Call:
+        """The call's key, policy and arguments, numbered in call order; arguments that do
+        not fit ``fn`` raise :class:`~agentq.errors.InvalidInput`."""
         declared = policy_of(fn)
         policy = ToolPolicy(
             idempotent=declared.idempotent if options.idempotent is None else options.idempotent,
@@ -180,6 +226,13 @@ class ToolCalls:
         )
         self._calls += 1
         key = options.key if options.key is not None else f"step{self.step}.call{self._calls}"
+        try:
+            validate_effect_key(key, None)
+        except InvalidEffectKey as exc:
+            # The store refuses it too, but naming neither the step nor the call.
+            raise InvalidEffectKey(
+                f"tool {tool_name(fn)}: {exc}", thread_id=self.thread_id, step=self.step
+            ) from exc
         downstream = downstream_key(
             self._store.key_namespace,
             self.thread_id,
@@ -188,12 +241,41 @@ class ToolCalls:
             incarnation=self._incarnation,
         )
         # Names this call, so that a claim resent after a lost reply is known as ours.
-        call = _Call(key, downstream, uuid.uuid4().hex, policy, dict(kwargs))
-        parameters = inspect.signature(fn).parameters
-        if "idempotency_key" in parameters:
+        call = _Call(key, downstream, uuid.uuid4().hex, policy, dict(kwargs), tool_name(fn))
+        signature = inspect.signature(fn)
+        if "idempotency_key" in signature.parameters:
             call.kwargs["idempotency_key"] = downstream
-        if "fencing_token" in parameters:
+        if "fencing_token" in signature.parameters:
             call.kwargs["fencing_token"] = self._token
+        try:
+            signature.bind(*args, **call.kwargs)
+        except TypeError as exc:
+            # Before the claim: a call the tool cannot even take never ran, and a claim
+            # left pending would stop the retried thread for a person over it.
+            params = signature.parameters
+            takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
+            # A misspelt name is the likelier mistake: name it before the one it misses.
+            unknown = [] if takes_any else [name for name in kwargs if name not in params]
+            problem = f"unexpected keyword argument(s) {unknown}" if unknown else str(exc)
+            raise InvalidInput(
+                f"tool {tool_name(fn)}{signature} cannot take these arguments ({problem}); "
+                f"nothing was claimed nor run: pass the arguments it declares (a model's "
+                "tool call naming other ones can be caught as TypeError and answered)",
+                thread_id=self.thread_id,
+                step=self.step,
+            ) from exc
+        made = self._returned.get((key, policy.shared))
+        if made is not None and not made.same(call.tool, args, kwargs):
+            # Its claim would answer with that call's result: this one would never run.
+            differs = "other arguments" if made.tool == call.tool else "another tool"
+            raise InvalidArgument(
+                f"key {key!r} names two different calls in this node: {made.tool} returned "
+                f"under it already, and this call of {call.tool} ({differs}) would get "
+                "that result back without running; give each call its own key "
+                "(the model's tool-call id, or one built from what makes the call unique)",
+                thread_id=self.thread_id,
+                step=self.step,
+            )
         return call
 
     def _unrecorded(self, call: _Call) -> bool:
@@ -298,7 +380,7 @@ class ToolCalls:
             key = call.key
             if not (policy.idempotent or policy.reconcile):
                 raise self._needs_attention(call, tool_name(fn), claim.effect.token)
-            self._store_calls(
+            taken = self._store_calls(
                 "taking a tool call over",
                 store.claim_effect,
                 thread_id,
@@ -309,6 +391,12 @@ class ToolCalls:
                 claim_id=call.claim_id,
                 tool=tool_name(fn),
             )
+            if taken.outcome == ClaimOutcome.DONE:
+                # Recorded since the first claim (a shared key's other claimant finished
+                # its call meanwhile): that outcome is the call's, and running it again
+                # would end in a record refused as another driver's.
+                call.recorded = taken.effect.result
+                return
             if policy.reconcile is not None:
                 found = policy.reconcile(call.downstream, *args, **kwargs)
                 if found is not DID_NOT_RUN:
@@ -318,7 +406,19 @@ class ToolCalls:
         """What stops the thread for a person when the call's outcome is unknown: who
         claimed it, and the commands that show and settle it."""
         thread_id, key = self.thread_id, call.key
-        if not call.policy.shared:
+        raised = self._raised.get((key, call.policy.shared))
+        if raised is not None:
+            # Not a worker that died: this node's own earlier call, which raised.
+            shared = " --shared" if call.policy.shared else ""
+            message = (
+                f"tool {name} with key {key!r} raised {raised} earlier in this step, after "
+                "its claim, so whether it took effect is unknown, and it declares neither "
+                "idempotent=True nor reconcile=; give a call made again after an error "
+                "its own key (or declare a policy), then check whether the first one "
+                f"happened and settle it: agentq resolve {thread_id} {key}{shared} "
+                "--result JSON (what it did) or --did-not-run (it runs once more)"
+            )
+        elif not call.policy.shared:
             message = (
                 f"tool {name} with key {key!r} was started by an earlier worker that "
                 "died before recording its outcome, and it declares neither "
@@ -341,16 +441,45 @@ class ToolCalls:
         return NeedsAttention(message, thread_id=thread_id, step=self.step, key=key, tool=name)
 
     def _record(self, call: _Call, result: Any) -> Any:
-        self._store_calls(
-            "recording a tool call",
-            self._store.complete_effect,
-            self.thread_id,
-            call.key,
-            self._token,
-            result,
-            shared=call.policy.shared,
-        )
+        try:
+            self._store_calls(
+                "recording a tool call",
+                self._store.complete_effect,
+                self.thread_id,
+                call.key,
+                self._token,
+                result,
+                shared=call.policy.shared,
+            )
+        except UnserializableState as exc:
+            raise self._unstorable(call, result, exc) from exc
         return result
+
+    def _unstorable(
+        self, call: _Call, result: Any, exc: UnserializableState
+    ) -> UnserializableState:
+        """The store's refusal of a result, said for the node: the step, and that the call
+        ran, so its claim stays pending (a retry must not guess that it did nothing)."""
+        what = f"tool {call.tool} result (key {call.key!r})"
+        found = unserializable(result, what, exc.__cause__ or exc, thread_id=None, step=None)
+        shared = " --shared" if call.policy.shared else ""
+        if call.policy.idempotent or call.policy.reconcile:
+            then = (
+                "its policy settles the call when the thread runs again, once the code is "
+                f"fixed: agentq retry {self.thread_id}"
+            )
+        else:
+            then = (
+                "as it ran, its outcome is left unknown: settle it once the code is fixed, "
+                f"agentq resolve {self.thread_id} {call.key}{shared} --result JSON (what it "
+                "returned) or --did-not-run"
+            )
+        return UnserializableState(
+            f"{found.args[0]}; {then}",
+            path=found.path,
+            thread_id=self.thread_id,
+            step=self.step,
+        )
 
     def _settle_result(
         self, call: _Call, held: limits.Held | None, result: Any, options: Options
@@ -381,7 +510,7 @@ class ToolCalls:
     def _failed(self, call: _Call, exc: Exception) -> None:
         # Only a refusal that names when to come back proves nothing happened: retry_on
         # often lists timeouts too, and a timeout can come after the effect.
-        if self._retryable(exc) and retry_after(exc) is not None:
+        if call.never_started or (self._retryable(exc) and retry_after(exc) is not None):
             self._drop_claim(call, repr(exc))
 
     def _drop_claim(self, call: _Call, why: str) -> None:
@@ -430,10 +559,33 @@ class _Call:
     claim_id: str
     policy: ToolPolicy
     kwargs: dict[str, Any]
+    tool: str
+    """The tool's name, for the errors that name the call."""
     recorded: Any = _UNSETTLED
     """The outcome already recorded (a replay) or reconciled, if any."""
     cancelled: bool = False
     """Whether the node cancelled the call while its tool ran, which then ran to its end."""
+    never_started: bool = False
+    """Whether the tool's call gave a coroutine, closed before it ever ran (``run.tool`` on
+    a lambda around an ``async def``): nothing can have happened, so its claim goes."""
+
+
+@dataclass(frozen=True)
+class _Made:
+    """A call of a node run that returned: its tool and arguments."""
+
+    tool: str
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+
+    def same(self, tool: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        """Whether a call is this one made again (a retried branch of the node)."""
+        try:
+            return tool == self.tool and bool(args == self.args) and bool(kwargs == self.kwargs)
+        except Exception:
+            # Arguments whose == raises or is ambiguous (arrays): not a mistake to refuse
+            # on a guess, so the call replays as before.
+            return tool == self.tool
 
 
 async def _inline(fn: Callable[..., Any], *args: Any, undo: object = None) -> Any:
@@ -478,10 +630,6 @@ def _cancel_wins(call: _Call) -> Iterator[None]:
         if call.cancelled:
             raise asyncio.CancelledError from exc
         raise
-
-
-async def _called_plain(call: _Call, fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
-    return fn(*args, **call.kwargs)
 
 
 async def _called_awaited(call: _Call, fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
@@ -547,6 +695,10 @@ def _shared_unknown(thread_id: str, key: str, name: str, token: int, holder: Eff
         f"{then}; 'agentq effects {thread_id} --shared {key}' shows the record (in code: "
         "task.resolve_effect(..., shared=True))"
     )
+
+
+def _short(text: str, limit: int = 200) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def tool_name(fn: Callable[..., Any]) -> str:

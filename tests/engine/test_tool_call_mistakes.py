@@ -1,0 +1,339 @@
+"""Mistakes in a node's tool calls that the engine can see before or right after the tool,
+refused with an error that names the thread, the step and the fix, and recorded so that
+the next run neither stops for a person over a call that never ran nor runs one twice.
+Each runs on both stores."""
+
+from __future__ import annotations
+
+import inspect
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agentq import Done, Run, Status
+from agentq.engine.driver import Driver
+from agentq.errors import InvalidArgument, InvalidEffectKey, InvalidInput, UnserializableState
+from agentq.records import ThreadMeta
+from agentq.settings import Settings
+from agentq.store.contract import Store
+from agentq.store.redis.store import RedisStore
+from agentq.store.sqlite.store import SQLiteStore
+from tests.support.redis_server import RedisServer
+
+
+@pytest.fixture(params=["redis", "sqlite"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    made: Store
+    if request.param == "redis":
+        server: RedisServer = request.getfixturevalue("redis_server")
+        made = RedisStore.from_url(server.url, prefix=f"tm{uuid.uuid4().hex[:8]}:")
+    else:
+        made = SQLiteStore(tmp_path / "agentq.db")
+    with made:
+        yield made
+
+
+class Agent:
+    """One node, ``node(agent, run)``; the calls its tools make are kept in ``calls``."""
+
+    name = "tests.tool_call_mistakes"
+    entry_node = "go"
+    append_only: tuple[str, ...] = ()
+
+    def __init__(self, node: Callable[[Agent, Run], Any]) -> None:
+        self.node = node
+        if inspect.iscoroutinefunction(node):
+            self.entry_node = "ago"
+        self.calls: list[Any] = []
+
+    def go(self, run: Run) -> Any:
+        return self.node(self, run)
+
+    async def ago(self, run: Run) -> Any:
+        return await self.node(self, run)
+
+    def should_retry(self, exc: BaseException) -> bool:
+        return False
+
+    def on_step(
+        self,
+        thread_id: str,
+        step: int,
+        node: str,
+        next_node: str | None,
+        *,
+        limit_waits: Sequence[dict[str, Any]] = (),
+    ) -> None:
+        pass
+
+    def on_limit_wait(
+        self, thread_id: str, step: int, node: str, limit_waits: Sequence[dict[str, Any]]
+    ) -> None:
+        pass
+
+    def resend(self, meta: ThreadMeta) -> None:
+        pass
+
+
+def drive(agent: Agent, store: Store, thread_id: str = "t1") -> Any:
+    return Driver(agent, thread_id, store, Settings(store=store), lambda: False).drive()
+
+
+def _meta(store: Store, thread_id: str = "t1") -> ThreadMeta:
+    meta = store.meta(thread_id)
+    assert meta is not None
+    return meta
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["tool", "atool"])
+def test_arguments_the_tool_does_not_take_are_refused_before_the_call_is_claimed(
+    store: Store, asynchronous: bool
+) -> None:
+    """A model's tool call naming an argument the tool does not have: the tool cannot have
+    run, so no claim may say it might have. Fixed and retried, the thread makes the call
+    (rather than stop in needs_attention), once."""
+
+    def send(to: str) -> str:
+        agent.calls.append(to)
+        return f"sent to {to}"
+
+    async def asend(to: str) -> str:
+        return send(to)
+
+    def go(agent: Agent, run: Run) -> Done:
+        return Done(run.tool(send, key="call-1", **arguments))
+
+    async def ago(agent: Agent, run: Run) -> Done:
+        return Done(await run.atool(asend, key="call-1", **arguments))
+
+    arguments: dict[str, Any] = {"too": "a@example.com"}  # the model misspelt it
+    agent = Agent(ago if asynchronous else go)
+    store.open_thread("t1", task=agent.name)
+    with pytest.raises(InvalidInput) as refused:
+        drive(agent, store)
+    assert (refused.value.thread_id, refused.value.step) == ("t1", 0)
+    assert "'too'" in str(refused.value) and "send" in str(refused.value)
+    assert isinstance(refused.value, TypeError)  # a node catching TypeError still does
+    assert store.effect("t1", "call-1") is None
+    assert _meta(store).status == Status.FAILED
+    arguments = {"to": "a@example.com"}
+    store.reopen("t1", from_statuses={Status.FAILED}, start_grace=0)
+    assert drive(agent, store) == "sent to a@example.com"
+    assert agent.calls == ["a@example.com"]
+
+
+class _Receipt:
+    """What a client library returns: not plain data."""
+
+
+def test_a_result_that_cannot_be_stored_names_the_step_and_how_to_settle_the_call(
+    store: Store,
+) -> None:
+    """The tool ran, so its call stays claimed with no outcome (running it again could
+    repeat it), and the error says so: where, what to return instead, how to settle it."""
+
+    def charge(amount: int) -> _Receipt:
+        agent.calls.append(amount)
+        return _Receipt()
+
+    def go(agent: Agent, run: Run) -> Done:
+        return Done(run.tool(charge, 12, key="charge-1"))
+
+    agent = Agent(go)
+    store.open_thread("t1", task=agent.name)
+    with pytest.raises(UnserializableState) as refused:
+        drive(agent, store)
+    assert (refused.value.thread_id, refused.value.step) == ("t1", 0)
+    message = str(refused.value)
+    assert "_Receipt cannot be stored" in message and "charge" in message
+    assert "agentq resolve t1 charge-1 --result JSON" in message
+    assert agent.calls == [12]
+    effect = store.effect("t1", "charge-1")
+    assert effect is not None and effect.state == "pending"
+    assert _meta(store).status == Status.FAILED
+
+
+class _AsyncClient:
+    """A tool object whose call is a coroutine: ``async def __call__``."""
+
+    def __init__(self, agent: Agent) -> None:
+        self.agent = agent
+
+    async def __call__(self, to: str) -> str:
+        self.agent.calls.append(to)
+        return f"sent to {to}"
+
+
+@pytest.mark.parametrize("made", ["lambda", "object"])
+def test_a_plain_call_of_a_coroutine_is_refused_and_leaves_no_claim(
+    store: Store, made: str
+) -> None:
+    """``run.tool`` on something whose call gives a coroutine (a lambda around an async
+    client, an object with ``async def __call__``) never runs it: its claim is not left
+    to say it may have, nor is a coroutine left never awaited, and the error says to
+    await ``run.atool``. Fixed, the call is made once."""
+    client = _AsyncClient(agent := Agent(lambda agent, run: None))
+    tool: Any = (lambda to: client(to)) if made == "lambda" else client
+
+    def go(agent: Agent, run: Run) -> Done:
+        return Done(run.tool(tool, "a@example.com", key="mail-1"))
+
+    async def ago(agent: Agent, run: Run) -> Done:
+        return Done(await run.atool(tool, "a@example.com", key="mail-1"))
+
+    agent.node = go
+    store.open_thread("t1", task=agent.name)
+    with pytest.raises(InvalidArgument, match=r"await run\.atool") as refused:
+        drive(agent, store)
+    assert (refused.value.thread_id, refused.value.step) == ("t1", 0)
+    assert store.effect("t1", "mail-1") is None
+    assert agent.calls == []
+    agent.node, agent.entry_node = ago, "ago"
+    store.reopen("t1", from_statuses={Status.FAILED}, start_grace=0)
+    assert drive(agent, store) == "sent to a@example.com"
+    assert agent.calls == ["a@example.com"]
+
+
+class _OtherThreadRecordsFirst:
+    """A store on which thread ``a``, whose claim on the shared key ``invoice-1`` a call
+    of thread ``t1`` just found pending, records its result before ``t1`` takes the claim
+    over: the moment between the two claims, made to happen every time."""
+
+    a_token = 0
+
+    def claim_effect(self, *args: Any, **kwargs: Any) -> Any:
+        claim = super().claim_effect(*args, **kwargs)  # type: ignore[misc]
+        if args[0] == "t1" and claim.outcome == "unknown":
+            self.complete_effect(  # type: ignore[attr-defined]
+                "a", "invoice-1", self.a_token, {"id": "in_a"}, shared=True
+            )
+        return claim
+
+
+class _RedisRecordsFirst(_OtherThreadRecordsFirst, RedisStore):
+    pass
+
+
+class _SQLiteRecordsFirst(_OtherThreadRecordsFirst, SQLiteStore):
+    pass
+
+
+@pytest.mark.parametrize("backend", ["redis", "sqlite"])
+def test_a_shared_call_recorded_by_another_thread_before_the_takeover_is_replayed(
+    backend: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """An idempotent tool's shared key found pending (thread ``a`` runs the call), then
+    recorded by ``a`` before this thread's takeover: the takeover answers with ``a``'s
+    result, which the call returns, rather than run the tool again and have its record
+    refused (the record is ``a``'s) as if the thread had lost its lease."""
+    made: _OtherThreadRecordsFirst
+    if backend == "redis":
+        server: RedisServer = request.getfixturevalue("redis_server")
+        made = _RedisRecordsFirst.from_url(server.url, prefix=f"tm{uuid.uuid4().hex[:8]}:")
+    else:
+        made = _SQLiteRecordsFirst(tmp_path / "agentq.db")
+
+    def invoice(customer: str) -> dict[str, str]:
+        agent.calls.append(customer)
+        return {"id": f"in_{customer}"}
+
+    def go(agent: Agent, run: Run) -> Done:
+        return Done(run.tool(invoice, "t1", key="invoice-1", shared=True, idempotent=True))
+
+    agent = Agent(go)
+    with made as store:
+        assert isinstance(store, Store)
+        store.open_thread("a", task=agent.name)
+        made.a_token = store.acquire("a", "w-a", 60)
+        store.claim_effect("a", "invoice-1", made.a_token, shared=True, claim_id="by-a")
+        store.open_thread("t1", task=agent.name)
+        assert drive(agent, store) == {"id": "in_a"}
+        assert agent.calls == []
+        assert _meta(store).status == Status.DONE
+
+
+def test_one_key_for_two_different_calls_in_a_node_is_refused(store: Store) -> None:
+    """The second call under a key the node already used would get the first one's
+    recorded result back, its own effect never made: a mail to b reported as sent. The
+    same call again (a retried branch of the node) still gets its result back."""
+
+    def send(to: str) -> str:
+        agent.calls.append(to)
+        return f"sent to {to}"
+
+    def go(agent: Agent, run: Run) -> Done:
+        first = run.tool(send, "a", key="mail")
+        again = run.tool(send, "a", key="mail")
+        return Done([first, again, run.tool(send, "b", key=second_key)])
+
+    second_key = "mail"  # e.g. a model that numbers its tool calls afresh in each reply
+    agent = Agent(go)
+    store.open_thread("t1", task=agent.name)
+    with pytest.raises(InvalidArgument, match=r"key 'mail'.*own key") as refused:
+        drive(agent, store)
+    assert (refused.value.thread_id, refused.value.step) == ("t1", 0)
+    assert agent.calls == ["a"]
+    second_key = "mail-2"
+    store.reopen("t1", from_statuses={Status.FAILED}, start_grace=0)
+    assert drive(agent, store) == ["sent to a", "sent to a", "sent to b"]
+    assert agent.calls == ["a", "b"]
+
+
+@pytest.mark.parametrize(
+    ("key", "problem"),
+    [("mail{1}", "brace"), ("", "empty"), ("mail\n1", r"U\+000A"), (7, "must be a str")],
+    ids=["brace", "empty", "newline", "int"],
+)
+def test_a_key_that_cannot_name_a_record_is_refused_naming_the_call(
+    store: Store, key: Any, problem: str
+) -> None:
+    def send(to: str) -> str:
+        agent.calls.append(to)
+        return f"sent to {to}"
+
+    def go(agent: Agent, run: Run) -> Done:
+        return Done(run.tool(send, "a", key=key))
+
+    agent = Agent(go)
+    store.open_thread("t1", task=agent.name)
+    with pytest.raises(InvalidEffectKey, match=problem) as refused:
+        drive(agent, store)
+    assert (refused.value.thread_id, refused.value.step) == ("t1", 0)
+    assert "send" in str(refused.value)
+    assert agent.calls == [] and store.effects("t1") == []
+
+
+class CardDeclined(Exception):
+    pass
+
+
+def test_a_key_called_again_after_its_call_raised_in_the_node_says_so(store: Store) -> None:
+    """The first call raised after its claim, so whether it took effect is unknown, and the
+    thread stops for a person: the error tells what happened in this very node, not of a
+    worker that died, and how to go on."""
+
+    def charge(card: str) -> str:
+        agent.calls.append(card)
+        if card == "card-1":
+            raise CardDeclined("card-1 declined")
+        return f"charged {card}"
+
+    def go(agent: Agent, run: Run) -> Done:
+        try:
+            return Done(run.tool(charge, "card-1", key="charge-1"))
+        except CardDeclined:
+            return Done(run.tool(charge, "card-2", key="charge-1"))
+
+    agent = Agent(go)
+    store.open_thread("t1", task=agent.name)
+    assert drive(agent, store) is None
+    meta = _meta(store)
+    assert meta.status == Status.NEEDS_ATTENTION
+    assert meta.error is not None
+    assert "raised CardDeclined('card-1 declined') earlier in this step" in meta.error
+    assert "died" not in meta.error
+    assert "its own key" in meta.error and "agentq resolve t1 charge-1" in meta.error
+    assert agent.calls == ["card-1"]

@@ -177,10 +177,15 @@ class GraphTask(AgentTask):
             config["recursion_limit"] = self.recursion_limit
         first = self._first_input(graph, saver, config, run, input)
         run_async = self.run_async if self.run_async is not None else has_async_nodes(graph)
-        if run_async:
-            stopped = run_coroutine(self._astream(graph, first, config, run))
-        else:
-            stopped = self._stream(graph, first, config, run)
+        try:
+            if run_async:
+                stopped = run_coroutine(self._astream(graph, first, config, run))
+            else:
+                stopped = self._stream(graph, first, config, run)
+        finally:
+            # A cancelled branch's sync tool still runs in the loop's executor: it ends
+            # (recorded) before the next run could find its claim pending and run it again.
+            run.wait_for_tools()
         if stopped:
             return self.entry_node  # commit here: the driver hands over or cancels
         snapshot = graph.get_state(config)

@@ -1,7 +1,7 @@
 """A graph run by a graph task behaves as the same graph under LangGraph's own saver: an
 interrupt answered after its state was edited, a state holding a named tuple, a sibling
-branch cancelled while its async tool ran, retries counted per super-step. An in-process
-worker with a Redis broker and store."""
+branch cancelled while its async tool ran, a sync tool its cancelled ToolNode left running,
+retries counted per super-step. An in-process worker with a Redis broker and store."""
 
 from __future__ import annotations
 
@@ -15,15 +15,19 @@ import pytest
 import redis
 from celery import Celery
 from celery.contrib.testing.worker import start_worker
+from langchain_core.messages import AIMessage, AnyMessage, ToolMessage
 from langchain_core.runnables import RunnableConfig
+from langchain_core.tools import InjectedToolCallId, tool
 from langgraph.checkpoint.memory import InMemorySaver
-from langgraph.graph import START, StateGraph
+from langgraph.graph import END, START, StateGraph
+from langgraph.graph.message import add_messages
+from langgraph.prebuilt import ToolNode
 from langgraph.types import Command, interrupt
 
 import agentq
 from agentq import Status
 from agentq.errors import ThreadStopped
-from agentq.langgraph import GraphTask, atool_call, graph_task
+from agentq.langgraph import GraphTask, atool_call, graph_task, tool_call
 from tests.support.agents import RateLimitError
 from tests.support.redis_server import RedisServer, wait_until
 
@@ -136,12 +140,71 @@ def sibling_always_limited(hits: Hits) -> StateGraph[Log]:
     return graph
 
 
+class Chat(TypedDict):
+    messages: Annotated[list[AnyMessage], add_messages]
+
+
+def tools_beside_a_limit(hits: Hits) -> StateGraph[Chat]:
+    """An async model asks for two sync tools at once, which a ``ToolNode`` in an async
+    graph runs in the loop's executor: ``charge`` is slow, and ``lookup`` meets a 429
+    while it runs."""
+
+    async def model(state: Chat) -> dict[str, Any]:
+        if any(isinstance(m, ToolMessage) for m in state["messages"]):
+            return {"messages": [AIMessage("done", id="ai-2")]}
+        calls = [
+            {"id": "call-charge", "name": "charge", "args": {"amount": 10}},
+            {"id": "call-lookup", "name": "lookup", "args": {}},
+        ]
+        return {"messages": [AIMessage("", tool_calls=calls, id="ai-1")]}
+
+    @tool
+    def charge(
+        amount: int, config: RunnableConfig, tool_call_id: Annotated[str, InjectedToolCallId]
+    ) -> str:
+        """Charge the card."""
+
+        def pay(amount: int) -> str:
+            hits.hit(config, "charge-start")
+            # A slow payment service: nothing ends this wait early.
+            hits.client.blpop([f"{hits.namespace}:never"], timeout=2)
+            hits.hit(config, "charge-end")
+            return f"charged {amount}"
+
+        return tool_call(tool_call_id, pay, amount)
+
+    @tool
+    def lookup(config: RunnableConfig) -> str:
+        """Look something up."""
+        wait_until(lambda: hit_count(hits, config, "charge-start"), timeout=10, what="charge")
+        if hits.hit(config, "lookup") == 1:
+            raise RateLimitError(retry_after="0.1")
+        return "found"
+
+    def route(state: Chat) -> str:
+        last = state["messages"][-1]
+        return "tools" if isinstance(last, AIMessage) and last.tool_calls else END
+
+    graph = StateGraph(Chat)
+    graph.add_node("model", model)
+    graph.add_node("tools", ToolNode([charge, lookup]))
+    graph.add_edge(START, "model")
+    graph.add_conditional_edges("model", route, ["tools", END])
+    graph.add_edge("tools", "model")
+    return graph
+
+
+def hit_count(hits: Hits, config: RunnableConfig, name: str) -> int:
+    return hits.of(config["configurable"]["thread_id"]).get(name, 0)
+
+
 GRAPHS: dict[str, Callable[[Hits], StateGraph[Any]]] = {
     "tests.asking": lambda hits: asking(),
     "tests.drawing": lambda hits: drawing(),
     "tests.siblings": siblings,
     "tests.flaky_chain": flaky_chain,
     "tests.sibling_always_limited": sibling_always_limited,
+    "tests.tools_beside_a_limit": tools_beside_a_limit,
 }
 
 
@@ -234,3 +297,17 @@ def test_a_super_step_that_keeps_failing_runs_out_of_attempts(env: Env) -> None:
     with pytest.raises(ThreadStopped, match="gave up after 5 attempts"):
         task.wait("t1", timeout=30)
     assert env.hits.of("t1") == {"a": 1, "b": 5}
+
+
+def test_a_sync_tool_still_running_when_its_sibling_fails_ends_before_the_retry(
+    env: Env,
+) -> None:
+    """A ``ToolNode``'s sync tools run in the event loop's executor in an async graph,
+    where LangGraph's cancel cannot stop them: the graph task waits for the charge under
+    way to be recorded, as the sync graph's executor does, so the retried step gets it
+    back rather than find its claim pending and stop for a person."""
+    task = env.task("tests.tools_beside_a_limit")
+    task.delay("t1", {"messages": [("user", "charge and look up")]})
+    result = task.wait("t1", timeout=30)
+    assert result["messages"][-1]["content"] == "done"
+    assert env.hits.of("t1") == {"charge-start": 1, "charge-end": 1, "lookup": 2}

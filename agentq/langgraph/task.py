@@ -29,7 +29,7 @@ from collections.abc import AsyncGenerator, Callable, Mapping
 from typing import Any, ClassVar, Never, cast
 
 from celery.result import AsyncResult
-from langchain_core.runnables import RunnableConfig
+from langchain_core.runnables import RunnableConfig, RunnableLambda
 from langgraph._internal._runnable import RunnableCallable
 from langgraph.graph import StateGraph
 from langgraph.pregel import Pregel
@@ -72,9 +72,10 @@ class GraphTask(AgentTask):
     entry_node: ClassVar[str] = "run_graph"
     run_async: ClassVar[bool | None] = None
     """Whether the graph runs with ``astream`` on the worker's event loop rather than with
-    ``stream``. ``None``: when one of its nodes (in subgraphs too) is an ``async def``,
-    which LangGraph can only run through its async API. Set ``True`` when the async code
-    is deeper than a node, such as async-only tools in a ``ToolNode``."""
+    ``stream``. ``None``: when one of its nodes or routing functions (in subgraphs too) is
+    an ``async def``, which LangGraph can only run through its async API. Set ``True``
+    when the async code is deeper than a node, such as async-only tools in a
+    ``ToolNode``."""
 
     _saver: AgentqSaver | None = None
     _compiled: AnyGraph | None = None
@@ -285,16 +286,31 @@ def graph_task(
 
 
 def has_async_nodes(graph: AnyGraph) -> bool:
-    """Whether a node of ``graph`` or of a subgraph in it is an ``async def``, which only
-    LangGraph's async API runs ("No synchronous function provided" from ``stream``)."""
+    """Whether a node or routing function of ``graph`` or of a subgraph in it is an
+    ``async def``, which only LangGraph's async API runs ("No synchronous function
+    provided" from ``stream``)."""
     for node in graph.nodes.values():
         bound = node.bound
         if isinstance(bound, Pregel):
             if has_async_nodes(bound):
                 return True
-        elif isinstance(bound, RunnableCallable) and bound.func is None:
+        elif _async_only(bound):
             return True
+    # A StateGraph's conditional edges run inside their source node, not as nodes.
+    builder = getattr(graph, "builder", None)
+    if isinstance(builder, StateGraph):
+        return any(
+            _async_only(spec.path) for specs in builder.branches.values() for spec in specs.values()
+        )
     return False
+
+
+def _async_only(runnable: Any) -> bool:
+    """Whether ``runnable`` wraps only an ``async def``: LangGraph's wrapper of a function,
+    or a ``RunnableLambda`` given one (which sets no ``func`` then)."""
+    if isinstance(runnable, RunnableCallable):
+        return runnable.func is None
+    return isinstance(runnable, RunnableLambda) and not hasattr(runnable, "func")
 
 
 def _as_attribute(graph: Any) -> Any:

@@ -16,7 +16,7 @@ import redis
 from celery import Celery
 from celery.contrib.testing.worker import start_worker
 from langchain_core.messages import AIMessage, AnyMessage, ToolMessage
-from langchain_core.runnables import RunnableConfig
+from langchain_core.runnables import RunnableConfig, RunnableLambda
 from langchain_core.tools import InjectedToolCallId, tool
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, StateGraph
@@ -198,6 +198,32 @@ def hit_count(hits: Hits, config: RunnableConfig, name: str) -> int:
     return hits.of(config["configurable"]["thread_id"]).get(name, 0)
 
 
+def routed_async(*, lambda_node: bool = False) -> StateGraph[Log]:
+    """Sync nodes, and an ``async def`` routing function between them (a model-backed
+    router, say): only LangGraph's async API runs it. With ``lambda_node`` the router is
+    sync, and node ``b`` a ``RunnableLambda`` of an ``async def``."""
+
+    async def route(state: Log) -> str:
+        await asyncio.sleep(0)
+        return "b"
+
+    async def b(state: Log) -> dict[str, Any]:
+        await asyncio.sleep(0)
+        return {"log": ["b"]}
+
+    graph = StateGraph(Log)
+    graph.add_node("a", lambda state: {"log": ["a"]})
+    if lambda_node:
+        graph.add_node("b", RunnableLambda(b))
+        graph.add_edge(START, "a")
+        graph.add_edge("a", "b")
+        return graph
+    graph.add_node("b", lambda state: {"log": ["b"]})
+    graph.add_edge(START, "a")
+    graph.add_conditional_edges("a", route, ["b", END])
+    return graph
+
+
 GRAPHS: dict[str, Callable[[Hits], StateGraph[Any]]] = {
     "tests.asking": lambda hits: asking(),
     "tests.drawing": lambda hits: drawing(),
@@ -205,6 +231,8 @@ GRAPHS: dict[str, Callable[[Hits], StateGraph[Any]]] = {
     "tests.flaky_chain": flaky_chain,
     "tests.sibling_always_limited": sibling_always_limited,
     "tests.tools_beside_a_limit": tools_beside_a_limit,
+    "tests.routed_async": lambda hits: routed_async(),
+    "tests.lambda_async": lambda hits: routed_async(lambda_node=True),
 }
 
 
@@ -311,3 +339,18 @@ def test_a_sync_tool_still_running_when_its_sibling_fails_ends_before_the_retry(
     result = task.wait("t1", timeout=30)
     assert result["messages"][-1]["content"] == "done"
     assert env.hits.of("t1") == {"charge-start": 1, "charge-end": 1, "lookup": 2}
+
+
+@pytest.mark.parametrize("name", ["tests.routed_async", "tests.lambda_async"])
+def test_a_graph_async_beyond_its_node_functions_runs_with_astream(env: Env, name: str) -> None:
+    """As its nodes' ``async def``, an async routing function or ``RunnableLambda`` makes
+    the graph one only LangGraph's async API runs."""
+    memory = routed_async(lambda_node=name == "tests.lambda_async").compile(
+        checkpointer=InMemorySaver()
+    )
+    config: RunnableConfig = {"configurable": {"thread_id": "m"}}
+    assert asyncio.run(memory.ainvoke({"log": []}, config)) == {"log": ["a", "b"]}
+
+    task = env.task(name)
+    task.delay("t1", {"log": []})
+    assert task.wait("t1", timeout=20) == {"log": ["a", "b"]}

@@ -320,8 +320,8 @@ def _as_attribute(graph: Any) -> Any:
 
 def to_plain(value: Any) -> Any:
     """``value`` as data agentq's codec stores: pydantic models (LangChain messages among
-    them) as their JSON dump, dataclasses and named tuples as dicts, other objects as
-    their ``str``."""
+    them) as their JSON dump (their fields, when that cannot hold them), dataclasses and
+    named tuples as dicts, other objects as their ``str``."""
     if value is None or isinstance(value, (str, bytes, int, float, bool, dt.date)):
         return value
     if isinstance(value, Mapping):
@@ -340,7 +340,13 @@ def to_plain(value: Any) -> Any:
             return items
     dump: Callable[..., Any] | None = getattr(value, "model_dump", None)
     if callable(dump):
-        return to_plain(dump(mode="json"))
+        try:
+            return to_plain(dump(mode="json"))
+        except ValueError:
+            # Bytes that are not UTF-8, or a type only LangGraph's serde knows (a model
+            # allowing arbitrary types): a JSON dump has no room for them, and the graph
+            # has already ended. Its fields as they are, made plain here.
+            return to_plain(dump())
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: to_plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
     return str(value)

@@ -23,6 +23,7 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
 from langgraph.prebuilt import ToolNode
 from langgraph.types import Command, interrupt
+from pydantic import BaseModel
 
 import agentq
 from agentq import Status
@@ -76,6 +77,26 @@ def drawing() -> StateGraph[Shapes]:
     graph.add_node("draw", lambda state: {"corner": Point(1, 2)})
     graph.add_edge(START, "draw")
     return graph
+
+
+class Attachment(BaseModel):
+    name: str
+    data: bytes
+
+
+class Mail(TypedDict, total=False):
+    attachment: Attachment
+
+
+def attaching() -> StateGraph[Mail]:
+    graph = StateGraph(Mail)
+    graph.add_node("attach", lambda state: {"attachment": Attachment(name="a.png", data=PNG)})
+    graph.add_edge(START, "attach")
+    return graph
+
+
+PNG = b"\x89PNG\r\n\x1a\n"
+"""Binary data, which is not UTF-8: a pydantic model's JSON dump cannot hold it."""
 
 
 def siblings(hits: Hits) -> StateGraph[Log]:
@@ -227,6 +248,7 @@ def routed_async(*, lambda_node: bool = False) -> StateGraph[Log]:
 GRAPHS: dict[str, Callable[[Hits], StateGraph[Any]]] = {
     "tests.asking": lambda hits: asking(),
     "tests.drawing": lambda hits: drawing(),
+    "tests.attaching": lambda hits: attaching(),
     "tests.siblings": siblings,
     "tests.flaky_chain": flaky_chain,
     "tests.sibling_always_limited": sibling_always_limited,
@@ -294,6 +316,15 @@ def test_a_state_holding_a_named_tuple_finishes_as_data(env: Env) -> None:
     task.delay("t1", {})
     assert task.wait("t1", timeout=20) == {"corner": {"x": 1, "y": 2}}
     assert task.state("t1").values["corner"] == Point(1, 2)
+
+
+def test_a_state_holding_a_model_of_binary_data_finishes_as_data(env: Env) -> None:
+    """The graph ended, and its checkpoint holds the bytes: so does the thread's result,
+    rather than the thread failing after its last step."""
+    task = env.task("tests.attaching")
+    task.delay("t1", {})
+    assert task.wait("t1", timeout=20) == {"attachment": {"name": "a.png", "data": PNG}}
+    assert task.state("t1").values["attachment"] == Attachment(name="a.png", data=PNG)
 
 
 def test_a_sibling_cancelled_while_its_async_tool_runs_is_recorded_not_left_unknown(

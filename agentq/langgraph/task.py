@@ -25,6 +25,7 @@ import contextlib
 import dataclasses
 import datetime as dt
 import inspect
+import threading
 from collections.abc import AsyncGenerator, Callable, Mapping
 from typing import Any, ClassVar, Never, cast
 
@@ -80,6 +81,12 @@ class GraphTask(AgentTask):
     _saver: AgentqSaver | None = None
     _compiled: AnyGraph | None = None
 
+    def __init__(self) -> None:
+        super().__init__()
+        # The threads of a -P threads worker may all start with this task: the factory
+        # (models, clients) runs in one of them, and the others take what it made.
+        self._setting_up = threading.Lock()
+
     # -- setup, once per process ----------------------------------------------------------
 
     @property
@@ -94,12 +101,13 @@ class GraphTask(AgentTask):
 
     def _setup(self) -> tuple[AgentqSaver, AnyGraph]:
         store = self.agentq.store
-        if self._saver is None or self._compiled is None or self._saver.store is not store:
-            graph = self._load_graph()
-            serde = AgentqSerializer(allowed_types=self.allowed_types)
-            self._saver = AgentqSaver(store, serde=serde).for_graph(graph)
-            self._compiled = graph.copy(update={"checkpointer": self._saver})
-        return self._saver, self._compiled
+        with self._setting_up:
+            if self._saver is None or self._compiled is None or self._saver.store is not store:
+                graph = self._load_graph()
+                serde = AgentqSerializer(allowed_types=self.allowed_types)
+                self._saver = AgentqSaver(store, serde=serde).for_graph(graph)
+                self._compiled = graph.copy(update={"checkpointer": self._saver})
+            return self._saver, self._compiled
 
     def _load_graph(self) -> AnyGraph:
         # Read statically: a factory set as a class attribute is not a method.

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import operator
+import threading
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Annotated, Any, NamedTuple, TypedDict
@@ -385,3 +386,28 @@ def test_a_graph_async_beyond_its_node_functions_runs_with_astream(env: Env, nam
     task = env.task(name)
     task.delay("t1", {"log": []})
     assert task.wait("t1", timeout=20) == {"log": ["a", "b"]}
+
+
+def test_the_graph_factory_runs_once_when_two_threads_start_together(env: Env) -> None:
+    """A ``-P threads`` worker given two threads at start runs both at once: the factory,
+    which makes the models and clients, still runs once in the process."""
+    made: list[StateGraph[Log]] = []
+    second = threading.Event()
+
+    def factory() -> StateGraph[Log]:
+        made.append(asking())
+        if len(made) == 1:
+            # Long enough for the other thread to come in, unless something holds it off.
+            second.wait(timeout=2)
+        else:
+            second.set()
+        return made[-1]
+
+    task = graph_task(env.app, factory, name="tests.made_once")
+    threads = [threading.Thread(target=task.compiled) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=10)
+    assert len(made) == 1
+    assert task.compiled().checkpointer is task.saver

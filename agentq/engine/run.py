@@ -359,3 +359,13 @@ class Run:
         for the node, so a slow store never stalls the other nodes sharing the loop."""
         options = Options(key, idempotent, reconcile, shared, limit, cost, actual_cost)
         return await self._tools.awaited(fn, args, kwargs, options)
+
+    def wait_for_tools(self) -> None:
+        """Block until the ``run.tool`` calls this run made in other threads have ended.
+
+        A node's coroutine may hand a plain tool to a thread it stops waiting for: LangGraph
+        runs a ``ToolNode``'s sync tools in the event loop's executor, and cancels the node
+        when a sibling fails, which leaves the thread running. Ending the run then would let
+        the next run find the call's claim pending, as if its worker had died, and run it
+        again (or stop for a person) while it is still under way."""
+        self._tools.wait_for_plain()

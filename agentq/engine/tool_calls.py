@@ -8,6 +8,7 @@ import contextlib
 import functools
 import inspect
 import logging
+import threading
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
@@ -73,6 +74,8 @@ class ToolCalls:
         self._raised: dict[tuple[str, bool], str] = {}
         """The errors of this node run's calls that raised after their claim, by key: a call
         made again under one finds it pending, left by this run rather than a dead worker."""
+        self._plain_running = 0
+        self._plain_ended = threading.Condition()
         self.limit_waits: list[dict[str, Any]] = []
         """The calls' waits for their limits, as ``run.limit_waits`` reports them."""
 
@@ -102,7 +105,19 @@ class ToolCalls:
                 "async def tool: it waits without holding the loop, and the store's round "
                 "trips run off it"
             )
-        return _drive(self._effect(fn, args, kwargs, options, _inline, self._called_plain))
+        with self._plain_ended:
+            self._plain_running += 1
+        try:
+            return _drive(self._effect(fn, args, kwargs, options, _inline, self._called_plain))
+        finally:
+            with self._plain_ended:
+                self._plain_running -= 1
+                self._plain_ended.notify_all()
+
+    def wait_for_plain(self) -> None:
+        """Block until no plain call of this run is under way in any thread."""
+        with self._plain_ended:
+            self._plain_ended.wait_for(lambda: self._plain_running == 0)
 
     async def awaited(
         self,

@@ -24,12 +24,14 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime as dt
+import enum
 import inspect
+import threading
 from collections.abc import AsyncGenerator, Callable, Mapping
 from typing import Any, ClassVar, Never, cast
 
 from celery.result import AsyncResult
-from langchain_core.runnables import RunnableConfig
+from langchain_core.runnables import RunnableConfig, RunnableLambda
 from langgraph._internal._runnable import RunnableCallable
 from langgraph.graph import StateGraph
 from langgraph.pregel import Pregel
@@ -72,12 +74,19 @@ class GraphTask(AgentTask):
     entry_node: ClassVar[str] = "run_graph"
     run_async: ClassVar[bool | None] = None
     """Whether the graph runs with ``astream`` on the worker's event loop rather than with
-    ``stream``. ``None``: when one of its nodes (in subgraphs too) is an ``async def``,
-    which LangGraph can only run through its async API. Set ``True`` when the async code
-    is deeper than a node, such as async-only tools in a ``ToolNode``."""
+    ``stream``. ``None``: when one of its nodes or routing functions (in subgraphs too) is
+    an ``async def``, which LangGraph can only run through its async API. Set ``True``
+    when the async code is deeper than a node, such as async-only tools in a
+    ``ToolNode``."""
 
     _saver: AgentqSaver | None = None
     _compiled: AnyGraph | None = None
+
+    def __init__(self) -> None:
+        super().__init__()
+        # The threads of a -P threads worker may all start with this task: the factory
+        # (models, clients) runs in one of them, and the others take what it made.
+        self._setting_up = threading.Lock()
 
     # -- setup, once per process ----------------------------------------------------------
 
@@ -93,12 +102,16 @@ class GraphTask(AgentTask):
 
     def _setup(self) -> tuple[AgentqSaver, AnyGraph]:
         store = self.agentq.store
-        if self._saver is None or self._compiled is None or self._saver.store is not store:
-            graph = self._load_graph()
-            serde = AgentqSerializer(allowed_types=self.allowed_types)
-            self._saver = AgentqSaver(store, serde=serde).for_graph(graph)
-            self._compiled = graph.copy(update={"checkpointer": self._saver})
-        return self._saver, self._compiled
+        saver, compiled = self._saver, self._compiled
+        if saver is not None and compiled is not None and saver.store is store:
+            return saver, compiled
+        with self._setting_up:
+            if self._saver is None or self._compiled is None or self._saver.store is not store:
+                graph = self._load_graph()
+                serde = AgentqSerializer(allowed_types=self.allowed_types)
+                self._saver = AgentqSaver(store, serde=serde).for_graph(graph)
+                self._compiled = graph.copy(update={"checkpointer": self._saver})
+            return self._saver, self._compiled
 
     def _load_graph(self) -> AnyGraph:
         # Read statically: a factory set as a class attribute is not a method.
@@ -177,10 +190,15 @@ class GraphTask(AgentTask):
             config["recursion_limit"] = self.recursion_limit
         first = self._first_input(graph, saver, config, run, input)
         run_async = self.run_async if self.run_async is not None else has_async_nodes(graph)
-        if run_async:
-            stopped = run_coroutine(self._astream(graph, first, config, run))
-        else:
-            stopped = self._stream(graph, first, config, run)
+        try:
+            if run_async:
+                stopped = run_coroutine(self._astream(graph, first, config, run))
+            else:
+                stopped = self._stream(graph, first, config, run)
+        finally:
+            # A cancelled branch's sync tool still runs in the loop's executor: it ends
+            # (recorded) before the next run could find its claim pending and run it again.
+            run.wait_for_tools()
         if stopped:
             return self.entry_node  # commit here: the driver hands over or cancels
         snapshot = graph.get_state(config)
@@ -280,16 +298,31 @@ def graph_task(
 
 
 def has_async_nodes(graph: AnyGraph) -> bool:
-    """Whether a node of ``graph`` or of a subgraph in it is an ``async def``, which only
-    LangGraph's async API runs ("No synchronous function provided" from ``stream``)."""
+    """Whether a node or routing function of ``graph`` or of a subgraph in it is an
+    ``async def``, which only LangGraph's async API runs ("No synchronous function
+    provided" from ``stream``)."""
     for node in graph.nodes.values():
         bound = node.bound
         if isinstance(bound, Pregel):
             if has_async_nodes(bound):
                 return True
-        elif isinstance(bound, RunnableCallable) and bound.func is None:
+        elif _async_only(bound):
             return True
+    # A StateGraph's conditional edges run inside their source node, not as nodes.
+    builder = getattr(graph, "builder", None)
+    if isinstance(builder, StateGraph):
+        return any(
+            _async_only(spec.path) for specs in builder.branches.values() for spec in specs.values()
+        )
     return False
+
+
+def _async_only(runnable: Any) -> bool:
+    """Whether ``runnable`` wraps only an ``async def``: LangGraph's wrapper of a function,
+    or a ``RunnableLambda`` given one (which sets no ``func`` then)."""
+    if isinstance(runnable, RunnableCallable):
+        return runnable.func is None
+    return isinstance(runnable, RunnableLambda) and not hasattr(runnable, "func")
 
 
 def _as_attribute(graph: Any) -> Any:
@@ -299,12 +332,15 @@ def _as_attribute(graph: Any) -> Any:
 
 def to_plain(value: Any) -> Any:
     """``value`` as data agentq's codec stores: pydantic models (LangChain messages among
-    them) as their JSON dump, dataclasses and named tuples as dicts, other objects as
-    their ``str``."""
+    them) as their JSON dump (their fields, when that cannot hold them), dataclasses and
+    named tuples as dicts, other objects as their ``str``."""
+    if isinstance(value, enum.Enum):
+        # Its value, as a model's JSON dump has it: the codec refuses enum members.
+        return to_plain(value.value)
     if value is None or isinstance(value, (str, bytes, int, float, bool, dt.date)):
         return value
     if isinstance(value, Mapping):
-        return {k if isinstance(k, (str, int)) else str(k): to_plain(v) for k, v in value.items()}
+        return {_plain_key(k): to_plain(v) for k, v in value.items()}
     if isinstance(value, list):
         return [to_plain(v) for v in value]
     if isinstance(value, tuple) and hasattr(value, "_asdict"):  # a NamedTuple, as a dataclass
@@ -319,7 +355,18 @@ def to_plain(value: Any) -> Any:
             return items
     dump: Callable[..., Any] | None = getattr(value, "model_dump", None)
     if callable(dump):
-        return to_plain(dump(mode="json"))
+        try:
+            return to_plain(dump(mode="json"))
+        except ValueError:
+            # Bytes that are not UTF-8, or a type only LangGraph's serde knows (a model
+            # allowing arbitrary types): a JSON dump has no room for them, and the graph
+            # has already ended. Its fields as they are, made plain here.
+            return to_plain(dump())
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: to_plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
     return str(value)
+
+
+def _plain_key(key: Any) -> str | int:
+    plain = to_plain(key) if isinstance(key, enum.Enum) else key
+    return plain if isinstance(plain, (str, int)) else str(plain)

@@ -77,6 +77,9 @@ class Agent:
     def resend(self, meta: ThreadMeta) -> None:
         pass
 
+    def find_node(self, name: str) -> Callable[..., Any] | None:
+        return {"go": self.go, "ago": self.ago}.get(name)
+
 
 def drive(agent: Agent, store: Store, thread_id: str = "t1") -> Any:
     return Driver(agent, thread_id, store, Settings(store=store), lambda: False).drive()

@@ -407,6 +407,46 @@ def test_a_version_2_database_is_upgraded_in_place(tmp_path: Path) -> None:
         assert db.execute("PRAGMA user_version").fetchone() == (9,)
 
 
+@pytest.mark.parametrize(
+    ("version", "lacking"),
+    [
+        # Version 4 as first released held the origin alone; its tool and claimed_at came later.
+        (4, ("tool", "claimed_at", "claimed_by", "lock_lost", "canvas_taker", "incarnation")),
+        # Version 6 as first released held lock_lost alone; canvas_taker came later.
+        (6, ("canvas_taker", "incarnation", "claimed_by")),
+        # Such a version 4 file, upgraded since by a release that trusted its number.
+        (9, ("tool", "claimed_at")),
+    ],
+)
+def test_a_database_missing_columns_its_version_names_is_completed(
+    tmp_path: Path, version: int, lacking: tuple[str, ...]
+) -> None:
+    """A schema version gained columns after it first shipped: a file written then says it
+    is at that version and lacks them. Opening it adds what is missing, keeping its data,
+    instead of every claim or canvas failing with "no such column"."""
+    path = tmp_path / "agentq.db"
+    with SQLiteStore(path) as store:
+        store.open_thread("t1", task="agent")
+        token = store.acquire("t1", "w1", 60)
+        store.commit("t1", token, Checkpoint(step=0, node="n", token=token))
+        store.claim_effect("t1", "invoice-1", token)
+    with sqlite3.connect(path) as db:
+        for column in lacking:
+            table = "effects" if column in ("tool", "claimed_at", "claimed_by") else "threads"
+            db.execute(f"ALTER TABLE {table} DROP COLUMN {column}")
+        db.execute(f"PRAGMA user_version = {version}")
+    with SQLiteStore(path) as store:
+        assert store.latest("t1") == Checkpoint(step=0, node="n", token=token)
+        found = store.effect("t1", "invoice-1")
+        assert found is not None and found.token == token
+        store.claim_effect("t1", "invoice-2", token, tool="send_invoice")
+        assert store.effect("t1", "invoice-2").tool == "send_invoice"  # type: ignore[union-attr]
+        store.set_status("t1", token, Status.DONE, result=1, release_owner="w1")
+        assert store.take_canvas("t1", "task-1")
+    with sqlite3.connect(path) as db:
+        assert db.execute("PRAGMA user_version").fetchone() == (9,)
+
+
 def test_newer_schema_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "agentq.db"
     SQLiteStore(path).close()

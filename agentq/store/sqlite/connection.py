@@ -20,7 +20,7 @@ from typing import Final
 
 from agentq.errors import StoreConfigError
 from agentq.records import Finding
-from agentq.store.sqlite.schema import SCHEMA_VERSION, migrate
+from agentq.store.sqlite.schema import migrate, needs_migration
 
 BUSY_TIMEOUT: Final = 30.0
 """Seconds a write waits for another process's transaction before giving up."""
@@ -196,8 +196,7 @@ def _connect(path: str) -> sqlite3.Connection:
         db.execute("PRAGMA busy_timeout=0")
         # Only a database to create or migrate takes the write lock: opening one is a read,
         # which another process's long write does not hold up.
-        (version,) = db.execute("PRAGMA user_version").fetchone()
-        if version != SCHEMA_VERSION:
+        if needs_migration(db):
             with immediate_transaction(db):
                 migrate(db, path)
     except sqlite3.DatabaseError as exc:

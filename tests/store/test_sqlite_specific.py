@@ -130,6 +130,52 @@ print("wrote" if writing.successful() else f"failed: {writing.exception!r}", flu
 """
 
 
+INTERRUPTED = """
+import signal, sqlite3, sys, time
+from agentq.store.sqlite.store import SQLiteStore
+
+class Interrupted(Exception):  # as Celery's SoftTimeLimitExceeded, raised by a signal
+    pass
+
+armed = False
+
+def interrupt(signum, frame):
+    if armed:  # a signal handled only after the call ended is not for it
+        raise Interrupted
+
+def by_signal(exc):
+    return isinstance(exc, Interrupted) or isinstance(exc.__cause__, Interrupted)
+
+store = SQLiteStore(sys.argv[1])
+other = sqlite3.connect(sys.argv[1], timeout=0, isolation_level=None)
+store.open_thread("t0", task="agent")
+signal.signal(signal.SIGALRM, interrupt)
+deadline = time.monotonic() + float(sys.argv[2])
+calls = interrupted = 0
+while time.monotonic() < deadline:
+    calls += 1
+    try:
+        try:
+            armed = True
+            signal.setitimer(signal.ITIMER_REAL, 0.00002 * (1 + calls % 7))
+            if calls % 2:
+                store.open_thread(f"t{calls}", task="agent")
+            else:
+                store.latest("t0")
+        finally:
+            armed = False
+            signal.setitimer(signal.ITIMER_REAL, 0)
+    except Exception as exc:
+        if not by_signal(exc):
+            raise
+        interrupted += 1
+    other.execute("BEGIN IMMEDIATE")  # "database is locked" if the write lock was kept
+    other.execute("ROLLBACK")
+    store.open_thread("t0", task="agent")  # fails if its connection was left in a transaction
+print(calls, interrupted, flush=True)
+"""
+
+
 def _python(script: str, *args: object) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-c", script, *map(str, args)],
@@ -234,6 +280,22 @@ def test_under_gevent_a_write_waits_for_the_lock_without_blocking_the_hub(
         assert writer.wait(timeout=30) == 0
     with SQLiteStore(path) as store:
         assert store.meta("t1").status == Status.QUEUED
+
+
+def test_a_call_interrupted_by_a_signal_leaves_no_transaction_open(tmp_path: Path) -> None:
+    """An exception a signal handler raises (Celery's soft time limit) may land just after
+    BEGIN returned: the transaction is rolled back, not left open on the process's shared
+    connection, where it would keep the write lock from every process and make each
+    later call of this one fail with "cannot start a transaction within a transaction"."""
+    out = subprocess.run(
+        [sys.executable, "-c", INTERRUPTED, str(tmp_path / "agentq.db"), "8"],
+        capture_output=True,
+        text=True,
+        timeout=50,
+    )
+    assert out.returncode == 0, out.stderr
+    calls, interrupted = map(int, out.stdout.split())
+    assert interrupted > calls // 4  # the signal did land in most calls
 
 
 def test_fork_after_open_uses_a_fresh_connection(tmp_path: Path) -> None:

@@ -70,8 +70,10 @@ def _begin_immediate(db: sqlite3.Connection) -> None:
 def immediate_transaction(db: sqlite3.Connection) -> Iterator[None]:
     # IMMEDIATE takes the write lock up front: a deferred transaction that later tries to
     # write can fail with SQLITE_BUSY without any wait for the lock.
-    _begin_immediate(db)
     try:
+        # Inside the try: an exception a signal handler raises (Celery's soft time limit)
+        # just after BEGIN returned must roll back, not leave the write lock taken.
+        _begin_immediate(db)
         yield
         db.execute("COMMIT")
     except BaseException:
@@ -134,6 +136,10 @@ class SharedConnection:
         with self._lock:
             if self._db is None:
                 self._db = _connect(self.path)
+            elif self._db.in_transaction:
+                # Left open by a caller an exception interrupted where nothing could roll it
+                # back: it would keep the write lock (or an old snapshot) for good.
+                self._db.execute("ROLLBACK")
             yield self._db
 
     @contextmanager
@@ -141,8 +147,8 @@ class SharedConnection:
         """The connection inside one read transaction: its statements see the database
         as one moment left it, whatever other processes commit meanwhile."""
         with self.locked() as db:
-            db.execute("BEGIN")
             try:
+                db.execute("BEGIN")  # in the try, as immediate_transaction's
                 yield db
             finally:
                 if db.in_transaction:

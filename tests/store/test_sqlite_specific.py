@@ -4,6 +4,8 @@ serialisation of commits, forking after open, and how it is configured."""
 from __future__ import annotations
 
 import os
+import shlex
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -173,6 +175,22 @@ while time.monotonic() < deadline:
     other.execute("ROLLBACK")
     store.open_thread("t0", task="agent")  # fails if its connection was left in a transaction
 print(calls, interrupted, flush=True)
+"""
+
+
+READ_ONLY = """
+import sys
+from agentq.errors import StoreConfigError
+from agentq.store.sqlite.store import SQLiteStore
+
+try:
+    store = SQLiteStore(sys.argv[1])
+    store.meta("t1")
+    print("opened", flush=True)
+    store.open_thread("t2", task="agent")
+    print("wrote", flush=True)
+except StoreConfigError as exc:
+    print(exc, flush=True)
 """
 
 
@@ -526,6 +544,40 @@ def test_close_then_use_reconnects(tmp_path: Path) -> None:
     assert store.meta("t1") is not None
     store.close()
     assert os.path.exists(tmp_path / "agentq.db")
+
+
+@pytest.mark.parametrize("beside_a_writer", [False, True], ids=["alone", "beside a writer"])
+def test_a_store_on_a_read_only_mount_is_refused_naming_the_fix(
+    tmp_path: Path, beside_a_writer: bool
+) -> None:
+    """A worker whose volume is mounted read-only: opening the store alone fails, and
+    beside a process that has it open (its -shm file exists) opening works but each write
+    fails. Either way the error says to mount it read-write, not to look for a lock."""
+    if shutil.which("unshare") is None:
+        pytest.skip("needs unshare(1) to mount the directory read-only for one process")
+    directory = tmp_path / "volume"
+    directory.mkdir()
+    path = directory / "agentq.db"
+    with SQLiteStore(path) as store:
+        store.open_thread("t1", task="agent")
+        if not beside_a_writer:
+            store.close()  # the last connection: the -wal and -shm files go with it
+        where = shlex.quote(str(directory))
+        mount = f"mount --bind {where} {where} && mount -o remount,bind,ro {where}"
+        # The read-only mount exists in the child's own mount namespace alone.
+        child = [sys.executable, "-c", READ_ONLY, str(path)]
+        out = subprocess.run(
+            ["unshare", "--mount", "sh", "-c", f'{mount} && exec "$@"', "sh", *child],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        if out.returncode != 0 and out.stderr.startswith(("unshare:", "mount:")):
+            pytest.skip(f"cannot mount read-only here: {out.stderr.strip()}")
+        assert out.returncode == 0, out.stderr
+        *before, error = out.stdout.splitlines()
+        assert before == (["opened"] if beside_a_writer else [])
+        assert str(path) in error and "read-only" in error and "read-write" in error
 
 
 def test_a_locked_database_is_transient_and_a_read_only_one_is_not(tmp_path: Path) -> None:

@@ -157,8 +157,18 @@ class SharedConnection:
     @contextmanager
     def write(self) -> Iterator[sqlite3.Connection]:
         """The connection inside one write transaction, committed when the block ends."""
-        with self.locked() as db, immediate_transaction(db):
-            yield db
+        with self.locked() as db:
+            try:
+                with immediate_transaction(db):
+                    yield db
+            except sqlite3.OperationalError as exc:
+                # SQLite opens a file it may not write read-only, so this shows at a write.
+                why = _code(exc) == sqlite3.SQLITE_READONLY and _why_unwritable(self.path)
+                if why:
+                    raise StoreConfigError(
+                        f"cannot write SQLite store {self.path!r}: {why}"
+                    ) from exc
+                raise
 
     def close(self) -> None:
         self._after_fork()
@@ -208,16 +218,46 @@ def _connect(path: str) -> sqlite3.Connection:
     except sqlite3.DatabaseError as exc:
         db.close()
         # Another process's lock or the disk passes; a file it cannot open is set up wrong.
-        if passes(exc) and getattr(exc, "sqlite_errorcode", 0) & 0xFF != sqlite3.SQLITE_CANTOPEN:
+        if passes(exc) and _code(exc) != sqlite3.SQLITE_CANTOPEN:
             raise
+        why = _why_unwritable(path)
         raise StoreConfigError(
-            f"cannot use SQLite store {path!r} ({exc}); check that it is an agentq "
-            "database on a local disk and that no process keeps it locked"
+            f"cannot use SQLite store {path!r} ({exc}); "
+            + (
+                why
+                or "check that it is an agentq database on a local disk and that no "
+                "process keeps it locked"
+            )
         ) from exc
     except BaseException:
         db.close()
         raise
     return db
+
+
+def _code(exc: sqlite3.Error) -> int:
+    """The primary result code of ``exc``; 0 for one raised by hand."""
+    code: int = getattr(exc, "sqlite_errorcode", 0)
+    return code & 0xFF
+
+
+def _why_unwritable(path: str) -> str | None:
+    """Why this process may not write the store's file, or create the -wal and -shm files
+    SQLite keeps beside it, naming the fix; ``None`` if nothing here says it may not."""
+    directory = os.path.dirname(path)
+    try:
+        read_only = os.statvfs(directory).f_flag & os.ST_RDONLY
+    except OSError:
+        return None
+    if read_only:
+        return (
+            f"{directory!r} is on a read-only mount, and every step is written to the "
+            "store: mount it read-write"
+        )
+    for target in (path, directory):  # the directory: SQLite creates its -wal and -shm there
+        if os.path.exists(target) and not os.access(target, os.W_OK):
+            return f"this user may not write {target!r}: give it write permission"
+    return None
 
 
 def durability_findings(db: sqlite3.Connection, path: str) -> list[Finding]:

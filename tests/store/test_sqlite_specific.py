@@ -644,3 +644,44 @@ def test_a_checkpoint_is_read_with_its_logs_as_one_moment(tmp_path: Path, read: 
         assert deleted == [True]
         assert found is not None and found.state["messages"] == messages
         assert store.meta("t1") is None
+
+
+def test_a_commit_appending_to_a_long_log_does_not_read_the_whole_log(tmp_path: Path) -> None:
+    """Appending to an append-only field (a conversation's messages) checks the stored
+    log's length under the database's write lock, which every worker process waits for:
+    that check must not read every item, or each step of a long conversation grows slower
+    and holds up every other thread's commits with it."""
+    steps: list[int] = []
+
+    def count_steps() -> int:
+        steps[-1] += 1
+        return 0  # go on
+
+    with SQLiteStore(tmp_path / "agentq.db") as store:
+        for thread_id, length in (("short", 10), ("long", 20_000)):
+            store.open_thread(thread_id, task="agent")
+            token = store.acquire(thread_id, "w1", 60)
+            messages = [f"message {i}" for i in range(length)]
+            store.commit(
+                thread_id,
+                token,
+                Checkpoint(step=0, node="n", state={"messages": messages}, token=token),
+                logs={"messages": 0},
+            )
+            with store._conn.locked() as db:
+                db.set_progress_handler(count_steps, 10)  # called every 10 VM steps
+            steps.append(0)
+            try:
+                store.commit(
+                    thread_id,
+                    token,
+                    Checkpoint(
+                        step=1, node="n", state={"messages": [*messages, "one more"]}, token=token
+                    ),
+                    logs={"messages": length},
+                )
+            finally:
+                with store._conn.locked() as db:
+                    db.set_progress_handler(None, 0)
+        short, long = steps
+        assert long < 2 * short + 10, steps

@@ -4,6 +4,8 @@ serialisation of commits, forking after open, and how it is configured."""
 from __future__ import annotations
 
 import os
+import shlex
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -130,6 +132,68 @@ print("wrote" if writing.successful() else f"failed: {writing.exception!r}", flu
 """
 
 
+INTERRUPTED = """
+import signal, sqlite3, sys, time
+from agentq.store.sqlite.store import SQLiteStore
+
+class Interrupted(Exception):  # as Celery's SoftTimeLimitExceeded, raised by a signal
+    pass
+
+armed = False
+
+def interrupt(signum, frame):
+    if armed:  # a signal handled only after the call ended is not for it
+        raise Interrupted
+
+def by_signal(exc):
+    return isinstance(exc, Interrupted) or isinstance(exc.__cause__, Interrupted)
+
+store = SQLiteStore(sys.argv[1])
+other = sqlite3.connect(sys.argv[1], timeout=0, isolation_level=None)
+store.open_thread("t0", task="agent")
+signal.signal(signal.SIGALRM, interrupt)
+deadline = time.monotonic() + float(sys.argv[2])
+calls = interrupted = 0
+while time.monotonic() < deadline:
+    calls += 1
+    try:
+        try:
+            armed = True
+            signal.setitimer(signal.ITIMER_REAL, 0.00002 * (1 + calls % 7))
+            if calls % 2:
+                store.open_thread(f"t{calls}", task="agent")
+            else:
+                store.latest("t0")
+        finally:
+            armed = False
+            signal.setitimer(signal.ITIMER_REAL, 0)
+    except Exception as exc:
+        if not by_signal(exc):
+            raise
+        interrupted += 1
+    other.execute("BEGIN IMMEDIATE")  # "database is locked" if the write lock was kept
+    other.execute("ROLLBACK")
+    store.open_thread("t0", task="agent")  # fails if its connection was left in a transaction
+print(calls, interrupted, flush=True)
+"""
+
+
+READ_ONLY = """
+import sys
+from agentq.errors import StoreConfigError
+from agentq.store.sqlite.store import SQLiteStore
+
+try:
+    store = SQLiteStore(sys.argv[1])
+    store.meta("t1")
+    print("opened", flush=True)
+    store.open_thread("t2", task="agent")
+    print("wrote", flush=True)
+except StoreConfigError as exc:
+    print(exc, flush=True)
+"""
+
+
 def _python(script: str, *args: object) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-c", script, *map(str, args)],
@@ -234,6 +298,22 @@ def test_under_gevent_a_write_waits_for_the_lock_without_blocking_the_hub(
         assert writer.wait(timeout=30) == 0
     with SQLiteStore(path) as store:
         assert store.meta("t1").status == Status.QUEUED
+
+
+def test_a_call_interrupted_by_a_signal_leaves_no_transaction_open(tmp_path: Path) -> None:
+    """An exception a signal handler raises (Celery's soft time limit) may land just after
+    BEGIN returned: the transaction is rolled back, not left open on the process's shared
+    connection, where it would keep the write lock from every process and make each
+    later call of this one fail with "cannot start a transaction within a transaction"."""
+    out = subprocess.run(
+        [sys.executable, "-c", INTERRUPTED, str(tmp_path / "agentq.db"), "8"],
+        capture_output=True,
+        text=True,
+        timeout=50,
+    )
+    assert out.returncode == 0, out.stderr
+    calls, interrupted = map(int, out.stdout.split())
+    assert interrupted > calls // 4  # the signal did land in most calls
 
 
 def test_fork_after_open_uses_a_fresh_connection(tmp_path: Path) -> None:
@@ -407,6 +487,46 @@ def test_a_version_2_database_is_upgraded_in_place(tmp_path: Path) -> None:
         assert db.execute("PRAGMA user_version").fetchone() == (9,)
 
 
+@pytest.mark.parametrize(
+    ("version", "lacking"),
+    [
+        # Version 4 as first released held the origin alone; its tool and claimed_at came later.
+        (4, ("tool", "claimed_at", "claimed_by", "lock_lost", "canvas_taker", "incarnation")),
+        # Version 6 as first released held lock_lost alone; canvas_taker came later.
+        (6, ("canvas_taker", "incarnation", "claimed_by")),
+        # Such a version 4 file, upgraded since by a release that trusted its number.
+        (9, ("tool", "claimed_at")),
+    ],
+)
+def test_a_database_missing_columns_its_version_names_is_completed(
+    tmp_path: Path, version: int, lacking: tuple[str, ...]
+) -> None:
+    """A schema version gained columns after it first shipped: a file written then says it
+    is at that version and lacks them. Opening it adds what is missing, keeping its data,
+    instead of every claim or canvas failing with "no such column"."""
+    path = tmp_path / "agentq.db"
+    with SQLiteStore(path) as store:
+        store.open_thread("t1", task="agent")
+        token = store.acquire("t1", "w1", 60)
+        store.commit("t1", token, Checkpoint(step=0, node="n", token=token))
+        store.claim_effect("t1", "invoice-1", token)
+    with sqlite3.connect(path) as db:
+        for column in lacking:
+            table = "effects" if column in ("tool", "claimed_at", "claimed_by") else "threads"
+            db.execute(f"ALTER TABLE {table} DROP COLUMN {column}")
+        db.execute(f"PRAGMA user_version = {version}")
+    with SQLiteStore(path) as store:
+        assert store.latest("t1") == Checkpoint(step=0, node="n", token=token)
+        found = store.effect("t1", "invoice-1")
+        assert found is not None and found.token == token
+        store.claim_effect("t1", "invoice-2", token, tool="send_invoice")
+        assert store.effect("t1", "invoice-2").tool == "send_invoice"  # type: ignore[union-attr]
+        store.set_status("t1", token, Status.DONE, result=1, release_owner="w1")
+        assert store.take_canvas("t1", "task-1")
+    with sqlite3.connect(path) as db:
+        assert db.execute("PRAGMA user_version").fetchone() == (9,)
+
+
 def test_newer_schema_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "agentq.db"
     SQLiteStore(path).close()
@@ -424,6 +544,40 @@ def test_close_then_use_reconnects(tmp_path: Path) -> None:
     assert store.meta("t1") is not None
     store.close()
     assert os.path.exists(tmp_path / "agentq.db")
+
+
+@pytest.mark.parametrize("beside_a_writer", [False, True], ids=["alone", "beside a writer"])
+def test_a_store_on_a_read_only_mount_is_refused_naming_the_fix(
+    tmp_path: Path, beside_a_writer: bool
+) -> None:
+    """A worker whose volume is mounted read-only: opening the store alone fails, and
+    beside a process that has it open (its -shm file exists) opening works but each write
+    fails. Either way the error says to mount it read-write, not to look for a lock."""
+    if shutil.which("unshare") is None:
+        pytest.skip("needs unshare(1) to mount the directory read-only for one process")
+    directory = tmp_path / "volume"
+    directory.mkdir()
+    path = directory / "agentq.db"
+    with SQLiteStore(path) as store:
+        store.open_thread("t1", task="agent")
+        if not beside_a_writer:
+            store.close()  # the last connection: the -wal and -shm files go with it
+        where = shlex.quote(str(directory))
+        mount = f"mount --bind {where} {where} && mount -o remount,bind,ro {where}"
+        # The read-only mount exists in the child's own mount namespace alone.
+        child = [sys.executable, "-c", READ_ONLY, str(path)]
+        out = subprocess.run(
+            ["unshare", "--mount", "sh", "-c", f'{mount} && exec "$@"', "sh", *child],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        if out.returncode != 0 and out.stderr.startswith(("unshare:", "mount:")):
+            pytest.skip(f"cannot mount read-only here: {out.stderr.strip()}")
+        assert out.returncode == 0, out.stderr
+        *before, error = out.stdout.splitlines()
+        assert before == (["opened"] if beside_a_writer else [])
+        assert str(path) in error and "read-only" in error and "read-write" in error
 
 
 def test_a_locked_database_is_transient_and_a_read_only_one_is_not(tmp_path: Path) -> None:
@@ -490,3 +644,44 @@ def test_a_checkpoint_is_read_with_its_logs_as_one_moment(tmp_path: Path, read: 
         assert deleted == [True]
         assert found is not None and found.state["messages"] == messages
         assert store.meta("t1") is None
+
+
+def test_a_commit_appending_to_a_long_log_does_not_read_the_whole_log(tmp_path: Path) -> None:
+    """Appending to an append-only field (a conversation's messages) checks the stored
+    log's length under the database's write lock, which every worker process waits for:
+    that check must not read every item, or each step of a long conversation grows slower
+    and holds up every other thread's commits with it."""
+    steps: list[int] = []
+
+    def count_steps() -> int:
+        steps[-1] += 1
+        return 0  # go on
+
+    with SQLiteStore(tmp_path / "agentq.db") as store:
+        for thread_id, length in (("short", 10), ("long", 20_000)):
+            store.open_thread(thread_id, task="agent")
+            token = store.acquire(thread_id, "w1", 60)
+            messages = [f"message {i}" for i in range(length)]
+            store.commit(
+                thread_id,
+                token,
+                Checkpoint(step=0, node="n", state={"messages": messages}, token=token),
+                logs={"messages": 0},
+            )
+            with store._conn.locked() as db:
+                db.set_progress_handler(count_steps, 10)  # called every 10 VM steps
+            steps.append(0)
+            try:
+                store.commit(
+                    thread_id,
+                    token,
+                    Checkpoint(
+                        step=1, node="n", state={"messages": [*messages, "one more"]}, token=token
+                    ),
+                    logs={"messages": length},
+                )
+            finally:
+                with store._conn.locked() as db:
+                    db.set_progress_handler(None, 0)
+        short, long = steps
+        assert long < 2 * short + 10, steps

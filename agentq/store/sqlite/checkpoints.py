@@ -182,8 +182,11 @@ def _stored_checkpoint(db: sqlite3.Connection, thread_id: str, step: int) -> byt
 def _append_log(
     db: sqlite3.Connection, thread_id: str, step: int, field: str, before: int, items: list[bytes]
 ) -> None:
+    # A log's items are numbered from 0 without gaps, so the last one's index gives its
+    # length at one seek of the primary key, where COUNT(*) would read every item.
     (length,) = db.execute(
-        "SELECT COUNT(*) FROM logs WHERE thread_id = ? AND field = ?", (thread_id, field)
+        "SELECT COALESCE(MAX(idx) + 1, 0) FROM logs WHERE thread_id = ? AND field = ?",
+        (thread_id, field),
     ).fetchone()
     if length != before:
         raise LogConflict(

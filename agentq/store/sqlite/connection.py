@@ -20,7 +20,7 @@ from typing import Final
 
 from agentq.errors import StoreConfigError
 from agentq.records import Finding
-from agentq.store.sqlite.schema import SCHEMA_VERSION, migrate
+from agentq.store.sqlite.schema import migrate, needs_migration
 
 BUSY_TIMEOUT: Final = 30.0
 """Seconds a write waits for another process's transaction before giving up."""
@@ -70,8 +70,10 @@ def _begin_immediate(db: sqlite3.Connection) -> None:
 def immediate_transaction(db: sqlite3.Connection) -> Iterator[None]:
     # IMMEDIATE takes the write lock up front: a deferred transaction that later tries to
     # write can fail with SQLITE_BUSY without any wait for the lock.
-    _begin_immediate(db)
     try:
+        # Inside the try: an exception a signal handler raises (Celery's soft time limit)
+        # just after BEGIN returned must roll back, not leave the write lock taken.
+        _begin_immediate(db)
         yield
         db.execute("COMMIT")
     except BaseException:
@@ -134,6 +136,10 @@ class SharedConnection:
         with self._lock:
             if self._db is None:
                 self._db = _connect(self.path)
+            elif self._db.in_transaction:
+                # Left open by a caller an exception interrupted where nothing could roll it
+                # back: it would keep the write lock (or an old snapshot) for good.
+                self._db.execute("ROLLBACK")
             yield self._db
 
     @contextmanager
@@ -141,8 +147,8 @@ class SharedConnection:
         """The connection inside one read transaction: its statements see the database
         as one moment left it, whatever other processes commit meanwhile."""
         with self.locked() as db:
-            db.execute("BEGIN")
             try:
+                db.execute("BEGIN")  # in the try, as immediate_transaction's
                 yield db
             finally:
                 if db.in_transaction:
@@ -151,8 +157,18 @@ class SharedConnection:
     @contextmanager
     def write(self) -> Iterator[sqlite3.Connection]:
         """The connection inside one write transaction, committed when the block ends."""
-        with self.locked() as db, immediate_transaction(db):
-            yield db
+        with self.locked() as db:
+            try:
+                with immediate_transaction(db):
+                    yield db
+            except sqlite3.OperationalError as exc:
+                # SQLite opens a file it may not write read-only, so this shows at a write.
+                why = _code(exc) == sqlite3.SQLITE_READONLY and _why_unwritable(self.path)
+                if why:
+                    raise StoreConfigError(
+                        f"cannot write SQLite store {self.path!r}: {why}"
+                    ) from exc
+                raise
 
     def close(self) -> None:
         self._after_fork()
@@ -196,23 +212,52 @@ def _connect(path: str) -> sqlite3.Connection:
         db.execute("PRAGMA busy_timeout=0")
         # Only a database to create or migrate takes the write lock: opening one is a read,
         # which another process's long write does not hold up.
-        (version,) = db.execute("PRAGMA user_version").fetchone()
-        if version != SCHEMA_VERSION:
+        if needs_migration(db):
             with immediate_transaction(db):
                 migrate(db, path)
     except sqlite3.DatabaseError as exc:
         db.close()
         # Another process's lock or the disk passes; a file it cannot open is set up wrong.
-        if passes(exc) and getattr(exc, "sqlite_errorcode", 0) & 0xFF != sqlite3.SQLITE_CANTOPEN:
+        if passes(exc) and _code(exc) != sqlite3.SQLITE_CANTOPEN:
             raise
+        why = _why_unwritable(path)
         raise StoreConfigError(
-            f"cannot use SQLite store {path!r} ({exc}); check that it is an agentq "
-            "database on a local disk and that no process keeps it locked"
+            f"cannot use SQLite store {path!r} ({exc}); "
+            + (
+                why
+                or "check that it is an agentq database on a local disk and that no "
+                "process keeps it locked"
+            )
         ) from exc
     except BaseException:
         db.close()
         raise
     return db
+
+
+def _code(exc: sqlite3.Error) -> int:
+    """The primary result code of ``exc``; 0 for one raised by hand."""
+    code: int = getattr(exc, "sqlite_errorcode", 0)
+    return code & 0xFF
+
+
+def _why_unwritable(path: str) -> str | None:
+    """Why this process may not write the store's file, or create the -wal and -shm files
+    SQLite keeps beside it, naming the fix; ``None`` if nothing here says it may not."""
+    directory = os.path.dirname(path)
+    try:
+        read_only = os.statvfs(directory).f_flag & os.ST_RDONLY
+    except OSError:
+        return None
+    if read_only:
+        return (
+            f"{directory!r} is on a read-only mount, and every step is written to the "
+            "store: mount it read-write"
+        )
+    for target in (path, directory):  # the directory: SQLite creates its -wal and -shm there
+        if os.path.exists(target) and not os.access(target, os.W_OK):
+            return f"this user may not write {target!r}: give it write permission"
+    return None
 
 
 def durability_findings(db: sqlite3.Connection, path: str) -> list[Finding]:

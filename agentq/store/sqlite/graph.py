@@ -72,11 +72,12 @@ class SQLiteGraph(GraphStore):
     def _read(self) -> Iterator[sqlite3.Connection]:
         # One deferred transaction: every statement of a read sees the same snapshot.
         with self._connection() as db:
-            db.execute("BEGIN")
             try:
+                db.execute("BEGIN")  # in the try: a signal's exception just after it ends it
                 yield db
             finally:
-                db.execute("COMMIT")
+                if db.in_transaction:
+                    db.execute("COMMIT")
 
     # -- writes ---------------------------------------------------------------------------
 

@@ -79,6 +79,46 @@ SCHEMA: Final = (
 )
 
 
+_ADDED_COLUMNS: Final = (
+    ("effects", "claim TEXT"),  # 2: names each claim, to recognise a resent one
+    ("threads", "retry_at REAL"),  # 3: when a retrying thread may run, and how to send it
+    ("threads", "options BLOB"),
+    ("threads", "origin TEXT"),  # 4: the task that first sent the thread, what claimed
+    ("effects", "tool TEXT"),  # an effect and when
+    ("effects", "claimed_at REAL"),
+    ("threads", "timeout REAL"),  # 5: the timeout of a wait for a human
+    ("threads", "timeout_at REAL"),
+    ("threads", "timed_out BLOB"),
+    ("threads", "lock_lost INTEGER NOT NULL DEFAULT 0"),  # 6: whether a lease's take counted
+    ("threads", "canvas_taker TEXT"),  # a lost worker, which task carries the canvas on
+    ("threads", "incarnation TEXT"),  # 7: what its tools' downstream keys derive from
+    ("effects", "claimed_by TEXT"),  # 8: the thread that claimed a shared effect
+    ("threads", "reopened INTEGER NOT NULL DEFAULT 0"),  # 9: whether a person sent it on
+)
+"""The columns added to the first version's tables, each in the version it came with."""
+
+
+def _missing_columns(db: sqlite3.Connection) -> list[tuple[str, str]]:
+    # Found by name rather than by the file's version: versions 4 and 6 gained columns
+    # after they first shipped, so a file's number does not say which it has.
+    present = {
+        table: {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
+        for table in {table for table, _ in _ADDED_COLUMNS}
+    }
+    return [
+        (table, column)
+        for table, column in _ADDED_COLUMNS
+        if present[table] and column.split()[0] not in present[table]
+    ]
+
+
+def needs_migration(db: sqlite3.Connection) -> bool:
+    """Whether the file is not at :data:`SCHEMA_VERSION` or lacks a column of it (one
+    written when its version had fewer); read alone, without the write lock."""
+    (version,) = db.execute("PRAGMA user_version").fetchone()
+    return version != SCHEMA_VERSION or bool(_missing_columns(db))
+
+
 def migrate(db: sqlite3.Connection, path: str) -> None:
     """Create the tables or bring older ones up to :data:`SCHEMA_VERSION`, inside the
     caller's write transaction so that concurrent openers migrate once."""
@@ -90,26 +130,6 @@ def migrate(db: sqlite3.Connection, path: str) -> None:
         )
     for statement in SCHEMA:
         db.execute(statement)
-    if version == 1:  # version 2 names each claim, to recognise a resent one
-        db.execute("ALTER TABLE effects ADD COLUMN claim TEXT")
-    if version in (1, 2):  # version 3: when a retrying thread may run, and how
-        db.execute("ALTER TABLE threads ADD COLUMN retry_at REAL")  # to send it
-        db.execute("ALTER TABLE threads ADD COLUMN options BLOB")
-    if version in (1, 2, 3):  # version 4: the task that first sent the thread, and what
-        db.execute("ALTER TABLE threads ADD COLUMN origin TEXT")  # claimed an effect when
-        db.execute("ALTER TABLE effects ADD COLUMN tool TEXT")
-        db.execute("ALTER TABLE effects ADD COLUMN claimed_at REAL")
-    if version in (1, 2, 3, 4):  # version 5: the timeout of a wait for a human
-        for column in ("timeout REAL", "timeout_at REAL", "timed_out BLOB"):
-            db.execute(f"ALTER TABLE threads ADD COLUMN {column}")
-    if version in (1, 2, 3, 4, 5):  # version 6: whether a lease's take counted a lost
-        # worker, and which task carries the thread's canvas on
-        db.execute("ALTER TABLE threads ADD COLUMN lock_lost INTEGER NOT NULL DEFAULT 0")
-        db.execute("ALTER TABLE threads ADD COLUMN canvas_taker TEXT")
-    if version in (1, 2, 3, 4, 5, 6):  # version 7: what its tools' downstream keys derive
-        db.execute("ALTER TABLE threads ADD COLUMN incarnation TEXT")  # from
-    if version in (1, 2, 3, 4, 5, 6, 7):  # version 8: the thread that claimed a shared
-        db.execute("ALTER TABLE effects ADD COLUMN claimed_by TEXT")  # effect
-    if version in (1, 2, 3, 4, 5, 6, 7, 8):  # version 9: whether a person sent it on
-        db.execute("ALTER TABLE threads ADD COLUMN reopened INTEGER NOT NULL DEFAULT 0")
+    for table, column in _missing_columns(db):
+        db.execute(f"ALTER TABLE {table} ADD COLUMN {column}")
     db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")

@@ -84,6 +84,9 @@ def _unpack(data: bytes) -> Any:
 # RecursionError: tuples and sets are packed by nested calls, so deep nesting of them
 # exhausts Python's stack before msgpack's own depth limit (a ValueError) is reached.
 _PACK_ERRORS = (TypeError, ValueError, OverflowError, RecursionError)
+_UNPACK_ERRORS = (*_PACK_ERRORS, msgpack.UnpackException)
+"""What bytes that do not decode raise. Not every exception: one a signal handler raises
+meanwhile (Celery's soft time limit) is not damage, and must reach the task as itself."""
 
 
 def encode_value(value: Any, *, what: str, thread_id: str | None, step: int | None) -> bytes:
@@ -99,7 +102,7 @@ def decode_value(data: bytes, *, what: str, thread_id: str | None, step: int | N
     """Decode a value written by :func:`encode_value`."""
     try:
         return _unpack(data)
-    except Exception as exc:
+    except _UNPACK_ERRORS as exc:
         raise CorruptCheckpoint(
             f"{what} does not decode ({type(exc).__name__}: {exc}); the stored bytes were "
             "not written by agentq or were damaged",

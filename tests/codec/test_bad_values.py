@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import collections
 import enum
+import signal
+import time
 import types
 from collections.abc import Hashable, Iterator
 from pathlib import Path
@@ -11,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from agentq.codec.envelope import decode_checkpoint, encode_checkpoint, encode_value
+from agentq.codec.envelope import decode_checkpoint, decode_value, encode_checkpoint, encode_value
 from agentq.errors import InvalidEffectKey, InvalidThreadId, UnserializableState
 from agentq.records import Checkpoint
 from agentq.store.sqlite.store import SQLiteStore
@@ -251,3 +253,32 @@ def test_a_refused_subclass_leaves_the_stored_thread_unchanged(
         store.commit("t1", token, cp(1, token, color=Color.RED))
     assert (info.value.thread_id, info.value.step, info.value.path) == ("t1", 1, "state.color")
     assert snapshot(store) == before and store.latest("t1") == first
+
+
+# -- an exception from a signal handler while decoding ---------------------------------------
+
+
+class Alarm(Exception):
+    """What a signal handler raises, as Celery's soft time limit does."""
+
+
+def test_an_exception_raised_by_a_signal_while_decoding_is_not_taken_for_damage() -> None:
+    """Celery's soft time limit raises from its signal handler wherever the worker is:
+    landing in the decoding of a checkpoint, it is still the time limit, not damaged
+    bytes that an operator would restore from a backup."""
+    # Mostly tuples: the decoder calls back into Python for each, where handlers run.
+    data = encode_value([(n,) for n in range(50_000)], what="state", thread_id="t1", step=1)
+
+    def alarm(signum: int, frame: object) -> None:
+        raise Alarm
+
+    previous = signal.signal(signal.SIGALRM, alarm)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.05)
+        with pytest.raises(Alarm):
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                decode_value(data, what="state", thread_id="t1", step=1)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)

@@ -55,6 +55,11 @@ class AgentqWorkerStep(bootsteps.StartStopStep):  # type: ignore[misc]
         super().__init__(worker, **kwargs)
         # Before the pool starts, so that prefork children inherit it.
         runtime_of(worker.app).tasks_at_once = tasks_per_process(worker)
+        if worker.task_events:
+            # -E gives the worker task events but leaves the app's setting as it was,
+            # which is all a task (in a prefork child, too) can read: agentq's events
+            # (task-progress, task-waiting, ...) follow the flag as Celery's own do.
+            worker.app.conf.worker_send_task_events = True
         # Before any step starts: the first message the consumer reads may be revoked.
         revoke.connect()
         self.sweeper: Sweeper | None = None

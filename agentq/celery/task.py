@@ -18,7 +18,7 @@ from kombu.utils.functional import retry_over_time
 
 from agentq.celery import canvas, task_outcome
 from agentq.celery.drain import draining
-from agentq.celery.runtime import Runtime, runtime_of
+from agentq.celery.runtime import WORKER_STEP, Runtime, runtime_of
 from agentq.engine import tracing
 from agentq.engine.driver import Driver
 from agentq.engine.store_retry import RetriedCalls
@@ -167,6 +167,14 @@ class AgentTask(Task):  # type: ignore[misc]
         super().__init_subclass__(**kwargs)
         if getattr(cls, "autoretry_for", ()):
             refuse_autoretry(getattr(cls, "name", None) or cls.__name__)
+
+    @classmethod
+    def on_bound(cls, app: Any) -> None:
+        """Give the app's workers agentq's bootstep (recovery, the deploy hand-over, the
+        store's check) even when ``app.conf.agentq_*`` configures it without
+        ``init_app``: the settings are read when the worker starts, but the step must be
+        there before, or nothing would ever send a thread whose message was lost."""
+        app.steps["worker"].add(WORKER_STEP)
 
     @property
     def agentq(self) -> Runtime:

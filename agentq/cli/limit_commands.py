@@ -90,6 +90,7 @@ def limits(session: Session, as_json: bool) -> None:
     that threads run under): its budget, what is left of it now, the calls holding its
     slots, how long a provider's 429 still pauses it, and the threads of its
     concurrency key running and waiting (first to start first)."""
+    session.require_app("limits")  # the app's settings declare them, not the store
     rows = _rows(session)
     if as_json:
         emit_json(rows)

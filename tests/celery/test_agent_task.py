@@ -653,6 +653,48 @@ def test_each_step_reports_progress_to_the_result_backend_and_flower(
     app.close()
 
 
+def test_a_worker_started_with_dash_e_sends_the_progress_events(
+    redis_broker: str, redis_server: RedisServer
+) -> None:
+    """``celery worker -E`` gives the worker ``task_events`` without setting
+    ``worker_send_task_events`` in the app's conf: Flower watching such a worker still
+    sees each committed node."""
+    prefix = f"pe{uuid.uuid4().hex[:8]}:"
+    app = make_app(
+        broker=redis_broker,
+        store=redis_server.url,
+        prefix=prefix,
+        queue=f"agentq-test-{prefix}",
+        ledger_url=redis_server.url,
+    )
+    assert not app.conf.worker_send_task_events
+    agent = app.tasks["tests.counting_agent"]
+    events: list[dict[str, Any]] = []
+    listening = threading.Event()
+
+    def listen() -> None:
+        with app.connection_for_read() as connection:
+            receiver = app.events.Receiver(connection, handlers={"task-progress": events.append})
+            receiver.on_consume_ready = lambda *args, **kwargs: listening.set()
+            with contextlib.suppress(TimeoutError, OSError):
+                for _ in receiver.itercapture(limit=None, timeout=20, wakeup=False):
+                    if len(events) >= 2:
+                        break
+
+    listener = threading.Thread(target=listen, daemon=True)
+    listener.start()
+    assert listening.wait(10)
+    with start_worker(app, pool="solo", perform_ping_check=False, task_events=True):
+        agent.delay("t1", n=1)
+        assert agent.wait("t1", timeout=20) == 1
+        listener.join(20)
+    assert [(e["thread_id"], e["step"], e["node"]) for e in events] == [
+        ("t1", 0, "start"),
+        ("t1", 1, "count"),
+    ]
+    app.close()
+
+
 def cli_on(env: Env, *args: str) -> Result:
     """The ``agentq`` command against the env's store (its workers' sweepers send what
     it queues)."""

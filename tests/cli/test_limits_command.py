@@ -100,3 +100,21 @@ def test_limits_shows_each_concurrency_keys_running_and_waiting_threads(
     assert table.exit_code == 0, table.output
     assert "1 running, 2 waiting" in table.output
     assert "team:1 (team:{team})" in table.output
+
+
+def test_limits_without_the_app_asks_for_it_rather_than_saying_none_are_declared(
+    tmp_path: Path,
+) -> None:
+    # The budgets are declared in the app's settings; the store alone cannot say them.
+    db = tmp_path / "agentq.db"
+    declared = limit("openai", requests_per_minute=60)
+    store = SQLiteStore(db)
+    assert store.take_limits([Take("openai", declared, 0)], "call-1", 60).taken
+    store.close()
+
+    for args in (["limits"], ["limits", "--json"]):
+        result = CliRunner().invoke(cli, ["--store", f"sqlite:///{db}", *args])
+        assert result.exit_code == 1, result.output
+        assert result.stdout == ""
+        assert "-A module:app" in result.stderr
+        assert "no limits declared" not in result.output

@@ -1,0 +1,47 @@
+"""An app configured by ``app.conf.agentq_*`` alone, without ``init_app``: its workers
+still run recovery, since nothing else would ever send a thread whose message is gone."""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from typing import Any
+
+from celery import Celery
+from celery.contrib.testing.worker import start_worker
+
+import agentq
+from agentq import AgentTask, Done, Run, Status
+from tests.support.redis_server import RedisServer, wait_until
+
+
+class _ConfOnlyAgent(AgentTask):
+    name = "tests.conf_only_agent"
+
+    def start(self, run: Run) -> Any:
+        return Done("ran")
+
+
+def test_a_worker_of_an_app_configured_by_its_conf_alone_sweeps_due_threads(
+    redis_broker: str, redis_server: RedisServer
+) -> None:
+    prefix = f"co{uuid.uuid4().hex[:8]}:"
+    app = Celery("agentq-conf-only", broker=redis_broker, set_as_current=False)
+    app.conf.task_default_queue = f"agentq-test-{prefix}"
+    app.conf.agentq_store = redis_server.url
+    app.conf.agentq_prefix = prefix
+    app.conf.agentq_sweep_interval = 0.1
+    app.register_task(_ConfOnlyAgent())
+    with contextlib.closing(agentq.open_store(redis_server.url, prefix=prefix)) as store:
+        # Queued in the store with no message, as after a send lost with its broker:
+        # only a sweeper sends it.
+        store.open_thread("t1", task=_ConfOnlyAgent.name, start_grace=0)
+        with start_worker(app, pool="solo", perform_ping_check=False):
+            meta = wait_until(
+                lambda: (m := store.meta("t1")) is not None and m.status is Status.DONE and m,
+                timeout=20,
+                what="the swept thread done",
+            )
+    assert meta.result == "ran"
+    app._agentq_runtime.store.close()
+    app.close()

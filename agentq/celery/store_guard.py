@@ -23,8 +23,9 @@ def refuse_unsafe_store(store: Store, settings: Settings) -> list[Finding]:
         raise UnsafeStore(
             "the store would lose acknowledged checkpoints: "
             + "; ".join(str(f) for f in fatal)
-            + " (agentq doctor shows every finding; only for development, set "
-            "allow_unsafe_store=True to use it anyway)",
+            + " (agentq doctor shows every finding; only for development, use it anyway "
+            "with allow_unsafe_store=True, app.conf.agentq_allow_unsafe_store = True, or "
+            "agentq --allow-unsafe-store / AGENTQ_ALLOW_UNSAFE_STORE=1 on the command line)",
             findings=fatal,
         )
     for finding in findings:

@@ -28,6 +28,14 @@ class ToolCallOptions(PolicyOptions, total=False):
     config: RunnableConfig | None
 
 
+def _in_graph_run() -> bool:
+    try:
+        get_config()
+    except RuntimeError:
+        return False
+    return True
+
+
 def current_run(config: RunnableConfig | None = None) -> Run | None:
     """The agentq run of the graph task executing this node or tool, or ``None`` when the
     graph runs outside one (a plain ``graph.invoke``)."""
@@ -131,7 +139,7 @@ def tool_call(  # type: ignore[misc]
                 f"tool call {tool_call_id}: {tool_name(fn)} is a coroutine function; call it "
                 "with await agentq.langgraph.atool_call(...) from an async def tool or node"
             )
-        return _without_claim(tool_call_id, fn, args, kwargs)
+        return _without_claim(tool_call_id, fn, args, kwargs, config)
     return run.tool(
         fn,
         *args,
@@ -252,7 +260,7 @@ async def atool_call(  # type: ignore[misc]  # as tool_call's
     ``run_async=True`` on it when only a ``ToolNode``'s tools are."""
     run = current_run(config)
     if run is None:
-        result = _without_claim(tool_call_id, fn, args, kwargs)
+        result = _without_claim(tool_call_id, fn, args, kwargs, config)
         return await result if inspect.isawaitable(result) else result
     return await run.atool(
         fn,
@@ -269,10 +277,25 @@ async def atool_call(  # type: ignore[misc]  # as tool_call's
 
 
 def _without_claim(
-    tool_call_id: str, fn: Callable[..., Any], args: tuple[object, ...], kwargs: dict[str, Any]
+    tool_call_id: str,
+    fn: Callable[..., Any],
+    args: tuple[object, ...],
+    kwargs: dict[str, Any],
+    config: RunnableConfig | None,
 ) -> Any:
     """Outside a graph task there is no lease to fence a claim with: ``fn`` simply runs."""
-    logger.debug("tool call %s runs without a claim: no graph task", tool_call_id)
+    if config is None and not _in_graph_run():
+        # A graph run by a plain invoke knows it has no claims; a call outside any graph
+        # run is most often a node's, made from a thread that did not get its context.
+        logger.warning(
+            "tool call %s runs without a claim, so a retry or a lost worker can run it "
+            "again: it was made outside any LangGraph run. From a thread a node starts, "
+            "pass the node's config (tool_call(..., config=config)) or start the thread "
+            "in the node's context (contextvars.copy_context().run)",
+            tool_call_id,
+        )
+    else:
+        logger.debug("tool call %s runs without a claim: no graph task", tool_call_id)
     if "idempotency_key" in inspect.signature(fn).parameters:
         kwargs["idempotency_key"] = tool_call_id
     return fn(*args, **kwargs)

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Annotated, Any, TypedDict
 
@@ -16,7 +18,9 @@ import pytest
 from celery import Celery
 from celery.contrib.testing.worker import start_worker
 from langchain_core.messages import AIMessage, AnyMessage, ToolMessage
+from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import InjectedToolCallId, tool
+from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
 from langgraph.prebuilt import ToolNode
@@ -137,6 +141,33 @@ def test_outside_a_graph_task_the_tool_simply_runs() -> None:
     assert tool_call("call-1", pay, "A-1") == expected
     assert asyncio.run(atool_call("call-1", apay, "A-1")) == expected
     assert asyncio.run(atool_call("call-1", pay, "A-1")) == expected
+
+
+def test_a_call_outside_any_graph_run_warns_that_it_has_no_claim(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A graph a plain invoke runs knows it has no claims; a call outside any graph run is
+    most often a node's, made from a thread of its own that did not get the node's
+    context, in a graph task where the call would be claimed: said, with the fix."""
+
+    class Log(TypedDict):
+        log: list[str]
+
+    def node(state: Log) -> dict[str, Any]:
+        with ThreadPoolExecutor(1) as pool:
+            in_thread = pool.submit(tool_call, "call-2", lambda: "sent").result()
+        return {"log": [tool_call("call-1", lambda: "paid"), in_thread]}
+
+    graph = StateGraph(Log)
+    graph.add_node("pay", node)
+    graph.add_edge(START, "pay")
+    config: RunnableConfig = {"configurable": {"thread_id": "t1"}}
+    with caplog.at_level(logging.DEBUG, logger="agentq.langgraph"):
+        done = graph.compile(checkpointer=InMemorySaver()).invoke({"log": []}, config)
+    assert done == {"log": ["paid", "sent"]}
+    [warning] = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert "call-2 runs without a claim" in warning.getMessage()
+    assert "config=config" in warning.getMessage()
 
 
 def test_tool_call_refuses_a_coroutine_function_outside_a_graph_task_too() -> None:

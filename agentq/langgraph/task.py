@@ -151,6 +151,19 @@ class GraphTask(AgentTask):
     def resume(self, thread_id: str, value: Any = None, **options: Any) -> AsyncResult:
         """Continue a ``waiting`` thread with ``Command(resume=value)``; for several
         pending interrupts pass ``{interrupt_id: value}``, as LangGraph expects."""
+        meta = self.thread(thread_id)
+        asked = _interrupt_ids(meta.interrupt)
+        if len(asked) > 1 and not (
+            isinstance(value, Mapping) and value and set(value) <= set(asked)
+        ):
+            # LangGraph would refuse it only on the worker, failing the thread.
+            raise InvalidArgument(
+                f"{len(asked)} interrupts wait for an answer ({', '.join(asked)}): pass "
+                "{interrupt_id: value} for each one answered, as LangGraph expects; "
+                "task.state(thread_id).interrupts shows what each asks",
+                thread_id=thread_id,
+                step=meta.step,
+            )
         return super().resume(thread_id, self._pack(value), **options)
 
     def state(self, thread_id: str) -> StateSnapshot:
@@ -268,6 +281,13 @@ class GraphTask(AgentTask):
     def _cancel_requested(self, thread_id: str) -> bool:
         meta = self.agentq.store.meta(thread_id)
         return meta is not None and meta.cancel_requested
+
+
+def _interrupt_ids(payload: Any) -> list[str]:
+    """The ids of the interrupts a waiting graph thread asks (its payload, as stored)."""
+    if not isinstance(payload, list):
+        return []
+    return [str(item["id"]) for item in payload if isinstance(item, dict) and "id" in item]
 
 
 def _is_packed(value: Any) -> bool:

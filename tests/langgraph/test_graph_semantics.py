@@ -29,7 +29,7 @@ from pydantic import BaseModel
 
 import agentq
 from agentq import Status
-from agentq.errors import ThreadStopped
+from agentq.errors import InvalidArgument, ThreadStopped
 from agentq.langgraph import GraphTask, atool_call, graph_task, tool_call
 from tests.support.agents import RateLimitError
 from tests.support.redis_server import RedisServer, wait_until
@@ -264,8 +264,17 @@ def routed_async(*, lambda_node: bool = False) -> StateGraph[Log]:
     return graph
 
 
+def two_questions() -> StateGraph[Log]:
+    graph = StateGraph(Log)
+    for name in ("a", "b"):
+        graph.add_node(name, lambda state, name=name: {"log": [f"{name}:{interrupt(name)}"]})
+        graph.add_edge(START, name)
+    return graph
+
+
 GRAPHS: dict[str, Callable[[Hits], StateGraph[Any]]] = {
     "tests.asking": lambda hits: asking(),
+    "tests.two_questions": lambda hits: two_questions(),
     "tests.drawing": lambda hits: drawing(),
     "tests.attaching": lambda hits: attaching(),
     "tests.siblings": siblings,
@@ -328,6 +337,28 @@ def test_an_interrupt_answered_after_its_state_was_edited_takes_the_answer(env: 
     task.compiled().update_state({"configurable": {"thread_id": "t1"}}, {"log": ["edited"]})
     task.resume("t1", "yes")
     assert task.wait("t1", timeout=20)["log"] == ["edited", "answer:yes"]
+
+
+def test_one_answer_to_two_interrupts_is_refused_and_the_thread_keeps_waiting(
+    env: Env,
+) -> None:
+    """LangGraph wants {interrupt_id: value} when several interrupts wait; a plain value
+    would fail the thread on the worker, so the resume refuses it, naming the ids."""
+    task = env.task("tests.two_questions")
+    task.delay("t1", {"log": []})
+    wait_until(lambda: task.thread("t1").status == Status.WAITING, timeout=20, what="waiting")
+    asked = {i.value: i.id for i in task.state("t1").interrupts}
+    with pytest.raises(
+        InvalidArgument, match=r"2 interrupts wait .*\{interrupt_id: value\}"
+    ) as info:
+        task.resume("t1", "yes")
+    assert (info.value.thread_id, info.value.step) == ("t1", task.thread("t1").step)
+    assert all(i in str(info.value) for i in asked.values())
+    with pytest.raises(InvalidArgument):
+        task.resume("t1", {"not-an-id": "yes"})
+    assert task.thread("t1").status == Status.WAITING
+    task.resume("t1", {asked["a"]: "yes", asked["b"]: "no"})
+    assert sorted(task.wait("t1", timeout=20)["log"]) == ["a:yes", "b:no"]
 
 
 def test_a_state_holding_a_named_tuple_or_enums_finishes_as_data(env: Env) -> None:

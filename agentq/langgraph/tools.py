@@ -296,6 +296,14 @@ def _without_claim(
         )
     else:
         logger.debug("tool call %s runs without a claim: no graph task", tool_call_id)
-    if "idempotency_key" in inspect.signature(fn).parameters:
+    parameters = inspect.signature(fn).parameters
+    if "idempotency_key" in parameters:
         kwargs["idempotency_key"] = tool_call_id
+    token = parameters.get("fencing_token")
+    if token is not None and token.default is token.empty and "fencing_token" not in kwargs:
+        raise InvalidArgument(
+            f"tool call {tool_call_id}: {tool_name(fn)} takes a fencing_token, which only "
+            "a graph task's lease gives; for runs outside one, give the parameter a "
+            "default (fencing_token: int | None = None) or pass fencing_token="
+        )
     return fn(*args, **kwargs)

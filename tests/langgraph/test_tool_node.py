@@ -170,6 +170,21 @@ def test_a_call_outside_any_graph_run_warns_that_it_has_no_claim(
     assert "config=config" in warning.getMessage()
 
 
+def test_outside_a_graph_task_a_tool_needing_a_fencing_token_is_refused_naming_the_fix() -> None:
+    """No lease, no token: a clear refusal rather than a TypeError from the tool."""
+
+    def write(row: str, *, fencing_token: int) -> str:
+        return row
+
+    def write_maybe(row: str, *, fencing_token: int | None = None) -> str:
+        return f"{row}:{fencing_token}"
+
+    with pytest.raises(InvalidArgument, match=r"call-1: .*write takes a fencing_token.*default"):
+        tool_call("call-1", write, "r")
+    assert tool_call("call-1", write_maybe, "r") == "r:None"
+    assert tool_call("call-1", write, "r", fencing_token=7) == "r"
+
+
 def test_tool_call_refuses_a_coroutine_function_outside_a_graph_task_too() -> None:
     """Inside a graph task ``run.tool`` refuses it; outside, it would return a coroutine
     that never runs."""

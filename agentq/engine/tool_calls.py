@@ -717,4 +717,11 @@ def _short(text: str, limit: int = 200) -> str:
 
 
 def tool_name(fn: Callable[..., Any]) -> str:
-    return getattr(fn, "__qualname__", repr(fn))
+    """The name a tool's record and errors show: stable across processes, where a
+    callable object's repr carries its memory address."""
+    name = getattr(fn, "__qualname__", None)
+    if isinstance(name, str):
+        return name
+    if isinstance(fn, functools.partial):
+        return tool_name(fn.func)
+    return type(fn).__qualname__

@@ -5,6 +5,7 @@ Each runs on both stores."""
 
 from __future__ import annotations
 
+import functools
 import inspect
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -340,3 +341,25 @@ def test_a_key_called_again_after_its_call_raised_in_the_node_says_so(store: Sto
     assert "died" not in meta.error
     assert "its own key" in meta.error and "agentq resolve t1 charge-1" in meta.error
     assert agent.calls == ["card-1"]
+
+
+class Mailer:
+    """A client whose instances are the tool: their repr names a memory address."""
+
+    def __call__(self, to: str) -> str:
+        return f"sent to {to}"
+
+
+def test_a_tool_that_is_an_object_or_a_partial_is_recorded_under_its_class_name(
+    store: Store,
+) -> None:
+    """The record names the tool as every process would, not by an address in one."""
+
+    def go(agent: Agent, run: Run) -> Done:
+        sent = run.tool(Mailer(), "a@example.com", key="call-1")
+        return Done([sent, run.tool(functools.partial(Mailer(), "b@example.com"), key="call-2")])
+
+    store.open_thread("t1", task="tests.tool_call_mistakes")
+    assert drive(Agent(go), store) == ["sent to a@example.com", "sent to b@example.com"]
+    tools = [effect.tool for effect in store.effects("t1")]
+    assert tools == ["Mailer", "Mailer"]

@@ -85,19 +85,22 @@ def _check_name(
     thread_id: str | None,
 ) -> None:
     shown = thread_id if what == "thread id" else None
+    # An effect key's thread is a valid id, which the error names; a bad thread id is
+    # shown only in the message, where it is quoted.
+    owner = None if what == "thread id" else thread_id
     if not value:
-        raise error(f"{what} is empty; use a stable, non-empty id")
+        raise error(f"{what} is empty; use a stable, non-empty id", thread_id=owner)
     if len(value) > limit:
         raise error(
             f"{what} is {len(value)} characters, over the limit of {limit}; "
             "use a shorter id (e.g. a hash of the long one)",
-            thread_id=shown[:40] + "…" if shown else None,
+            thread_id=shown[:40] + "…" if shown else owner,
         )
     if "{" in value or "}" in value:
         raise error(
             f"{what} {value!r} contains a brace; braces are reserved for Redis Cluster hash "
             "tags, so remove them",
-            thread_id=None,
+            thread_id=owner,
         )
     # C1 controls (U+0080-U+009F, e.g. U+009B, a terminal escape introducer) and the Unicode
     # line and paragraph separators forge log lines and terminal output just as C0 ones do;
@@ -108,5 +111,5 @@ def _check_name(
         kind = _FORBIDDEN.get(unicodedata.category(ch))
         if kind:
             raise error(
-                f"{what} {value!r} contains {kind} U+{ord(ch):04X}; remove it", thread_id=None
+                f"{what} {value!r} contains {kind} U+{ord(ch):04X}; remove it", thread_id=owner
             )

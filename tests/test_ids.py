@@ -30,3 +30,11 @@ def test_an_effect_key_with_a_control_or_separator_is_refused(char: str) -> None
 @pytest.mark.parametrize("thread_id", ["ordre-é", "用户-42", "a b", "nbsp\xa0id", "emoji-🙂"])
 def test_printable_unicode_thread_ids_are_still_accepted(thread_id: str) -> None:
     assert validate_thread_id(thread_id) == thread_id
+
+
+@pytest.mark.parametrize("key", ["", "a{b}", "k" * 10_000, "charge\x1b"])
+def test_a_bad_effect_key_names_its_thread(key: str) -> None:
+    """The thread id is valid and says whose call it is (agentq resolve t1 'a{b}')."""
+    with pytest.raises(InvalidEffectKey) as info:
+        validate_effect_key(key, "t1")
+    assert info.value.thread_id == "t1" and str(info.value).startswith("thread 't1'")

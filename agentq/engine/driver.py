@@ -81,6 +81,7 @@ class Driver:
         may_open: bool = True,
         seat_of: Callable[[ThreadMeta], KeySeat | None] = lambda meta: None,
         first_revoked: bool = False,
+        interruptions: tuple[type[BaseException], ...] = (),
     ) -> None:
         self.task = task
         self.thread_id = thread_id
@@ -95,6 +96,9 @@ class Driver:
         # later message does not show: a thread that has committed no step stops, unless
         # a person answered it since (their resume outranks the revoke).
         self.first_revoked = first_revoked
+        # Raised into the drive from outside (the task's soft time limit, by a signal),
+        # wherever it happens to be: never a failed report of a step to swallow.
+        self.interruptions = interruptions
         self.retrying: tuple[Exception, float] | None = None
         """The error and the delay of the retry this drive scheduled, if it did."""
         self.ended: ThreadMeta | None = None
@@ -440,6 +444,8 @@ class Driver:
         not the thread's: failing, it is logged and the thread goes on."""
         try:
             self.task.on_step(self.thread_id, step, node, next_node, limit_waits=limit_waits)
+        except self.interruptions:
+            raise
         except Exception:
             logger.warning(
                 "thread %s: reporting step %d failed; the step is committed",

@@ -111,15 +111,21 @@ class LeaseKeeper:
     def hold(self, thread_id: str, owner: str, token: int, ttl: float) -> Iterator[Lease]:
         """Keep the lease just acquired with ``token`` alive until the block ends."""
         lease = Lease(thread_id, owner, token, ttl)
-        with self._lock:
-            self._leases.add(lease)
-            if self._running:
-                if ttl < self._beat_ttl:  # the next beat must come sooner
-                    self._changed.notify()
-            else:
-                self._running = True
-                threading.Thread(target=self._keep, name="agentq-lease-keeper", daemon=True).start()
+        # Added inside the try: starting the keeper's thread yields to the hub under
+        # gevent, where the greenlet may be killed (a terminate, a hard time limit); a
+        # lease it left behind would be renewed for as long as the process lives.
         try:
+            with self._lock:
+                self._leases.add(lease)
+                if self._running:
+                    if ttl < self._beat_ttl:  # the next beat must come sooner
+                        self._changed.notify()
+                else:
+                    self._running = True
+                    keeper = threading.Thread(
+                        target=self._keep, name="agentq-lease-keeper", daemon=True
+                    )
+                    keeper.start()
             yield lease
         finally:
             with self._lock:

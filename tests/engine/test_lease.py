@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
 import threading
 import time
+import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack
 from pathlib import Path
@@ -17,6 +20,7 @@ from agentq.store.contract import Renewal, Store
 from agentq.store.redis.store import RedisStore
 from agentq.store.sqlite.store import SQLiteStore
 from tests.support.redis_server import RedisServer, running_redis, wait_until
+from tests.support.workers import ROOT
 
 TTL = 1.5  # beats every 0.5 s: a loaded machine still renews in time
 
@@ -163,3 +167,28 @@ def test_the_keeper_outlives_a_reply_it_cannot_use(tmp_path: Path) -> None:
             wait_until(lambda: lease.renewed_at > first, timeout=10, what="a later renewal")
             assert store.batches >= 2
             assert not lease.lost.is_set()
+
+
+def test_a_greenlet_killed_while_it_starts_the_keeper_leaves_no_lease_renewed(
+    redis_server: RedisServer,
+) -> None:
+    """Under gevent, starting the keeper's thread yields to the hub, where a
+    ``revoke(terminate=True)`` (``gevent.kill``) or a hard time limit may stop the
+    greenlet: the lease it was adding must not be renewed for good on behalf of nobody,
+    which would keep the thread ``running`` (and a cancel unheeded) while the process lives."""
+    pytest.importorskip("gevent")
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tests.engine.gevent_keeper_kill_script",
+            redis_server.url,
+            f"gk{uuid.uuid4().hex[:8]}:",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert "killed starting the keeper" in out.stdout, out.stdout + out.stderr
+    assert "TAKEN OVER" in out.stdout, out.stdout + out.stderr

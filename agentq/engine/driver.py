@@ -370,7 +370,10 @@ class Driver:
             return self._pause(token, step, pause)
         except LimitWait as wait:  # not a failure: no attempt is counted
             self._settle("waiting for a limit", token, Status.RETRYING, due_in=wait.seconds)
-            self.task.on_limit_wait(thread_id, step, pos.node, run.limit_waits)
+            report = functools.partial(
+                self.task.on_limit_wait, thread_id, step, pos.node, run.limit_waits
+            )
+            self._report(report, step, "the thread waits for its limits")
             self.retrying = (wait, wait.seconds)
             logger.info("thread %s: step %d waits %.1f s (limit)", thread_id, step, wait.seconds)
             return None
@@ -440,17 +443,26 @@ class Driver:
     def _report_step(
         self, step: int, node: str, next_node: str | None, limit_waits: list[dict[str, Any]]
     ) -> None:
-        """Tell the task a step committed. Its report (a result backend or broker call) is
-        not the thread's: failing, it is logged and the thread goes on."""
+        """Tell the task a step committed."""
+        report = functools.partial(
+            self.task.on_step, self.thread_id, step, node, next_node, limit_waits=limit_waits
+        )
+        self._report(report, step, "the step is committed")
+
+    def _report(self, report: Callable[[], None], step: int, stands: str) -> None:
+        """``report()`` what became of ``step`` to the task (a result backend or broker
+        call). The store holds it already (``stands`` says what): a report that fails is
+        logged, and fails neither the thread nor its task."""
         try:
-            self.task.on_step(self.thread_id, step, node, next_node, limit_waits=limit_waits)
+            report()
         except self.interruptions:
             raise
         except Exception:
             logger.warning(
-                "thread %s: reporting step %d failed; the step is committed",
+                "thread %s: reporting step %d failed; %s",
                 self.thread_id,
                 step,
+                stands,
                 exc_info=True,
             )
 

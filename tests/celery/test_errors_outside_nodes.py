@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import redis
 from celery import Celery
-from celery.exceptions import Ignore
+from celery.exceptions import Ignore, Retry
 
 import agentq
 from agentq import AgentTask, Done, Interrupt, Run, Status
@@ -48,6 +48,25 @@ class TwoSteps(AgentTask):
     def on_step(self, thread_id: str, step: int, node: str, *args: Any, **kwargs: Any) -> None:
         type(self).reports += 1
         raise ConnectionError("result backend unreachable")
+
+
+def _call(n: int) -> int:
+    return n
+
+
+class ReportsItsLimitWait(AgentTask):
+    """Its second call waits for its limit longer than ``limit_wait``; reporting that
+    wait fails."""
+
+    name = "tests.outside_nodes.reports_its_limit_wait"
+    reports: int = 0
+
+    def start(self, run: Run) -> Any:
+        return Done([run.tool(_call, n, limit="slow") for n in range(2)])
+
+    def on_limit_wait(self, *args: Any, **kwargs: Any) -> None:
+        type(self).reports += 1
+        raise ConnectionError("broker unreachable")
 
 
 class CancelledWhileAsking(AgentTask):
@@ -132,6 +151,28 @@ def test_a_progress_report_that_fails_does_not_stop_the_thread(
     meta = store.meta("t1")
     assert meta is not None and meta.status == Status.DONE
     assert TwoSteps.reports == 2
+
+
+def test_a_limit_wait_whose_report_fails_still_ends_the_task_as_a_retry(
+    store: RedisStore,
+) -> None:
+    """The thread is parked until its limit allows the call; a report of that wait which
+    fails must not fail the task (and run its errbacks) over a thread that is not."""
+    app = Celery("outside-nodes", broker="memory://", set_as_current=False)
+    slow = agentq.limit("slow", requests_per_minute=60, burst=1)
+    agentq.init_app(app, store=store, lease_ttl=5, limits=[slow], limit_wait=0.1)
+    try:
+        task = app.register_task(ReportsItsLimitWait())
+        ReportsItsLimitWait.reports = 0
+        store.open_thread("t1", task=task.name)
+        with pytest.raises(Retry):
+            task.run("t1")
+        meta = store.meta("t1")
+        assert meta is not None and meta.status == Status.RETRYING, meta
+        assert meta.attempts == 0 and not lock_held(store, "t1")
+        assert ReportsItsLimitWait.reports == 1
+    finally:
+        app.close()
 
 
 @pytest.mark.parametrize("returned", [False, True], ids=["run.interrupt", "Interrupt"])

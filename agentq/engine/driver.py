@@ -330,7 +330,20 @@ class Driver:
 
     def _hand_over(self, token: int, meta: ThreadMeta, step: int) -> None:
         self._settle("handing over", token, Status.QUEUED, due_in=0)
-        self.task.resend(meta)
+        try:
+            self.task.resend(meta)
+        except Exception:
+            # Queued and due now in the store, the thread is not lost: a failed task
+            # would say it failed and run its errbacks (and a soft time limit has no
+            # step left to stop).
+            logger.warning(
+                "thread %s: handed over before step %d (worker stopping), but its message "
+                "was not sent; a worker's sweeper sends it, due now",
+                self.thread_id,
+                step,
+                exc_info=True,
+            )
+            return
         logger.info("thread %s: handed over before step %d (worker stopping)", self.thread_id, step)
 
     def _run(self, token: int, meta: ThreadMeta, pos: _Position) -> Run:

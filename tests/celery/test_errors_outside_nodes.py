@@ -20,10 +20,11 @@ from celery.exceptions import Ignore, Retry
 
 import agentq
 from agentq import AgentTask, Done, Interrupt, Run, Status
+from agentq.celery.drain import draining
 from agentq.errors import CodecError
 from agentq.records import Checkpoint
 from agentq.store.redis.store import RedisStore
-from tests.support.redis_server import RedisServer
+from tests.support.redis_server import RedisServer, free_port
 
 
 class AsksWithAnObject(AgentTask):
@@ -172,6 +173,30 @@ def test_a_limit_wait_whose_report_fails_still_ends_the_task_as_a_retry(
         assert meta.attempts == 0 and not lock_held(store, "t1")
         assert ReportsItsLimitWait.reports == 1
     finally:
+        app.close()
+
+
+def test_a_hand_over_whose_message_cannot_be_sent_leaves_the_thread_to_recovery(
+    store: RedisStore,
+) -> None:
+    """On a warm shutdown the thread is queued, due now, then sent on; a broker that does
+    not take the message must not fail the task (and run its errbacks): the sweeper sends
+    the thread, due in the store."""
+    broker = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens: the send fails
+    app = Celery("outside-nodes", broker=broker, set_as_current=False)
+    app.conf.update(task_publish_retry=False, broker_transport_options={"max_retries": 0})
+    agentq.init_app(app, store=store, lease_ttl=5)
+    draining.set()  # as on a warm shutdown: the worker hands every thread on
+    try:
+        task = app.register_task(TwoSteps())
+        store.open_thread("t1", task=task.name)
+        with pytest.raises(Ignore):  # HANDED_OVER, as any hand-over
+            task.run("t1")
+        meta = store.meta("t1")
+        assert meta is not None and meta.status == Status.QUEUED, meta
+        assert not lock_held(store, "t1") and "t1" in dict(store.due(limit=10))
+    finally:
+        draining.clear()
         app.close()
 
 

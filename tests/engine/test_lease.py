@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import subprocess
 import sys
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack
 from pathlib import Path
@@ -143,6 +145,32 @@ def test_keeper_for_gives_one_keeper_per_store(store: Store, tmp_path: Path) -> 
     assert keeper_for(store) is keeper_for(store)
     with SQLiteStore(tmp_path / "other.db") as other:
         assert keeper_for(other) is not keeper_for(store)
+
+
+def held_until_renewed(store: Store) -> set[threading.Thread]:
+    """Hold a lease through ``store``'s keeper until it is renewed; the keeper's thread."""
+    keeper, before = keeper_for(store), set(keeper_threads())
+    ((thread_id, token),) = acquired(store, 1)
+    with keeper.hold(thread_id, "w1", token, TTL) as lease:
+        first = lease.renewed_at
+        wait_until(lambda: lease.renewed_at > first, timeout=10, what="a renewal")
+        return set(keeper_threads()) - before
+
+
+def test_a_store_dropped_by_its_owner_is_not_kept_alive_by_its_keeper(tmp_path: Path) -> None:
+    """Stores made and dropped in one process (an app per test, a store per job) are not
+    kept, with their keepers and clients, by the process's registry of keepers."""
+    dropped, ours = [], set()
+    for n in range(3):
+        with SQLiteStore(tmp_path / f"{n}.db") as store:
+            ours |= held_until_renewed(store)
+        dropped.append(weakref.ref(store))
+    wait_until(
+        lambda: not any(t.is_alive() for t in ours), timeout=10, what="the idle keepers to stop"
+    )
+    del store
+    gc.collect()
+    assert [ref() for ref in dropped] == [None, None, None]
 
 
 class AnswersWrongOnce(SQLiteStore):

@@ -97,7 +97,8 @@ class Driver:
         # a person answered it since (their resume outranks the revoke).
         self.first_revoked = first_revoked
         # Raised into the drive from outside (the task's soft time limit, by a signal),
-        # wherever it happens to be: never a failed report of a step to swallow.
+        # wherever it happens to be: not a failed report to swallow while the thread has
+        # steps left for it to stop.
         self.interruptions = interruptions
         self.retrying: tuple[Exception, float] | None = None
         """The error and the delay of the retry this drive scheduled, if it did."""
@@ -386,7 +387,7 @@ class Driver:
             report = functools.partial(
                 self.task.on_limit_wait, thread_id, step, pos.node, run.limit_waits
             )
-            self._report(report, step, "the thread waits for its limits")
+            self._report(report, step, "the thread waits for its limits", goes_on=False)
             self.retrying = (wait, wait.seconds)
             logger.info("thread %s: step %d waits %.1f s (limit)", thread_id, step, wait.seconds)
             return None
@@ -426,7 +427,7 @@ class Driver:
         except (CodecError, UnknownNode, InvalidArgument, AppendOnlyViolation, LogConflict) as exc:
             return self._fail_or_retry(token, step, run.retries, exc)  # output can't be kept
         logs.committed(run.state)
-        self._report_step(step, pos.node, checkpoint.node, run.limit_waits)
+        self._report_step(step, pos.node, checkpoint.node, run.limit_waits, status)
         if status == Status.WAITING and cancel:
             return self._cancel_at_wait(token, step)
         if status != Status.RUNNING:
@@ -454,23 +455,30 @@ class Driver:
         return None
 
     def _report_step(
-        self, step: int, node: str, next_node: str | None, limit_waits: list[dict[str, Any]]
+        self,
+        step: int,
+        node: str,
+        next_node: str | None,
+        limit_waits: list[dict[str, Any]],
+        status: Status,
     ) -> None:
-        """Tell the task a step committed."""
+        """Tell the task a step committed, leaving the thread in ``status``."""
         report = functools.partial(
             self.task.on_step, self.thread_id, step, node, next_node, limit_waits=limit_waits
         )
-        self._report(report, step, "the step is committed")
+        self._report(report, step, "the step is committed", goes_on=status == Status.RUNNING)
 
-    def _report(self, report: Callable[[], None], step: int, stands: str) -> None:
+    def _report(self, report: Callable[[], None], step: int, stands: str, *, goes_on: bool) -> None:
         """``report()`` what became of ``step`` to the task (a result backend or broker
         call). The store holds it already (``stands`` says what): a report that fails is
-        logged, and fails neither the thread nor its task."""
+        logged, and fails neither the thread nor its task. An interruption of the run (a
+        soft time limit) goes on up if the thread ``goes_on`` to another step, which it
+        stops; else the thread has ended or is parked, and there is nothing left to stop."""
         try:
             report()
-        except self.interruptions:
-            raise
-        except Exception:
+        except Exception as exc:
+            if goes_on and isinstance(exc, self.interruptions):
+                raise
             logger.warning(
                 "thread %s: reporting step %d failed; %s",
                 self.thread_id,

@@ -27,12 +27,18 @@ def ledger(redis_server: RedisServer) -> Iterator[redis.Redis]:
     client.close()
 
 
-def test_a_soft_time_limit_during_a_step_report_fails_the_thread(
-    redis_server: RedisServer, redis_broker: str, result_backend: str, tmp_path: Path
+@pytest.mark.parametrize("slow_at", [0, 1], ids=["a step", "the last step"])
+def test_a_soft_time_limit_during_a_step_report_fails_a_thread_that_goes_on(
+    slow_at: int,
+    redis_server: RedisServer,
+    redis_broker: str,
+    result_backend: str,
+    tmp_path: Path,
 ) -> None:
     """The soft limit's signal may land while the driver reports a committed step (a slow
     result backend or progress hook), whose own errors are only logged: it fails the
-    thread and its task all the same, rather than be taken for a failed report."""
+    thread and its task all the same, rather than be taken for a failed report. After
+    the step that ended the thread there is nothing left to stop: it stays done."""
     prefix = f"sl{uuid.uuid4().hex[:8]}"
     env = {
         "AGENTQ_TEST_BROKER": redis_broker,
@@ -48,7 +54,11 @@ def test_a_soft_time_limit_during_a_step_report_fails_the_thread(
     agent = app.tasks["tests.slow_report"]
     worker = WorkerProcess(app, env, tmp_path, app_module="tests.support.time_limit_app").start()
     try:
-        first = agent.delay("t1")
+        first = agent.delay("t1", slow_at=slow_at)
+        if slow_at == 1:
+            assert first.get(timeout=60) == "finished"
+            assert agent.thread("t1").status == Status.DONE
+            return
         wait_until(
             lambda: agent.thread("t1").status in (Status.FAILED, Status.DONE),
             timeout=60,

@@ -40,13 +40,14 @@ class SlowOnceAgent(AgentTask):
 
 
 class SlowReportAgent(AgentTask):
-    """Its first step's report (a slow result backend, a progress webhook) outlasts the
-    task's soft time limit."""
+    """The report of its step ``slow_at`` (a slow result backend, a progress webhook)
+    outlasts the task's soft time limit; step 1 ends the thread."""
 
     name = "tests.slow_report"
     soft_time_limit = 2
 
-    def start(self, run: Run) -> str:
+    def start(self, run: Run, slow_at: int) -> str:
+        run.state["slow_at"] = slow_at
         return "finish"
 
     def finish(self, run: Run) -> Any:
@@ -62,7 +63,8 @@ class SlowReportAgent(AgentTask):
         limit_waits: Sequence[dict[str, Any]] = (),
     ) -> None:
         super().on_step(thread_id, step, node, next_node, limit_waits=limit_waits)
-        if step == 0:
+        latest = self.agentq.store.latest(thread_id)
+        if latest is not None and latest.state.get("slow_at") == step:
             threading.Event().wait(60)  # cut short by the soft time limit's signal
 
 

@@ -10,7 +10,9 @@ A cancel asked while a node runs stops the thread at the node's wait for a human
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,10 +23,11 @@ from celery.exceptions import Ignore, Retry
 import agentq
 from agentq import AgentTask, Done, Interrupt, Run, Status
 from agentq.celery.drain import draining
+from agentq.engine.lease import keeper_for
 from agentq.errors import CodecError
 from agentq.records import Checkpoint
 from agentq.store.redis.store import RedisStore
-from tests.support.redis_server import RedisServer, free_port
+from tests.support.redis_server import RedisServer, free_port, running_redis, wait_until
 
 
 class AsksWithAnObject(AgentTask):
@@ -86,6 +89,24 @@ class CancelledWhileAsking(AgentTask):
 
     def finish(self, run: Run) -> Any:
         return Done(run.resume_value)
+
+
+class CancelledAsTheStoreRestarts(CancelledWhileAsking):
+    """The report of its step that asked a human waits until the lease keeper has found
+    the lease given up by that step's commit, then restarts the store's server: the
+    cancel at the wait meets the store down for a moment."""
+
+    name = "tests.outside_nodes.cancelled_as_the_store_restarts"
+    server: RedisServer | None = None
+    restarting: threading.Thread | None = None
+
+    def on_step(self, thread_id: str, step: int, node: str, *args: Any, **kwargs: Any) -> None:
+        assert self.server is not None
+        keeper = keeper_for(self.agentq.store)
+        wait_until(lambda: not keeper._leases, timeout=10, what="the lease dropped")
+        self.server.kill()
+        self.restarting = threading.Thread(target=self.server.start)
+        self.restarting.start()
 
 
 @pytest.fixture
@@ -198,6 +219,33 @@ def test_a_hand_over_whose_message_cannot_be_sent_leaves_the_thread_to_recovery(
     finally:
         draining.clear()
         app.close()
+
+
+def test_a_cancel_at_the_wait_outlasts_a_store_restart_after_the_lease_is_given_up(
+    tmp_path: Path,
+) -> None:
+    """The step that asked a human gave its lease up; the cancel asked meanwhile is a
+    write of the same drive, which waits out a passing store error as the others do,
+    rather than leave the thread waiting for a human with the cancel unheeded."""
+    with running_redis(tmp_path / "store") as server:
+        store = RedisStore.from_url(server.url, prefix="cancel-restart:")
+        app = Celery("outside-nodes", broker="memory://", set_as_current=False)
+        agentq.init_app(app, store=store, lease_ttl=1.5)
+        task = app.register_task(CancelledAsTheStoreRestarts())
+        task.store, task.server = store, server
+        try:
+            # An Interrupt returned: committed with the step, which its report follows.
+            store.open_thread("t1", task=task.name, input={"returned": True})
+            with contextlib.suppress(Ignore):  # a cancelled thread's task is revoked
+                task.run("t1")
+            assert task.restarting is not None
+            task.restarting.join(timeout=30)
+            meta = store.meta("t1")
+            assert meta is not None
+            assert meta.status == Status.CANCELLED, meta.status
+        finally:
+            store.close()
+            app.close()
 
 
 @pytest.mark.parametrize("returned", [False, True], ids=["run.interrupt", "Interrupt"])

@@ -77,6 +77,9 @@ class ToolCalls:
                 thread_id=self.thread_id,
                 step=self.step,
             )
+        call = functools.partial(
+            _drive, self._effect(fn, args, kwargs, options, _inline, _called_plain)
+        )
         if aio.on_loop():
             aio.warn_blocking(
                 f"thread {self.thread_id!r} step {self.step}: run.tool({tool_name(fn)}, ...) "
@@ -86,7 +89,8 @@ class ToolCalls:
                 "async def tool: it waits without holding the loop, and the store's round "
                 "trips run off it"
             )
-        return _drive(self._effect(fn, args, kwargs, options, _inline, _called_plain))
+            return aio.blocking_on_loop(call)
+        return call()
 
     async def awaited(
         self,

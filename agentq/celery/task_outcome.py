@@ -202,7 +202,7 @@ def stores_results(task: Task) -> bool:
 
 def _store(task: Task, write: Any) -> None:
     if stores_results(task) and task.request.id:
-        write(task.backend, task.request.id)
+        _reported(task, "storing its state", lambda: write(task.backend, task.request.id))
 
 
 def _for_origin(task: Task, meta: ThreadMeta, write: Any) -> None:
@@ -247,7 +247,24 @@ def _first_request(task: Task, meta: ThreadMeta, carries: bool) -> Context | Non
 
 def _event(task: Task, type_: str, **fields: Any) -> None:
     if task.app.conf.worker_send_task_events and task.request.hostname:
-        task.send_event(type_, **fields)
+        _reported(task, f"sending {type_}", lambda: task.send_event(type_, **fields))
+
+
+def _reported(task: Task, what: str, report: Callable[[], object]) -> None:
+    """``report()`` the task's state or event: what became of its thread, which the store
+    holds already. One that fails (the broker or backend out, a question JSON cannot
+    encode, such as a set) is logged: failing the task would run its errbacks over a
+    thread that did not fail."""
+    try:
+        report()
+    except Exception:
+        logger.warning(
+            "%s[%s]: %s failed; its thread's state is in the store",
+            task.name,
+            task.request.id,
+            what,
+            exc_info=True,
+        )
 
 
 __all__ = [

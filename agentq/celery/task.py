@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ClassVar, Final, Never, TypeVar
 
 from celery import Task
-from celery.exceptions import Ignore
+from celery.exceptions import Ignore, SoftTimeLimitExceeded
 from celery.result import AsyncResult
 from celery.utils import uuid
 from celery.utils.time import maybe_iso8601, maybe_make_aware
@@ -239,6 +239,7 @@ class AgentTask(Task):  # type: ignore[misc]
             may_open=not stored,
             seat_of=self._seat_of,
             first_revoked=bool(getattr(self.request, FIRST_REVOKED, False)),
+            interruptions=(SoftTimeLimitExceeded,),
         )
         calls = RetriedCalls(runtime.store, thread_id, runtime.settings.lease_ttl)
         try:

@@ -14,8 +14,10 @@ carries on the first task's callbacks, chain and chord (:mod:`agentq.celery.canv
 from __future__ import annotations
 
 import datetime
+import functools
 import logging
 import uuid
+from collections.abc import Callable
 from typing import Any, Final, NoReturn
 
 from celery import Task
@@ -24,6 +26,7 @@ from celery.backends.base import DisabledBackend
 from celery.exceptions import Ignore, Retry
 
 from agentq.celery import canvas
+from agentq.engine.store_retry import RetriedCalls
 from agentq.engine.thread_keys import KeyWait
 from agentq.errors import ThreadStopped
 from agentq.records import Status, ThreadMeta
@@ -97,7 +100,7 @@ def finish(
         if task.request.id != meta.origin:
             reason = f"thread {meta.thread_id} was cancelled"
             _store(task, lambda backend, id: backend.mark_as_revoked(id, reason))
-        cancelled(task, meta)
+        cancelled(task, meta, retried=True)
         raise Ignore()
     if status == Status.FAILED:  # failed for lost workers, or before this message came
         stopped = ThreadStopped(
@@ -170,16 +173,18 @@ def timed_out(task: Task, meta: ThreadMeta, message_id: str, exc: BaseException)
         task.backend.mark_as_failure(meta.origin, exc)
 
 
-def cancelled(task: Task, meta: ThreadMeta) -> None:
+def cancelled(task: Task, meta: ThreadMeta, *, retried: bool = False) -> None:
     """Revoke the thread's first task, as Celery revokes a task: marked ``REVOKED``, its
     chord counts the part as failed (once: by the task, or the caller of ``cancel()``, the
-    store names to carry the canvas on), and no callback or chain runs."""
+    store names to carry the canvas on), and no callback or chain runs. ``retried``: in
+    the task that ended the thread, which waits for a store error to pass."""
     if meta.origin is None:
         return
     reason = f"thread {meta.thread_id} was cancelled"
     request = None
     # A cancel() outside a task is a taker of its own: a second one finds the canvas taken.
-    if meta.canvas is not None and _takes_canvas(task, meta, task.request.id or uuid.uuid4().hex):
+    taker = task.request.id or uuid.uuid4().hex
+    if meta.canvas is not None and _takes_canvas(task, meta, taker, retried=retried):
         own = meta.origin == task.request.id
         request = task.request if own else canvas.request_of(meta, task.app.conf.accept_content)
     if request is not None or stores_results(task):
@@ -197,7 +202,7 @@ def stores_results(task: Task) -> bool:
 
 def _store(task: Task, write: Any) -> None:
     if stores_results(task) and task.request.id:
-        write(task.backend, task.request.id)
+        _reported(task, "storing its state", lambda: write(task.backend, task.request.id))
 
 
 def _for_origin(task: Task, meta: ThreadMeta, write: Any) -> None:
@@ -212,16 +217,24 @@ def _carries_canvas(task: Task, meta: ThreadMeta) -> bool:
     would apply the canvas a second time."""
     if meta.canvas is None or meta.origin is None:
         return False
-    taken = _takes_canvas(task, meta, task.request.id or "")
+    taken = _takes_canvas(task, meta, task.request.id or "", retried=True)
     if not taken and meta.origin == task.request.id:
         raise Ignore()
     return taken
 
 
-def _takes_canvas(task: Task, meta: ThreadMeta, taker: str) -> bool:
+def _takes_canvas(task: Task, meta: ThreadMeta, taker: str, *, retried: bool = False) -> bool:
+    """Whether ``taker`` carries the thread's canvas on. ``retried``: a passing store
+    error is waited out as the driver's calls wait it out, up to ``lease_ttl``: the
+    thread has ended, and a task failed by that error would say the thread failed and
+    apply its errbacks (Celery acks a failed task: no redelivery says otherwise later)."""
     store = task.agentq.store
     what = "naming the task that carries its canvas on"
-    return bool(task._store_call(what, meta.thread_id, store.take_canvas, meta.thread_id, taker))
+    take: Callable[[str, str], bool] = store.take_canvas
+    if retried:
+        calls = RetriedCalls(store, meta.thread_id, task.agentq.settings.lease_ttl)
+        take = functools.partial(calls, what, store.take_canvas)
+    return bool(task._store_call(what, meta.thread_id, take, meta.thread_id, taker))
 
 
 def _first_request(task: Task, meta: ThreadMeta, carries: bool) -> Context | None:
@@ -234,7 +247,24 @@ def _first_request(task: Task, meta: ThreadMeta, carries: bool) -> Context | Non
 
 def _event(task: Task, type_: str, **fields: Any) -> None:
     if task.app.conf.worker_send_task_events and task.request.hostname:
-        task.send_event(type_, **fields)
+        _reported(task, f"sending {type_}", lambda: task.send_event(type_, **fields))
+
+
+def _reported(task: Task, what: str, report: Callable[[], object]) -> None:
+    """``report()`` the task's state or event: what became of its thread, which the store
+    holds already. One that fails (the broker or backend out, a question JSON cannot
+    encode, such as a set) is logged: failing the task would run its errbacks over a
+    thread that did not fail."""
+    try:
+        report()
+    except Exception:
+        logger.warning(
+            "%s[%s]: %s failed; its thread's state is in the store",
+            task.name,
+            task.request.id,
+            what,
+            exc_info=True,
+        )
 
 
 __all__ = [

@@ -36,6 +36,8 @@ _T = TypeVar("_T")
 
 _lock = threading.Lock()
 _loop: asyncio.AbstractEventLoop | None = None
+_executor: _SlotExecutor | None = None
+"""Under gevent, the loop's default executor, which hands calls to the hub's thread."""
 
 _Job = tuple[Callable[[], Any], concurrent.futures.Future[Any]]
 _slot: contextvars.ContextVar[_Slot | None] = contextvars.ContextVar("agentq_slot", default=None)
@@ -78,6 +80,26 @@ def warn_blocking(message: str) -> None:
     """Warn, once per calling line as ``warnings`` does, of a blocking call made on the
     loop: it works, and stalls every other async node of the process meanwhile."""
     warnings.warn(message, BlockingOnLoop, stacklevel=4)
+
+
+def blocking_on_loop(call: Callable[[], _T]) -> _T:
+    """Make ``call``, a blocking call a node makes on the loop (which waits for it, as
+    :func:`warn_blocking` warned), where it can run. Under gevent that is a greenlet of
+    the hub's thread, as :func:`blocking`'s calls: the store's sockets, gevent's locks
+    and a gevent-patched tool's waits belong to the hub, and on the loop's thread they
+    raise "Cannot switch to a different thread". Elsewhere, right here."""
+    if not _gevent_patched():
+        return call()
+    from gevent.monkey import get_original
+
+    done = _off_loop(call)
+    # A real lock: a gevent one would wait for the loop thread's own hub.
+    finished = get_original("_thread", "allocate_lock")()
+    finished.acquire()
+    done.add_done_callback(lambda _: finished.release())
+    finished.acquire()
+    result: _T = done.result()
+    return result
 
 
 async def blocking(fn: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
@@ -244,6 +266,14 @@ class _SlotExecutor(concurrent.futures.ThreadPoolExecutor):
         return handed if handed is not None else self._unwaited.submit(call)
 
 
+def _off_loop(call: Callable[[], Any]) -> concurrent.futures.Future[Any]:
+    """Under gevent, ``call`` handed from the loop's thread to the hub's, as the loop's
+    default executor hands its calls."""
+    executor = _executor
+    assert executor is not None  # set with the loop, which is running the caller
+    return executor.submit(call)
+
+
 def _process_loop() -> asyncio.AbstractEventLoop:
     global _loop
     with _lock:
@@ -253,6 +283,7 @@ def _process_loop() -> asyncio.AbstractEventLoop:
 
 
 def _start_loop() -> asyncio.AbstractEventLoop:
+    global _executor
     if _eventlet_patched():
         # Its hub has no way for another OS thread to wake one green thread: a slot
         # waiting for the loop would block every green thread of the process.
@@ -266,7 +297,8 @@ def _start_loop() -> asyncio.AbstractEventLoop:
         # A real OS thread and a real selector: gevent's would need the hub to run them.
         selector = get_original("selectors", "DefaultSelector")()
         loop: asyncio.AbstractEventLoop = asyncio.SelectorEventLoop(selector)
-        loop.set_default_executor(_SlotExecutor(_HubCalls()))
+        _executor = _SlotExecutor(_HubCalls())
+        loop.set_default_executor(_executor)
         get_original("_thread", "start_new_thread")(_serve, (loop,))
     else:
         loop = asyncio.new_event_loop()
@@ -297,10 +329,10 @@ def _eventlet_patched() -> bool:
 
 
 def _forget_loop() -> None:
-    global _lock, _loop
+    global _lock, _loop, _executor
     # The parent's loop thread is not in the child, and its lock may have been held.
     _lock = threading.Lock()
-    _loop = None
+    _loop = _executor = None
 
 
 os.register_at_fork(after_in_child=_forget_loop)

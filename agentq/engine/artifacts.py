@@ -22,11 +22,13 @@ class Artifacts:
         self._max_bytes = max_bytes
 
     def put(self, data: bytes, content_type: str = "application/octet-stream") -> dict[str, Any]:
-        self._not_on_loop("put")
+        if self._on_loop("put"):
+            return aio.blocking_on_loop(lambda: self._put(data, content_type))
         return self._put(data, content_type)
 
     def get(self, ref: dict[str, Any]) -> bytes:
-        self._not_on_loop("get")
+        if self._on_loop("get"):
+            return aio.blocking_on_loop(lambda: self._get(ref))
         return self._get(ref)
 
     async def aput(
@@ -55,10 +57,13 @@ class Artifacts:
             "reading an artifact", self._store.get_artifact, self._thread_id, ref["artifact"]
         )
 
-    def _not_on_loop(self, name: str) -> None:
-        if aio.on_loop():
-            aio.warn_blocking(
-                f"thread {self._thread_id!r}: run.artifacts.{name}() in an async node blocks "
-                "the event loop every async node of the process shares; call await "
-                f"run.artifacts.a{name}(...)"
-            )
+    def _on_loop(self, name: str) -> bool:
+        """Whether the caller is an async node, warned that it blocks the loop."""
+        if not aio.on_loop():
+            return False
+        aio.warn_blocking(
+            f"thread {self._thread_id!r}: run.artifacts.{name}() in an async node blocks "
+            "the event loop every async node of the process shares; call await "
+            f"run.artifacts.a{name}(...)"
+        )
+        return True

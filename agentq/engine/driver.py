@@ -81,6 +81,7 @@ class Driver:
         may_open: bool = True,
         seat_of: Callable[[ThreadMeta], KeySeat | None] = lambda meta: None,
         first_revoked: bool = False,
+        interruptions: tuple[type[BaseException], ...] = (),
     ) -> None:
         self.task = task
         self.thread_id = thread_id
@@ -95,6 +96,10 @@ class Driver:
         # later message does not show: a thread that has committed no step stops, unless
         # a person answered it since (their resume outranks the revoke).
         self.first_revoked = first_revoked
+        # Raised into the drive from outside (the task's soft time limit, by a signal),
+        # wherever it happens to be: not a failed report to swallow while the thread has
+        # steps left for it to stop.
+        self.interruptions = interruptions
         self.retrying: tuple[Exception, float] | None = None
         """The error and the delay of the retry this drive scheduled, if it did."""
         self.ended: ThreadMeta | None = None
@@ -326,7 +331,20 @@ class Driver:
 
     def _hand_over(self, token: int, meta: ThreadMeta, step: int) -> None:
         self._settle("handing over", token, Status.QUEUED, due_in=0)
-        self.task.resend(meta)
+        try:
+            self.task.resend(meta)
+        except Exception:
+            # Queued and due now in the store, the thread is not lost: a failed task
+            # would say it failed and run its errbacks (and a soft time limit has no
+            # step left to stop).
+            logger.warning(
+                "thread %s: handed over before step %d (worker stopping), but its message "
+                "was not sent; a worker's sweeper sends it, due now",
+                self.thread_id,
+                step,
+                exc_info=True,
+            )
+            return
         logger.info("thread %s: handed over before step %d (worker stopping)", self.thread_id, step)
 
     def _run(self, token: int, meta: ThreadMeta, pos: _Position) -> Run:
@@ -366,7 +384,10 @@ class Driver:
             return self._pause(token, step, pause)
         except LimitWait as wait:  # not a failure: no attempt is counted
             self._settle("waiting for a limit", token, Status.RETRYING, due_in=wait.seconds)
-            self.task.on_limit_wait(thread_id, step, pos.node, run.limit_waits)
+            report = functools.partial(
+                self.task.on_limit_wait, thread_id, step, pos.node, run.limit_waits
+            )
+            self._report(report, step, "the thread waits for its limits", goes_on=False)
             self.retrying = (wait, wait.seconds)
             logger.info("thread %s: step %d waits %.1f s (limit)", thread_id, step, wait.seconds)
             return None
@@ -406,7 +427,7 @@ class Driver:
         except (CodecError, UnknownNode, InvalidArgument, AppendOnlyViolation, LogConflict) as exc:
             return self._fail_or_retry(token, step, run.retries, exc)  # output can't be kept
         logs.committed(run.state)
-        self._report_step(step, pos.node, checkpoint.node, run.limit_waits)
+        self._report_step(step, pos.node, checkpoint.node, run.limit_waits, status)
         if status == Status.WAITING and cancel:
             return self._cancel_at_wait(token, step)
         if status != Status.RUNNING:
@@ -434,17 +455,35 @@ class Driver:
         return None
 
     def _report_step(
-        self, step: int, node: str, next_node: str | None, limit_waits: list[dict[str, Any]]
+        self,
+        step: int,
+        node: str,
+        next_node: str | None,
+        limit_waits: list[dict[str, Any]],
+        status: Status,
     ) -> None:
-        """Tell the task a step committed. Its report (a result backend or broker call) is
-        not the thread's: failing, it is logged and the thread goes on."""
+        """Tell the task a step committed, leaving the thread in ``status``."""
+        report = functools.partial(
+            self.task.on_step, self.thread_id, step, node, next_node, limit_waits=limit_waits
+        )
+        self._report(report, step, "the step is committed", goes_on=status == Status.RUNNING)
+
+    def _report(self, report: Callable[[], None], step: int, stands: str, *, goes_on: bool) -> None:
+        """``report()`` what became of ``step`` to the task (a result backend or broker
+        call). The store holds it already (``stands`` says what): a report that fails is
+        logged, and fails neither the thread nor its task. An interruption of the run (a
+        soft time limit) goes on up if the thread ``goes_on`` to another step, which it
+        stops; else the thread has ended or is parked, and there is nothing left to stop."""
         try:
-            self.task.on_step(self.thread_id, step, node, next_node, limit_waits=limit_waits)
-        except Exception:
+            report()
+        except Exception as exc:
+            if goes_on and isinstance(exc, self.interruptions):
+                raise
             logger.warning(
-                "thread %s: reporting step %d failed; the step is committed",
+                "thread %s: reporting step %d failed; %s",
                 self.thread_id,
                 step,
+                stands,
                 exc_info=True,
             )
 

@@ -99,7 +99,10 @@ class LeaseKeeper:
     on one daemon thread that runs while there is a lease to keep."""
 
     def __init__(self, store: Store) -> None:
-        self._store = store
+        # Weakly: keeper_for's registry maps the store to its keeper, and a reference
+        # back from the keeper would keep every store the process ever made alive. The
+        # keeper's thread holds it while it runs, as the drivers of its leases do.
+        self._store = weakref.ref(store)
         self._leases: set[Lease] = set()
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
@@ -111,21 +114,35 @@ class LeaseKeeper:
     def hold(self, thread_id: str, owner: str, token: int, ttl: float) -> Iterator[Lease]:
         """Keep the lease just acquired with ``token`` alive until the block ends."""
         lease = Lease(thread_id, owner, token, ttl)
-        with self._lock:
-            self._leases.add(lease)
-            if self._running:
-                if ttl < self._beat_ttl:  # the next beat must come sooner
-                    self._changed.notify()
-            else:
-                self._running = True
-                threading.Thread(target=self._keep, name="agentq-lease-keeper", daemon=True).start()
+        # Added inside the try: starting the keeper's thread yields to the hub under
+        # gevent, where the greenlet may be killed (a terminate, a hard time limit); a
+        # lease it left behind would be renewed for as long as the process lives.
         try:
+            with self._lock:
+                self._leases.add(lease)
+                if self._running:
+                    if ttl < self._beat_ttl:  # the next beat must come sooner
+                        self._changed.notify()
+                else:
+                    self._running = True
+                    keeper = threading.Thread(
+                        target=self._keep,
+                        args=(self._held_store(),),
+                        name="agentq-lease-keeper",
+                        daemon=True,
+                    )
+                    keeper.start()
             yield lease
         finally:
             with self._lock:
                 self._leases.discard(lease)
 
-    def _keep(self) -> None:
+    def _held_store(self) -> Store:
+        store = self._store()
+        assert store is not None  # the caller of hold() holds it
+        return store
+
+    def _keep(self, store: Store) -> None:
         beat = time.monotonic()
         while True:
             with self._lock:
@@ -140,19 +157,19 @@ class LeaseKeeper:
                     self._changed.wait(due - time.monotonic())
                 leases = list(self._leases)
             beat = time.monotonic()
-            self._renew(leases)
+            self._renew(store, leases)
 
-    def _renew(self, leases: list[Lease]) -> None:
+    def _renew(self, store: Store, leases: list[Lease]) -> None:
         started = time.monotonic()
         try:
-            renewed = self._store.renew_many(
+            renewed = store.renew_many(
                 [Renewal(lease.thread_id, lease.owner, lease.token, lease.ttl) for lease in leases]
             )
             # A reply that does not answer every lease is no answer: this thread, the only
             # keeper of the process's leases, must outlive it.
             answered = list(zip(leases, renewed, strict=True))
         except Exception as exc:
-            if self._store.is_transient(exc):
+            if store.is_transient(exc):
                 # Once a beat for as long as a restart or a failover lasts: a line each.
                 logger.warning(
                     "renewing %d leases failed (%s: %s); trying again next beat",
@@ -178,7 +195,7 @@ class LeaseKeeper:
                 self._lose(lease)
         if slots:
             try:
-                self._store.renew_limits(slots)
+                store.renew_limits(slots)
             except Exception:
                 # The next beat comes at a third of the TTL: two more tries before they expire.
                 logger.exception(

@@ -43,7 +43,10 @@ class RetriedCalls:
         self.lease_ttl = lease_ttl
 
     def time_left(self) -> float:
-        if self.lease is None:
+        if self.lease is None or self.lease.releasing:
+            # Given up by this driver's last writes (the keeper then finds it gone and
+            # sets it lost): the writes after it (a cancel at the wait, leaving a
+            # concurrency key) are fenced by the token and bounded by the outage alone.
             return math.inf
         return 0.0 if self.lease.lost.is_set() else self.lease.remaining()
 

@@ -96,7 +96,8 @@ class ToolCalls:
                 thread_id=self.thread_id,
                 step=self.step,
             )
-        if aio.on_loop():
+        on_loop = aio.on_loop()
+        if on_loop:
             aio.warn_blocking(
                 f"thread {self.thread_id!r} step {self.step}: run.tool({tool_name(fn)}, ...) "
                 "in an async node blocks the event loop every async node of the process "
@@ -105,10 +106,13 @@ class ToolCalls:
                 "async def tool: it waits without holding the loop, and the store's round "
                 "trips run off it"
             )
+        call = functools.partial(
+            _drive, self._effect(fn, args, kwargs, options, _inline, self._called_plain)
+        )
         with self._plain_ended:
             self._plain_running += 1
         try:
-            return _drive(self._effect(fn, args, kwargs, options, _inline, self._called_plain))
+            return aio.blocking_on_loop(call) if on_loop else call()
         finally:
             with self._plain_ended:
                 self._plain_running -= 1

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import threading
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -11,13 +13,16 @@ from typing import Any
 import pytest
 import redis
 from celery import Celery
+from celery.contrib.testing.worker import start_worker
 from celery.result import AsyncResult
 
+import agentq
 from agentq import Status
 from agentq.errors import StoreUnavailable
 from agentq.store.contract import Store
+from agentq.store.redis.store import RedisStore
 from tests.support.agents import make_app
-from tests.support.redis_server import running_redis, wait_until
+from tests.support.redis_server import RedisServer, running_redis, wait_until
 from tests.support.threads_worker import statuses, threads_worker
 
 THREADS = [f"t{n}" for n in range(10)]
@@ -172,3 +177,60 @@ def test_delay_while_the_store_stays_down_raises_store_unavailable(
             app._agentq_runtime.store.close()
             app.close()
     assert isinstance(raised.value.__cause__, redis.ConnectionError)
+
+
+class RestartsAtCanvas(RedisStore):
+    """The store, whose server restarts just as the first task asks it whether it carries
+    the thread's canvas on (the first round trip after the thread's last commit)."""
+
+    server: RedisServer
+    restarted: threading.Event
+
+    def _do_take_canvas(self, thread_id: str, taker: str) -> bool:
+        if not self.restarted.is_set():
+            self.restarted.set()
+            self.server.kill()
+            threading.Thread(target=self.server.start, daemon=True).start()
+        return super()._do_take_canvas(thread_id, taker)
+
+
+def test_a_store_restart_as_a_thread_ends_still_ends_its_task_with_the_result(
+    redis_broker: str, result_backend: str, tmp_path: Path
+) -> None:
+    with running_redis(tmp_path / "store") as server:
+        store = RestartsAtCanvas.from_url(server.url, prefix="canvas:")
+        store.server, store.restarted = server, threading.Event()
+        app = Celery("store-at-canvas", broker=redis_broker, backend=result_backend)
+        app.conf.update(
+            task_default_queue="agentq-test-store-at-canvas",
+            worker_hijack_root_logger=False,
+            broker_connection_retry_on_startup=True,
+        )
+        agentq.init_app(app, store=store, lease_ttl=10, sweep_interval=0.5)
+        agent = agentq.agent(app, "tests.store_at_canvas")
+        callbacks: list[Any] = []
+
+        @agent.node
+        def start(run: Any) -> Any:
+            return agentq.Done("finished")
+
+        @app.task(name="tests.store_at_canvas.callback", shared=False)
+        def callback(result: Any) -> None:
+            callbacks.append(result)
+
+        try:
+            with start_worker(
+                app, pool="threads", concurrency=1, perform_ping_check=False, shutdown_timeout=30
+            ):
+                first = agent.apply_async(("t1",), link=callback.s())
+                # The store came back within the lease: the task ends as its thread did.
+                assert first.get(timeout=30) == "finished"
+                assert store.restarted.is_set()
+                wait_until(lambda: callbacks == ["finished"], timeout=20, what="the callback")
+            assert agent.thread("t1").status == Status.DONE
+        finally:
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", "unclosed <socket.socket", ResourceWarning)
+                gc.collect()
+            store.close()
+            app.close()

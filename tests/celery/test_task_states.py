@@ -18,6 +18,7 @@ import pytest
 from celery import Celery
 from celery.contrib.testing.worker import start_worker
 from celery.result import AsyncResult
+from celery.signals import task_postrun
 
 import agentq
 from agentq import Done, FunctionAgent, Run, Status
@@ -100,6 +101,8 @@ def define(app: Celery, retried: list[tuple[str, BaseException]]) -> FunctionAge
     def start(run: Run, mode: str) -> Any:
         if mode == "wait":
             return Done({"approved": run.interrupt({"question": "refund 10?"})})
+        if mode == "choose":  # a set: agentq's codec keeps it, JSON has no such type
+            return Done({"chosen": run.interrupt({"question": "which?", "options": {"a", "b"}})})
         if mode == "deadline":
             try:
                 return Done({"approved": run.interrupt({"question": "refund 10?"}, timeout=1)})
@@ -225,6 +228,28 @@ def test_a_retry_after_is_celerys_retry_and_on_retry_fires(env: Env) -> None:
     assert task_id == first.id and isinstance(exc, RateLimitError)
     event = event_of(env, "task-retrying", "t2")
     assert event["due_at"] > 0 and "RateLimitError" in event["error"]
+
+
+def test_a_question_celery_cannot_encode_leaves_the_task_waiting_not_failed(env: Env) -> None:
+    """The thread's question goes into the task's WAITING state and event, which Celery
+    encodes as JSON; a question JSON cannot hold (a set, which agentq stores) must not
+    fail the task (and run its errbacks) while its thread waits for the answer."""
+    ended = threading.Event()
+
+    def on_postrun(task_id: str | None = None, **_: Any) -> None:
+        if task_id == first.id:
+            ended.set()
+
+    task_postrun.connect(on_postrun, weak=False)
+    try:
+        first = env.agent.delay("t-set", mode="choose")
+        assert ended.wait(20), "the first task did not end"
+    finally:
+        task_postrun.disconnect(on_postrun)
+    assert env.agent.thread("t-set").status == Status.WAITING
+    assert first.state != "FAILURE", first.result
+    env.agent.resume("t-set", "a")
+    assert first.get(timeout=20) == {"chosen": "a"}
 
 
 def test_a_handed_over_thread_is_handed_over_until_another_task_ends_it(env: Env) -> None:

@@ -17,6 +17,7 @@ import pytest
 
 from agentq.engine.aio import blocking, run_coroutine
 from agentq.errors import ReentrantRunCoroutine
+from tests.support.redis_server import RedisServer
 from tests.support.workers import ROOT
 
 SLOTS = 50
@@ -316,6 +317,97 @@ def test_under_gevent_calls_no_slot_waits_for_run_in_the_hubs_thread() -> None:
     )
     assert done.stdout.split("\n")[:2] == ["cleanup hub", "outliving task hub"], done.stderr
     assert done.returncode == 0, done.stderr
+
+
+GEVENT_BLOCKING_ON_LOOP_SCRIPT = """
+import sys
+import warnings
+
+from gevent import monkey
+
+monkey.patch_all()
+
+import gevent
+from gevent.monkey import get_original
+
+from agentq import Done
+from agentq.engine.driver import Driver
+from agentq.errors import BlockingOnLoop
+from agentq.settings import Settings
+from agentq.store.redis.store import RedisStore
+
+real_ident = get_original("threading", "get_ident")
+hub_thread = real_ident()
+
+
+def send(to):
+    gevent.sleep(0)  # a gevent-patched client's wait, which needs its hub
+    return ("sent to " + to, "hub" if real_ident() == hub_thread else "loop")
+
+
+class Agent:
+    name = "tests.blocking_on_loop"
+    append_only = ()
+    entry_node = "start"
+
+    def should_retry(self, exc):
+        return False
+
+    def on_step(self, *args, **kwargs):
+        pass
+
+    def on_limit_wait(self, *args, **kwargs):
+        pass
+
+    def resend(self, meta):
+        pass
+
+    def find_node(self, name):
+        return self.start if name == "start" else None
+
+    async def start(self, run):
+        ref = run.artifacts.put(b"report")
+        return Done({"sent": run.tool(send, "a@example.com"), "data": run.artifacts.get(ref)})
+
+
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always", BlockingOnLoop)
+    with RedisStore.from_url(sys.argv[1], prefix=sys.argv[2]) as store:
+        store.open_thread("t1", task=Agent.name)
+        settings = Settings(store=store, lease_ttl=5)
+        driver = gevent.spawn(Driver(Agent(), "t1", store, settings, lambda: False).drive)
+        driver.join(timeout=30)
+        print(repr(driver.value if driver.successful() else driver.exception))
+        print(store.meta("t1").status.value)
+print(sorted({type(w.message).__name__ for w in caught}))
+"""
+
+
+def test_under_gevent_a_blocking_call_in_an_async_node_works_and_warns(
+    redis_server: RedisServer,
+) -> None:
+    """``run.tool`` and ``run.artifacts.put``/``get`` in an ``async def`` node block the
+    loop, as their warning says, but work, under gevent too, where the store's sockets
+    and the tool's own gevent waits belong to the hub's thread, not the loop's."""
+    pytest.importorskip("gevent")
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(GEVENT_BLOCKING_ON_LOOP_SCRIPT),
+            redis_server.url,
+            f"gb{os.getpid()}:",
+        ],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+    sent = {"sent": ("sent to a@example.com", "hub"), "data": b"report"}
+    assert done.stdout.split("\n")[:3] == [repr(sent), "done", "['BlockingOnLoop']"], (
+        done.stdout + done.stderr
+    )
 
 
 EVENTLET_SCRIPT = r"""

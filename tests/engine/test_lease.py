@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import gc
 import logging
+import subprocess
+import sys
 import threading
 import time
+import uuid
+import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack
 from pathlib import Path
@@ -17,6 +22,7 @@ from agentq.store.contract import Renewal, Store
 from agentq.store.redis.store import RedisStore
 from agentq.store.sqlite.store import SQLiteStore
 from tests.support.redis_server import RedisServer, running_redis, wait_until
+from tests.support.workers import ROOT
 
 TTL = 1.5  # beats every 0.5 s: a loaded machine still renews in time
 
@@ -141,6 +147,32 @@ def test_keeper_for_gives_one_keeper_per_store(store: Store, tmp_path: Path) -> 
         assert keeper_for(other) is not keeper_for(store)
 
 
+def held_until_renewed(store: Store) -> set[threading.Thread]:
+    """Hold a lease through ``store``'s keeper until it is renewed; the keeper's thread."""
+    keeper, before = keeper_for(store), set(keeper_threads())
+    ((thread_id, token),) = acquired(store, 1)
+    with keeper.hold(thread_id, "w1", token, TTL) as lease:
+        first = lease.renewed_at
+        wait_until(lambda: lease.renewed_at > first, timeout=10, what="a renewal")
+        return set(keeper_threads()) - before
+
+
+def test_a_store_dropped_by_its_owner_is_not_kept_alive_by_its_keeper(tmp_path: Path) -> None:
+    """Stores made and dropped in one process (an app per test, a store per job) are not
+    kept, with their keepers and clients, by the process's registry of keepers."""
+    dropped, ours = [], set()
+    for n in range(3):
+        with SQLiteStore(tmp_path / f"{n}.db") as store:
+            ours |= held_until_renewed(store)
+        dropped.append(weakref.ref(store))
+    wait_until(
+        lambda: not any(t.is_alive() for t in ours), timeout=10, what="the idle keepers to stop"
+    )
+    del store
+    gc.collect()
+    assert [ref() for ref in dropped] == [None, None, None]
+
+
 class AnswersWrongOnce(SQLiteStore):
     """The embedded store, its first batch of renewals answered with one flag too few."""
 
@@ -163,3 +195,28 @@ def test_the_keeper_outlives_a_reply_it_cannot_use(tmp_path: Path) -> None:
             wait_until(lambda: lease.renewed_at > first, timeout=10, what="a later renewal")
             assert store.batches >= 2
             assert not lease.lost.is_set()
+
+
+def test_a_greenlet_killed_while_it_starts_the_keeper_leaves_no_lease_renewed(
+    redis_server: RedisServer,
+) -> None:
+    """Under gevent, starting the keeper's thread yields to the hub, where a
+    ``revoke(terminate=True)`` (``gevent.kill``) or a hard time limit may stop the
+    greenlet: the lease it was adding must not be renewed for good on behalf of nobody,
+    which would keep the thread ``running`` (and a cancel unheeded) while the process lives."""
+    pytest.importorskip("gevent")
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tests.engine.gevent_keeper_kill_script",
+            redis_server.url,
+            f"gk{uuid.uuid4().hex[:8]}:",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert "killed starting the keeper" in out.stdout, out.stdout + out.stderr
+    assert "TAKEN OVER" in out.stdout, out.stdout + out.stderr

@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import os
+import threading
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import redis
@@ -37,6 +39,35 @@ class SlowOnceAgent(AgentTask):
         return Done("finished")
 
 
+class SlowReportAgent(AgentTask):
+    """The report of its step ``slow_at`` (a slow result backend, a progress webhook)
+    outlasts the task's soft time limit; step 1 ends the thread."""
+
+    name = "tests.slow_report"
+    soft_time_limit = 2
+
+    def start(self, run: Run, slow_at: int) -> str:
+        run.state["slow_at"] = slow_at
+        return "finish"
+
+    def finish(self, run: Run) -> Any:
+        return Done("finished")
+
+    def on_step(
+        self,
+        thread_id: str,
+        step: int,
+        node: str,
+        next_node: str | None,
+        *,
+        limit_waits: Sequence[dict[str, Any]] = (),
+    ) -> None:
+        super().on_step(thread_id, step, node, next_node, limit_waits=limit_waits)
+        latest = self.agentq.store.latest(thread_id)
+        if latest is not None and latest.state.get("slow_at") == step:
+            threading.Event().wait(60)  # cut short by the soft time limit's signal
+
+
 def note(tag: str) -> None:
     _ledger().rpush(_key("notes"), tag)
 
@@ -53,6 +84,7 @@ def make(broker: str, backend: str, store: str, prefix: str, queue: str) -> Cele
         app, store=store, prefix=prefix, lease_ttl=2.0, sweep_interval=0.2, start_grace=3.0
     )
     app.register_task(SlowOnceAgent())
+    app.register_task(SlowReportAgent())
     app.task(name="tests.note")(note)
     return app
 

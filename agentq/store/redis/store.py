@@ -435,7 +435,11 @@ class RedisStore(RedisCheckpoints, RedisEffects, RedisLimits, RedisListing, Redi
         return [(text(member), float(score)) for member, score in entries]
 
     def claim_due(self, *, hold: float, limit: int = 100) -> list[str]:
-        ids = self._scripts["claim_due"](keys=[self.keys.due()], args=[hold, limit])
+        # Named, so that the claim redis-py sends again after its reply was lost answers
+        # with the threads the first run pushed ahead, rather than with none of them.
+        ids = self._scripts["claim_due"](
+            keys=[self.keys.due(), self.keys.claimed()], args=[hold, limit, request_id()]
+        )
         return [member.decode() for member in ids]
 
     def _do_lease_sweeper(self, owner: str, ttl: float) -> bool:

@@ -273,3 +273,18 @@ def test_a_claim_of_due_threads_resent_after_its_reply_was_lost_still_sends_them
     env.proxy.lose_reply_to = env.sha("claim_due")
     assert Sweeper(env.app).sweep_once() == ["t2"]
     assert env.proxy.lost == 1
+
+
+def test_a_sweep_broken_off_by_one_thread_leaves_the_threads_after_it_due(env: Env) -> None:
+    """The store fails (for longer than redis-py's retries) while the sweeper reads one of
+    the threads it claimed: the threads it claimed after that one must be sent by the next
+    sweep, not a start grace later."""
+    env.store.open_thread("t2", task=Mailer.name, start_grace=0)
+    env.store.open_thread("t3", task=Mailer.name, start_grace=0)
+    sweeper = Sweeper(env.app)
+    env.proxy.drop = env.store.keys.meta("t2").encode()
+    with pytest.raises(redis.ConnectionError):
+        sweeper.sweep_once()
+    assert env.proxy.dropped >= 1
+    env.proxy.drop = None
+    assert sweeper.sweep_once() == ["t3"]  # t2, the one that broke the sweep, waits its hold

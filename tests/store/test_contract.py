@@ -1033,6 +1033,17 @@ def test_claim_due_holds_entries_off(store: Store) -> None:
     assert store.due() == []
 
 
+def test_unclaim_due_brings_claimed_entries_back_and_leaves_the_rest(store: Store) -> None:
+    for thread_id in ("t1", "t2", "t3"):
+        store.open_thread(thread_id, task="agent", start_grace=0)
+    assert store.claim_due(hold=3600) == ["t1", "t2", "t3"]
+    token = store.acquire("t3", "w1", 30)
+    store.set_status("t3", token, Status.DONE, release_owner="w1")  # left the index since
+    store.unclaim_due(["t2", "t3"])
+    assert [thread_id for thread_id, _ in store.due()] == ["t2"]
+    assert store.claim_due(hold=3600) == ["t2"]
+
+
 # -- bad input ---------------------------------------------------------------------------
 
 

@@ -442,6 +442,9 @@ class RedisStore(RedisCheckpoints, RedisEffects, RedisLimits, RedisListing, Redi
         )
         return [member.decode() for member in ids]
 
+    def _do_unclaim_due(self, thread_ids: Sequence[str]) -> None:
+        self._scripts["unclaim_due"](keys=[self.keys.due()], args=list(thread_ids))
+
     def _do_lease_sweeper(self, owner: str, ttl: float) -> bool:
         return bool(
             self._scripts["lease_sweeper"](keys=[self.keys.sweeper()], args=[owner, _millis(ttl)])

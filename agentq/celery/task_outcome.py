@@ -24,6 +24,7 @@ from celery.backends.base import DisabledBackend
 from celery.exceptions import Ignore, Retry
 
 from agentq.celery import canvas
+from agentq.engine.store_retry import RetriedCalls
 from agentq.engine.thread_keys import KeyWait
 from agentq.errors import ThreadStopped
 from agentq.records import Status, ThreadMeta
@@ -219,9 +220,17 @@ def _carries_canvas(task: Task, meta: ThreadMeta) -> bool:
 
 
 def _takes_canvas(task: Task, meta: ThreadMeta, taker: str) -> bool:
+    """Whether ``taker`` is the task the store names to carry the canvas on. A passing
+    store error is waited out (naming the same taker again is safe): raised, it would
+    drop the canvas for good, as the thread has ended and no later task comes for it."""
     store = task.agentq.store
     what = "naming the task that carries its canvas on"
-    return bool(task._store_call(what, meta.thread_id, store.take_canvas, meta.thread_id, taker))
+    calls = RetriedCalls(store, meta.thread_id, task.agentq.settings.lease_ttl)
+    return bool(
+        task._store_call(
+            what, meta.thread_id, calls, what, store.take_canvas, meta.thread_id, taker
+        )
+    )
 
 
 def _first_request(task: Task, meta: ThreadMeta, carries: bool) -> Context | None:

@@ -16,6 +16,9 @@ from agentq.ids import owner_id
 logger = logging.getLogger("agentq.celery.recovery")
 
 GC_INTERVAL = 60.0
+GC_BATCH = 100
+"""Finished threads one sweep deletes at most (tens of milliseconds): a backlog of them
+is worked off a batch a sweep, never holding up the sends of due threads behind it."""
 STORE_CHECK_INTERVAL = 30.0
 """Seconds between two looks at the store's settings in every worker, leader or not."""
 
@@ -60,9 +63,11 @@ class Sweeper:
         metrics.recovered(len(sent))
         if time.monotonic() >= self._gc_at:
             self._gc_at = time.monotonic() + GC_INTERVAL
-            removed = store.gc(settings.finished_ttl)
+            removed = store.gc(settings.finished_ttl, limit=GC_BATCH)
             if removed:
                 logger.info("removed %d finished threads past their TTL", removed)
+            if removed == GC_BATCH:  # maybe more: the next sweep goes on
+                self._gc_at = time.monotonic()
         return sent
 
     def _send(self, thread_id: str) -> None:

@@ -723,6 +723,18 @@ def test_gc_deletes_only_the_statuses_it_is_given(store: Store) -> None:
         store.gc(0, {Status.WAITING})
 
 
+def test_gc_with_a_limit_deletes_at_most_that_many(store: Store) -> None:
+    for status in (Status.DONE, Status.FAILED, Status.CANCELLED):
+        token = started(store, status.value)
+        store.set_status(status.value, token, status, release_owner="w1")
+    assert store.gc(0, limit=2) == 2
+    assert len(store.threads()) == 1
+    assert store.gc(0, limit=2) == 1
+    assert store.threads() == []
+    with pytest.raises(InvalidArgument, match="limit"):
+        store.gc(0, limit=0)
+
+
 def test_gc_refuses_a_ttl_that_is_not_a_number(store: Store) -> None:
     token = started(store, "done")
     store.commit("done", token, cp(0, token), status=Status.DONE)

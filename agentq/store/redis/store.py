@@ -336,14 +336,23 @@ class RedisStore(RedisCheckpoints, RedisEffects, RedisLimits, RedisListing, Redi
             )
         return blob(data)
 
-    def _do_gc(self, finished_ttl: float, statuses: frozenset[Status]) -> int:
+    def _do_gc(self, finished_ttl: float, statuses: frozenset[Status], limit: int | None) -> int:
         cutoff = self._now() - finished_ttl
-        removed = 0
+        removed, left = 0, limit
         for status in statuses:
-            for member in self.client.zrangebyscore(
-                self.keys.status_index(status.value), "-inf", cutoff
-            ):
+            if left == 0:
+                break
+            members = self.client.zrangebyscore(
+                self.keys.status_index(status.value),
+                "-inf",
+                cutoff,
+                start=None if left is None else 0,
+                num=left,
+            )
+            for member in members:
                 removed += self._delete(text(member), updated_before=cutoff, statuses=statuses)
+            if left is not None:
+                left -= len(members)
         return removed
 
     def _do_acquire(self, thread_id: str, owner: str, ttl: float) -> int:

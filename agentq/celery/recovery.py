@@ -16,6 +16,8 @@ from agentq.ids import owner_id
 logger = logging.getLogger("agentq.celery.recovery")
 
 GC_INTERVAL = 60.0
+CLAIM_BATCH = 500
+"""Due threads claimed in one store call."""
 GC_BATCH = 100
 """Finished threads one sweep deletes at most (tens of milliseconds): a backlog of them
 is worked off a batch a sweep, never holding up the sends of due threads behind it."""
@@ -52,14 +54,20 @@ class Sweeper:
         woken = store.wake_keys()
         if woken:
             logger.info("concurrency keys freed by expired leases wake %s", woken)
-        claimed = store.claim_due(hold=settings.start_grace, limit=500)
-        for at, thread_id in enumerate(claimed):
-            try:
-                self._send(thread_id)
-            except Exception:
-                self._unclaim(claimed[at + 1 :])
-                raise
-            sent.append(thread_id)
+        # Batch after batch until one comes back short: a worker process running a
+        # thousand threads leaves them all due at once, and each must go out now, not a
+        # batch a sweep. A thread claimed once is held off, so this ends.
+        while True:
+            claimed = store.claim_due(hold=settings.start_grace, limit=CLAIM_BATCH)
+            for at, thread_id in enumerate(claimed):
+                try:
+                    self._send(thread_id)
+                except Exception:
+                    self._unclaim(claimed[at + 1 :])
+                    raise
+                sent.append(thread_id)
+            if len(claimed) < CLAIM_BATCH or self._stop.is_set():
+                break  # a stopping worker leaves the rest to the other sweepers
         metrics.recovered(len(sent))
         if time.monotonic() >= self._gc_at:
             self._gc_at = time.monotonic() + GC_INTERVAL

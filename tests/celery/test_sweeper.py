@@ -107,3 +107,18 @@ def test_a_thread_whose_lease_runs_out_while_finished_threads_are_collected_is_s
             store.gc(0.0)  # what the sweeper left of the backlog
             store.close()
     assert claimed - expired < 1.0, f"sent {claimed - expired:.1f} s after its lease ran out"
+
+
+def test_one_sweep_sends_every_due_thread_however_many(app: Celery) -> None:
+    """A worker running a thousand threads (a threads or gevent pool) dies: every one of
+    them is due at once, and every one must be sent by the next sweep, not 500 a sweep."""
+    store: Store = app._agentq_runtime.store
+    due = 1100
+    for n in range(due):
+        store.open_thread(f"t{n}", task="elsewhere.agent", start_grace=0)
+    try:
+        assert len(Sweeper(app).sweep_once()) == due
+        assert store.due() == []
+    finally:
+        with contextlib.closing(redis.Redis.from_url(app.conf.broker_url)) as broker:
+            broker.delete(app.conf.task_default_queue)

@@ -16,6 +16,11 @@ from agentq.ids import owner_id
 logger = logging.getLogger("agentq.celery.recovery")
 
 GC_INTERVAL = 60.0
+CLAIM_BATCH = 500
+"""Due threads claimed in one store call."""
+GC_BATCH = 100
+"""Finished threads one sweep deletes at most (tens of milliseconds): a backlog of them
+is worked off a batch a sweep, never holding up the sends of due threads behind it."""
 STORE_CHECK_INTERVAL = 30.0
 """Seconds between two looks at the store's settings in every worker, leader or not."""
 
@@ -49,23 +54,59 @@ class Sweeper:
         woken = store.wake_keys()
         if woken:
             logger.info("concurrency keys freed by expired leases wake %s", woken)
-        for thread_id in store.claim_due(hold=settings.start_grace, limit=500):
-            meta = store.meta(thread_id)
-            if meta is None or not meta.runs_by_itself:
-                # Due by an index entry its last change left behind (on Redis Cluster, a
-                # lost second call): put the entries right, or it comes back every sweep.
-                store.sync_index(thread_id)
-                continue
-            resend_thread(self.app, meta)
-            logger.info("thread %s (%s, step %d) re-sent", thread_id, meta.status.value, meta.step)
-            sent.append(thread_id)
+        # Batch after batch until one comes back short: a worker process running a
+        # thousand threads leaves them all due at once, and each must go out now, not a
+        # batch a sweep. A thread claimed once is held off, so this ends.
+        while True:
+            claimed = store.claim_due(hold=settings.start_grace, limit=CLAIM_BATCH)
+            for at, thread_id in enumerate(claimed):
+                try:
+                    self._send(thread_id)
+                except Exception:
+                    self._unclaim(claimed[at + 1 :])
+                    raise
+                sent.append(thread_id)
+            if len(claimed) < CLAIM_BATCH or self._stop.is_set():
+                break  # a stopping worker leaves the rest to the other sweepers
         metrics.recovered(len(sent))
         if time.monotonic() >= self._gc_at:
             self._gc_at = time.monotonic() + GC_INTERVAL
-            removed = store.gc(settings.finished_ttl)
+            removed = store.gc(settings.finished_ttl, limit=GC_BATCH)
             if removed:
                 logger.info("removed %d finished threads past their TTL", removed)
+            if removed == GC_BATCH:  # maybe more: the next sweep goes on
+                self._gc_at = time.monotonic()
         return sent
+
+    def _send(self, thread_id: str) -> None:
+        """Send a message for the claimed thread if it still runs by itself."""
+        store = runtime_of(self.app).store
+        meta = store.meta(thread_id)
+        if meta is None or not meta.runs_by_itself:
+            # Due by an index entry its last change left behind (on Redis Cluster, a
+            # lost second call): put the entries right, or it comes back every sweep.
+            store.sync_index(thread_id)
+            return
+        resend_thread(self.app, meta)
+        logger.info("thread %s (%s, step %d) re-sent", thread_id, meta.status.value, meta.step)
+
+    def _unclaim(self, unsent: list[str]) -> None:
+        """Make the claimed threads a failed send or read kept this sweep from due again,
+        so that the next sweep sends them rather than one a start grace later. The thread
+        that failed is not among them: one whose send always fails (its stored options
+        refused by the broker) must not stop the sweep before every other due thread."""
+        if not unsent:
+            return
+        try:
+            runtime_of(self.app).store.unclaim_due(unsent)
+        except Exception as exc:
+            # The store is down too: they come back when the claim's hold runs out.
+            logger.warning(
+                "%d threads claimed but not sent are due again in a start grace (%s: %s)",
+                len(unsent),
+                type(exc).__name__,
+                exc,
+            )
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="agentq-sweeper", daemon=True)

@@ -9,10 +9,13 @@ import threading
 import uuid
 import warnings
 from collections.abc import Iterator
+from contextlib import closing
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 from celery import Celery, Task, chain, chord
 from celery.contrib.testing.worker import start_worker
 from celery.exceptions import ChordError
@@ -20,6 +23,8 @@ from celery.result import AsyncResult
 from celery.signals import task_postrun, task_revoked
 from celery.worker import state as worker_state
 from kombu.exceptions import ContentDisallowed
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
 
 import agentq
 from agentq import Done, FunctionAgent, Run, Status
@@ -27,7 +32,9 @@ from agentq.celery import canvas
 from agentq.celery.task import STORED_HEADER
 from agentq.celery.task_outcome import WAITING, WAITING_FOR_KEY
 from agentq.records import Checkpoint, ThreadMeta
-from tests.support.redis_server import RedisServer, wait_until
+from agentq.store.redis.store import RedisStore
+from tests.chaos.flaky_proxy import FlakyProxy
+from tests.support.redis_server import RedisServer, running_redis, wait_until
 
 pytestmark = pytest.mark.filterwarnings("ignore:Call to deprecated setex:DeprecationWarning")
 
@@ -361,3 +368,49 @@ def test_a_canvas_is_kept_with_the_serializer_its_message_uses() -> None:
     assert request is not None and request.callbacks[0]["args"] == ({"a", "b"},)
     with pytest.raises(ContentDisallowed):
         canvas.request_of(meta, ["json"])
+
+
+def test_a_store_error_while_naming_the_canvas_taker_is_waited_out(
+    redis_broker: str, result_backend: str, tmp_path: Path
+) -> None:
+    """The task that finds its thread done names itself the taker of the first task's
+    canvas in the store; a store error there (a failover outlasting redis-py's retries)
+    must be waited out like any other of the task's store calls. Failing the task instead
+    would drop the canvas for good: the thread is done, so no later task comes to carry
+    the chain on, and the first task's result stays unready."""
+    notified: list[Any] = []
+    errors: list[str] = []
+    with running_redis(tmp_path / "store") as server, closing(FlakyProxy(server.port)) as proxy:
+        # Quick retries, so that the error outlasts them at once.
+        client = redis.Redis(port=proxy.port, retry=Retry(ExponentialBackoff(0.02, 0.01), 2))
+        store = RedisStore(client, prefix="cvf:")
+        app = Celery("agentq-canvas-fault", broker=redis_broker, backend=result_backend)
+        app.conf.update(
+            task_default_queue=f"agentq-test-cvf-{uuid.uuid4().hex[:8]}",
+            worker_hijack_root_logger=False,
+        )
+        agentq.init_app(app, store=store, lease_ttl=5, start_grace=5, sweep_interval=0.1)
+        agent, notify, _, _ = define(app, (notified, errors))
+        try:
+            with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False):
+                first = agent.apply_async(("f1",), {"mode": "wait"}, link=notify.s())
+                wait_until(lambda: first.state == WAITING, timeout=20, what="WAITING")
+                proxy.drop = store._scripts["take_canvas"].sha.encode()
+                threading.Thread(target=back_after_retries, args=(proxy,), daemon=True).start()
+                resumed = agent.resume("f1", "ok")
+                assert resumed.get(timeout=20) == {"answer": "ok"}
+                assert first.get(timeout=20) == {"answer": "ok"}
+                wait_until(lambda: notified, timeout=20, what="the link run")
+                assert notified == [{"answer": "ok"}]
+        finally:
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", "unclosed <socket.socket", ResourceWarning)
+                gc.collect()
+            store.close()
+            app.close()
+
+
+def back_after_retries(proxy: FlakyProxy) -> None:
+    """Let calls through again once the first one failed through all of redis-py's tries."""
+    wait_until(lambda: proxy.dropped >= 3, timeout=20, what="three dropped tries")
+    proxy.drop = None

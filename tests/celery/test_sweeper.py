@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -66,3 +67,58 @@ def test_a_store_outage_is_logged_a_line_a_sweep_without_a_traceback(
 
 def failures(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
     return [r for r in caplog.records if r.getMessage().startswith("sweep failed")]
+
+
+def test_a_thread_whose_lease_runs_out_while_finished_threads_are_collected_is_sent_in_time(
+    redis_broker: str, redis_server: RedisServer
+) -> None:
+    """The sweeper also deletes the finished threads past ``finished_ttl``; a backlog of
+    them (a batch of runs that finished together a week ago) must not hold up the sweeps
+    behind it: a thread whose worker died meanwhile is sent within a sweep or so of its
+    lease running out, not once every finished thread is gone."""
+    finished = 4000
+    app = Celery("agentq-sweeper-gc", broker=redis_broker, set_as_current=False)
+    app.conf.task_default_queue = f"agentq-test-sweep-gc-{uuid.uuid4().hex[:8]}"
+    prefix = f"sg{uuid.uuid4().hex[:8]}:"
+    agentq.init_app(
+        app, store=redis_server.url, prefix=prefix, sweep_interval=0.05, finished_ttl=0.0
+    )
+    store = app._agentq_runtime.store
+    with contextlib.closing(app), contextlib.closing(redis_server.client()) as raw:
+        for n in range(finished):
+            store.open_thread(f"old-{n}", task="elsewhere.agent")
+            store.request_cancel(f"old-{n}")
+        store.open_thread("dead", task="elsewhere.agent")
+        cancelled = f"{prefix}index:{{index}}:status:cancelled"
+        due = f"{prefix}index:{{index}}:due"
+        sweeper = Sweeper(app)
+        sweeper.start()
+        try:
+            wait_until(lambda: raw.zcard(cancelled) < finished, timeout=20, what="gc started")
+            store.acquire("dead", "lost-worker", 0.2)  # its worker dies at once
+            expired = time.monotonic() + 0.2
+            claimed = wait_until(
+                lambda: (raw.zscore(due, "dead") or 0) > time.time() + 5 and time.monotonic(),
+                timeout=30,
+                what="the dead worker's thread sent",
+            )
+        finally:
+            sweeper.stop()
+            store.gc(0.0)  # what the sweeper left of the backlog
+            store.close()
+    assert claimed - expired < 1.0, f"sent {claimed - expired:.1f} s after its lease ran out"
+
+
+def test_one_sweep_sends_every_due_thread_however_many(app: Celery) -> None:
+    """A worker running a thousand threads (a threads or gevent pool) dies: every one of
+    them is due at once, and every one must be sent by the next sweep, not 500 a sweep."""
+    store: Store = app._agentq_runtime.store
+    due = 1100
+    for n in range(due):
+        store.open_thread(f"t{n}", task="elsewhere.agent", start_grace=0)
+    try:
+        assert len(Sweeper(app).sweep_once()) == due
+        assert store.due() == []
+    finally:
+        with contextlib.closing(redis.Redis.from_url(app.conf.broker_url)) as broker:
+            broker.delete(app.conf.task_default_queue)

@@ -21,6 +21,7 @@ from langgraph.graph import END, START, StateGraph
 
 import agentq
 from agentq import AgentTask, Done, Run, Status
+from agentq.celery.recovery import Sweeper
 from agentq.errors import LeaseHeld, ThreadExists, ThreadStopped
 from agentq.langgraph import graph_task
 from agentq.records import Checkpoint
@@ -259,3 +260,31 @@ def test_a_delete_resent_after_its_reply_was_lost_leaves_the_thread_out_of_langg
     env.store.delete_thread("t1")
     assert env.proxy.lost == 1
     assert graph.threads() == []
+
+
+def test_a_claim_of_due_threads_resent_after_its_reply_was_lost_still_sends_them(
+    env: Env,
+) -> None:
+    """The claim pushed the due threads a start grace ahead before its reply was lost; the
+    resend must answer with the threads the first run took, or none of them is sent
+    before that grace runs out (30 s by default), past the lease TTL plus one sweep that
+    recovery promises."""
+    env.store.open_thread("t2", task=Mailer.name, start_grace=0)
+    env.proxy.lose_reply_to = env.sha("claim_due")
+    assert Sweeper(env.app).sweep_once() == ["t2"]
+    assert env.proxy.lost == 1
+
+
+def test_a_sweep_broken_off_by_one_thread_leaves_the_threads_after_it_due(env: Env) -> None:
+    """The store fails (for longer than redis-py's retries) while the sweeper reads one of
+    the threads it claimed: the threads it claimed after that one must be sent by the next
+    sweep, not a start grace later."""
+    env.store.open_thread("t2", task=Mailer.name, start_grace=0)
+    env.store.open_thread("t3", task=Mailer.name, start_grace=0)
+    sweeper = Sweeper(env.app)
+    env.proxy.drop = env.store.keys.meta("t2").encode()
+    with pytest.raises(redis.ConnectionError):
+        sweeper.sweep_once()
+    assert env.proxy.dropped >= 1
+    env.proxy.drop = None
+    assert sweeper.sweep_once() == ["t3"]  # t2, the one that broke the sweep, waits its hold

@@ -723,6 +723,18 @@ def test_gc_deletes_only_the_statuses_it_is_given(store: Store) -> None:
         store.gc(0, {Status.WAITING})
 
 
+def test_gc_with_a_limit_deletes_at_most_that_many(store: Store) -> None:
+    for status in (Status.DONE, Status.FAILED, Status.CANCELLED):
+        token = started(store, status.value)
+        store.set_status(status.value, token, status, release_owner="w1")
+    assert store.gc(0, limit=2) == 2
+    assert len(store.threads()) == 1
+    assert store.gc(0, limit=2) == 1
+    assert store.threads() == []
+    with pytest.raises(InvalidArgument, match="limit"):
+        store.gc(0, limit=0)
+
+
 def test_gc_refuses_a_ttl_that_is_not_a_number(store: Store) -> None:
     token = started(store, "done")
     store.commit("done", token, cp(0, token), status=Status.DONE)
@@ -1031,6 +1043,17 @@ def test_claim_due_holds_entries_off(store: Store) -> None:
     assert store.claim_due(hold=3600) == ["t1"]
     assert store.claim_due(hold=3600) == []
     assert store.due() == []
+
+
+def test_unclaim_due_brings_claimed_entries_back_and_leaves_the_rest(store: Store) -> None:
+    for thread_id in ("t1", "t2", "t3"):
+        store.open_thread(thread_id, task="agent", start_grace=0)
+    assert store.claim_due(hold=3600) == ["t1", "t2", "t3"]
+    token = store.acquire("t3", "w1", 30)
+    store.set_status("t3", token, Status.DONE, release_owner="w1")  # left the index since
+    store.unclaim_due(["t2", "t3"])
+    assert [thread_id for thread_id, _ in store.due()] == ["t2"]
+    assert store.claim_due(hold=3600) == ["t2"]
 
 
 # -- bad input ---------------------------------------------------------------------------

@@ -518,7 +518,9 @@ def test_acl_user_confined_to_the_prefix_can_drive_a_whole_thread(
         assert store.threads() == []
     with admin_client(acl_server) as admin:
         assert admin.acl_log() == []  # nothing was refused, not even silently
-        assert admin.keys("*") == [b"agentq:effect:{inv}"]  # the shared record stays
+        # The shared record stays; the last claim of due threads expires with its hold.
+        assert sorted(admin.keys("*")) == [b"agentq:effect:{inv}", b"agentq:index:{index}:claimed"]
+        assert 0 < admin.pttl("agentq:index:{index}:claimed") <= 60_000
 
 
 def test_check_without_config_permission_reports_that_it_cannot_tell(

@@ -102,6 +102,19 @@ class LeaseContract(ABC):
         so a concurrent sweeper does not send it again before the thread has had time to
         start. Atomic."""
 
+    def unclaim_due(self, thread_ids: Sequence[str]) -> None:
+        """Make due now the threads :meth:`claim_due` returned whose message the sweeper
+        did not send (the store or the broker failed before it got to them), so that the
+        next sweep sends them rather than one a ``hold`` later. Only brings a due time
+        forward: a thread that left the index since stays out. Atomic."""
+        for thread_id in thread_ids:
+            validate_thread_id(thread_id)
+        if thread_ids:
+            self._do_unclaim_due(thread_ids)
+
+    @abstractmethod
+    def _do_unclaim_due(self, thread_ids: Sequence[str]) -> None: ...
+
     def sync_index(self, thread_id: str) -> None:
         """Set the thread's entries in the global indexes (its status, its due time) from
         its meta, or remove them if the thread does not exist. The sweeper calls it for a

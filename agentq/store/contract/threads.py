@@ -244,15 +244,23 @@ class ThreadsContract(ABC):
     @abstractmethod
     def _do_get_artifact(self, thread_id: str, digest: str) -> bytes: ...
 
-    def gc(self, finished_ttl: float, statuses: Collection[Status] = FINISHED) -> int:
+    def gc(
+        self,
+        finished_ttl: float,
+        statuses: Collection[Status] = FINISHED,
+        *,
+        limit: int | None = None,
+    ) -> int:
         """Delete threads in ``statuses`` (by default the finished ones: ``done``,
         ``failed``, ``cancelled``) last updated more than ``finished_ttl`` seconds ago;
-        return how many. Only threads nothing drives can be collected: ``statuses`` may
-        also name ``needs_attention``, and anything else raises
-        :class:`~agentq.errors.InvalidArgument`, as does a NaN ``finished_ttl`` (Redis
-        cannot compare times with it, SQLite would quietly delete nothing). Each deletion
-        is atomic and checks the status and the age again, so a thread reopened
-        meanwhile stays."""
+        return how many. With ``limit``, look at no more than that many, so that a caller
+        with other work (the sweeper) gets back to it soon: fewer than ``limit`` removed
+        means none is left, unless one was reopened meanwhile. Only threads nothing drives
+        can be collected: ``statuses`` may also name ``needs_attention``, and anything
+        else raises :class:`~agentq.errors.InvalidArgument`, as does a NaN
+        ``finished_ttl`` (Redis cannot compare times with it, SQLite would quietly delete
+        nothing). Each deletion is atomic and checks the status and the age again, so a
+        thread reopened meanwhile stays."""
         if math.isnan(finished_ttl):
             raise InvalidArgument(
                 "gc's finished_ttl is NaN; give the seconds since a thread finished, e.g. "
@@ -265,7 +273,11 @@ class ThreadsContract(ABC):
                 f"gc cannot delete threads in status {refused} (only "
                 f"{sorted(s.value for s in COLLECTABLE)}): something may still drive them"
             )
-        return self._do_gc(finished_ttl, chosen)
+        if limit is not None and limit < 1:
+            raise InvalidArgument(f"gc's limit ({limit}) must be at least 1, or None for all")
+        return self._do_gc(finished_ttl, chosen, limit)
 
     @abstractmethod
-    def _do_gc(self, finished_ttl: float, statuses: frozenset[Status]) -> int: ...
+    def _do_gc(
+        self, finished_ttl: float, statuses: frozenset[Status], limit: int | None
+    ) -> int: ...

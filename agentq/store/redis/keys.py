@@ -53,6 +53,9 @@ key                                        type    contents
                                                    from, so an older state never overwrites
                                                    a newer one
 ``P index:{index}:sweeper``                string  the owner of the sweeper lease (PX TTL)
+``P index:{index}:claimed``                list    the last claim of due threads: its request
+                                                   id, then the ids it took (PX TTL: the
+                                                   hold), for a claim sent again
 ``P limit:{limits}:<key>``                 hash    req_tat, tok_tat (GCRA times), paused
                                                    (Unix time a 429 asked to wait until)
 ``P limit:{limits}:<key>:holders``         zset    concurrency slot holder -> expiry
@@ -67,7 +70,8 @@ key                                        type    contents
 =========================================  ======  ===========================================
 
 ``P`` is the configured prefix (``agentq:`` by default). Leases expire through ``PX`` on
-the lock keys; no other key has a Redis TTL: finished threads are removed by ``gc()``, which
+the lock keys, the sweeper lease and the last claim of due threads on theirs; no other
+key has a Redis TTL: finished threads are removed by ``gc()``, which
 also keeps the indexes consistent. A staged snapshot (one over ``INLINE_SNAPSHOT_BYTES``;
 smaller ones go to the commit script as an argument) exists only within one MULTI, unless
 its script never ran (a server that lost its scripts and then the connection): the
@@ -135,6 +139,9 @@ class Keys:
 
     def sweeper(self) -> str:
         return f"{self.prefix}index:{{index}}:sweeper"
+
+    def claimed(self) -> str:
+        return f"{self.prefix}index:{{index}}:claimed"
 
     def limit(self, key: str) -> str:
         return f"{self.prefix}limit:{{limits}}:{key}"

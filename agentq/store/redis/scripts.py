@@ -36,6 +36,7 @@ STORE_SCRIPTS = (
     "claim_effect",
     "complete_effect",
     "claim_due",
+    "unclaim_due",
     "reopen",
     "request_cancel",
     "take_canvas",

@@ -336,14 +336,23 @@ class RedisStore(RedisCheckpoints, RedisEffects, RedisLimits, RedisListing, Redi
             )
         return blob(data)
 
-    def _do_gc(self, finished_ttl: float, statuses: frozenset[Status]) -> int:
+    def _do_gc(self, finished_ttl: float, statuses: frozenset[Status], limit: int | None) -> int:
         cutoff = self._now() - finished_ttl
-        removed = 0
+        removed, left = 0, limit
         for status in statuses:
-            for member in self.client.zrangebyscore(
-                self.keys.status_index(status.value), "-inf", cutoff
-            ):
+            if left == 0:
+                break
+            members = self.client.zrangebyscore(
+                self.keys.status_index(status.value),
+                "-inf",
+                cutoff,
+                start=None if left is None else 0,
+                num=left,
+            )
+            for member in members:
                 removed += self._delete(text(member), updated_before=cutoff, statuses=statuses)
+            if left is not None:
+                left -= len(members)
         return removed
 
     def _do_acquire(self, thread_id: str, owner: str, ttl: float) -> int:
@@ -435,8 +444,15 @@ class RedisStore(RedisCheckpoints, RedisEffects, RedisLimits, RedisListing, Redi
         return [(text(member), float(score)) for member, score in entries]
 
     def claim_due(self, *, hold: float, limit: int = 100) -> list[str]:
-        ids = self._scripts["claim_due"](keys=[self.keys.due()], args=[hold, limit])
+        # Named, so that the claim redis-py sends again after its reply was lost answers
+        # with the threads the first run pushed ahead, rather than with none of them.
+        ids = self._scripts["claim_due"](
+            keys=[self.keys.due(), self.keys.claimed()], args=[hold, limit, request_id()]
+        )
         return [member.decode() for member in ids]
+
+    def _do_unclaim_due(self, thread_ids: Sequence[str]) -> None:
+        self._scripts["unclaim_due"](keys=[self.keys.due()], args=list(thread_ids))
 
     def _do_lease_sweeper(self, owner: str, ttl: float) -> bool:
         return bool(

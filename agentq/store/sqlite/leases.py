@@ -92,6 +92,15 @@ class LeasesMixin:
             )
         return ids
 
+    def _do_unclaim_due(self, thread_ids: Sequence[str]) -> None:
+        ids = list(thread_ids)
+        with self._conn.write() as db:
+            now = time.time()
+            db.execute(
+                f"UPDATE threads SET due_at = ? WHERE due_at > ? AND thread_id IN ({marks(ids)})",
+                (now, now, *ids),
+            )
+
     def _do_lease_sweeper(self, owner: str, ttl: float) -> bool:
         with self._conn.write() as db:
             now = time.time()

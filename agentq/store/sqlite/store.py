@@ -369,19 +369,20 @@ class SQLiteStore(
             )
         return bytes(row[0])
 
-    def _do_gc(self, finished_ttl: float, statuses: frozenset[Status]) -> int:
+    def _do_gc(self, finished_ttl: float, statuses: frozenset[Status], limit: int | None) -> int:
         names = sorted(s.value for s in statuses)
         deleted = 0
         while True:
+            batch = _GC_BATCH if limit is None else min(_GC_BATCH, limit - deleted)
             # Batches keep the write lock short, so workers' commits are not held up.
             with self._conn.write() as db:
                 rows = db.execute(
                     f"SELECT thread_id FROM threads WHERE status IN ({marks(names)}) "
                     "AND updated_at < ? LIMIT ?",
-                    (*names, time.time() - finished_ttl, _GC_BATCH),
+                    (*names, time.time() - finished_ttl, batch),
                 ).fetchall()
                 deleted += delete_threads(db, [row[0] for row in rows])
-            if len(rows) < _GC_BATCH:
+            if len(rows) < batch or deleted == limit:
                 return deleted
 
     # -- operations ----------------------------------------------------------------------

@@ -96,17 +96,20 @@ def test_a_thread_whose_lease_runs_out_while_finished_threads_are_collected_is_s
         try:
             wait_until(lambda: raw.zcard(cancelled) < finished, timeout=20, what="gc started")
             store.acquire("dead", "lost-worker", 0.2)  # its worker dies at once
-            expired = time.monotonic() + 0.2
-            claimed = wait_until(
-                lambda: (raw.zscore(due, "dead") or 0) > time.time() + 5 and time.monotonic(),
-                timeout=30,
-                what="the dead worker's thread sent",
-            )
+
+            def sent() -> tuple[str, int] | None:
+                # Held off a start grace once sent; how much of the backlog is left then.
+                if (raw.zscore(due, "dead") or 0) > time.time() + 5:
+                    return ("sent", raw.zcard(cancelled))
+                return None
+
+            _, left = wait_until(sent, timeout=30, what="the dead worker's thread sent")
         finally:
             sweeper.stop()
             store.gc(0.0)  # what the sweeper left of the backlog
             store.close()
-    assert claimed - expired < 1.0, f"sent {claimed - expired:.1f} s after its lease ran out"
+    # Not after every finished thread was deleted, as when one call collected them all.
+    assert left > 0, "the thread was sent only once the whole backlog was deleted"
 
 
 def test_one_sweep_sends_every_due_thread_however_many(app: Celery) -> None:

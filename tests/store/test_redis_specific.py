@@ -919,3 +919,50 @@ def test_a_urls_socket_timeout_wins_over_the_default(redis_server: RedisServer) 
         for store, seconds in ((default, SOCKET_TIMEOUT), (chosen, 2.5)):
             pool = store.client.connection_pool
             assert pool.connection_kwargs["socket_timeout"] == seconds
+
+
+def test_a_wrong_password_is_not_waited_out_as_an_outage(redis_server: RedisServer) -> None:
+    """redis-py makes it a ConnectionError; retried, every thread would be handed back for
+    good with no word of why."""
+    with admin_client(redis_server) as admin:
+        admin.acl_setuser("agentq-worker", enabled=True, passwords=["+right"], commands=["+@all"])
+    url = f"redis://agentq-worker:wrong@127.0.0.1:{redis_server.port}/0"
+    with RedisStore.from_url(url) as store:
+        with pytest.raises(redis.AuthenticationError) as refused:
+            store.meta("t1")
+        assert not store.is_transient(refused.value)
+
+
+def test_writes_stopped_while_the_server_cannot_persist_are_a_passing_error(
+    start_redis: StartRedis, tmp_path: Path
+) -> None:
+    """A failed snapshot (here its directory is gone; a full disk alike) stops every write
+    with MISCONF until the disk is fixed: a passing error that a worker waits out within
+    its lease, as SQLite's disk errors are, not one that fails the thread."""
+    snapshots = tmp_path / "snapshots"
+    snapshots.mkdir()
+    # Protected configs on: the test moves the server back into its directory.
+    server = start_redis(
+        "--save", "3600 1", "--dir", str(snapshots), "--enable-protected-configs", "yes"
+    )
+    with RedisStore.from_url(server.url) as store, admin_client(server) as admin:
+        store.open_thread("t1", task="agent")
+        shutil.rmtree(snapshots)
+        admin.bgsave()
+        wait_until(
+            lambda: admin.info("persistence")["rdb_last_bgsave_status"] == "err",
+            timeout=PROCESS_DEADLINE,
+            what="the snapshot failing",
+        )
+        with pytest.raises(redis.ResponseError, match=r"^MISCONF") as stopped:
+            store.acquire("t1", "w1", 30)
+        assert store.is_transient(stopped.value)
+        snapshots.mkdir()
+        admin.config_set("dir", str(snapshots))  # the server's own cwd was the removed one
+        admin.bgsave()
+        wait_until(
+            lambda: admin.info("persistence")["rdb_last_bgsave_status"] == "ok",
+            timeout=PROCESS_DEADLINE,
+            what="the snapshot working again",
+        )
+        assert store.acquire("t1", "w1", 30) == 1

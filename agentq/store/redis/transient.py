@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 import redis
-from redis.exceptions import ClusterError, ReadOnlyError, ResponseError, TryAgainError
+from redis.exceptions import (
+    AuthenticationError,
+    ClusterError,
+    ReadOnlyError,
+    ResponseError,
+    TryAgainError,
+)
 
 TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
     # Covers a pool with no free connection in time, a reset, and LOADING after a restart.
@@ -16,8 +22,16 @@ TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
 )
 
 
+_PASSING_REPLIES = ("BUSY ", "MISCONF ")
+"""Refusals redis-py has no class for: another client's script still running; writes
+stopped while the server cannot persist (a full disk), as SQLite's disk errors pass."""
+
+
 def is_transient(exc: BaseException) -> bool:
-    # redis-py has no class for BUSY: another client's script is still running.
+    if isinstance(exc, AuthenticationError):
+        # A ConnectionError to redis-py, but a wrong password is set up wrong, not down:
+        # waited out, it would hand every thread back forever without a word of why.
+        return False
     return isinstance(exc, TRANSIENT_ERRORS) or (
-        isinstance(exc, ResponseError) and str(exc).startswith("BUSY ")
+        isinstance(exc, ResponseError) and str(exc).startswith(_PASSING_REPLIES)
     )

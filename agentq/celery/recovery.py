@@ -51,7 +51,15 @@ class Sweeper:
         sent = []
         # Slots a killed worker held die with its lease: their waiters become due now,
         # and claim_due below sends them.
-        woken = store.wake_keys()
+        try:
+            woken = store.wake_keys()
+        except Exception as exc:
+            if store.is_transient(exc):
+                raise  # the claim below could not go through either
+            # One bad key (a key of another type under the prefix) must not stop the
+            # sends of every due thread behind it.
+            logger.exception("waking concurrency keys failed; due threads are still sent")
+            woken = []
         if woken:
             logger.info("concurrency keys freed by expired leases wake %s", woken)
         # Batch after batch until one comes back short: a worker process running a

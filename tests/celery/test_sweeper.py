@@ -18,6 +18,7 @@ from celery import Celery
 import agentq
 from agentq.celery.recovery import Sweeper
 from agentq.store.contract import Store
+from agentq.store.redis.store import RedisStore
 from tests.support.redis_server import RedisServer, running_redis, wait_until
 
 
@@ -125,3 +126,22 @@ def test_one_sweep_sends_every_due_thread_however_many(app: Celery) -> None:
     finally:
         with contextlib.closing(redis.Redis.from_url(app.conf.broker_url)) as broker:
             broker.delete(app.conf.task_default_queue)
+
+
+def test_a_concurrency_key_that_cannot_be_read_does_not_stop_recovery(
+    app: Celery, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Waking concurrency keys comes first in a sweep; a key it cannot read (here one of
+    another type where the active keys are kept) is logged, and due threads still go."""
+    store = app._agentq_runtime.store
+    assert isinstance(store, RedisStore)
+    store.client.set(store.keys.thread_keys_active(), "not a set")
+    store.open_thread("t1", task="elsewhere.agent", start_grace=0)
+    try:
+        assert Sweeper(app).sweep_once() == ["t1"]
+    finally:
+        with contextlib.closing(redis.Redis.from_url(app.conf.broker_url)) as broker:
+            broker.delete(app.conf.task_default_queue)
+    [logged] = [r for r in caplog.records if r.getMessage().startswith("waking concurrency")]
+    assert logged.levelno == logging.ERROR and logged.exc_info is not None
+    assert "WRONGTYPE" in str(logged.exc_info[1])

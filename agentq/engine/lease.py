@@ -131,7 +131,13 @@ class LeaseKeeper:
                         name="agentq-lease-keeper",
                         daemon=True,
                     )
-                    keeper.start()
+                    try:
+                        keeper.start()
+                    except BaseException:
+                        # No thread (a pids limit, a kill while starting it): the next
+                        # hold must start one, or no lease would be renewed again.
+                        self._running = False
+                        raise
             yield lease
         finally:
             with self._lock:

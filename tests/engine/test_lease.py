@@ -69,6 +69,31 @@ def test_one_keeper_renews_every_lease_held(store: Store) -> None:
     wait_until(lambda: not ours.is_alive(), timeout=10, what="the idle keeper to stop")
 
 
+def test_a_keeper_thread_that_could_not_start_is_started_by_the_next_hold(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Out of threads for a moment (a pids limit): that hold fails, and the next one still
+    gets its lease renewed rather than wait for a keeper that never ran."""
+    keeper = LeaseKeeper(store)
+    (first, token), (second, second_token) = acquired(store, 2)
+    start = threading.Thread.start
+
+    def refused(thread: threading.Thread) -> None:
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(threading.Thread, "start", refused)
+    with (
+        pytest.raises(RuntimeError, match="can't start new thread"),
+        keeper.hold(first, "w1", token, TTL),
+    ):
+        pass
+    monkeypatch.setattr(threading.Thread, "start", start)
+    with keeper.hold(second, "w1", second_token, TTL) as lease:
+        renewed = lease.renewed_at
+        wait_until(lambda: lease.renewed_at > renewed + TTL, timeout=10, what="renewals")
+        assert not lease.lost.is_set()
+
+
 def test_a_refused_renewal_loses_that_lease_alone(store: Store) -> None:
     keeper = LeaseKeeper(store)
     (stolen, stolen_token), *others = acquired(store, 5)

@@ -56,17 +56,26 @@ class Sweeper:
             logger.info("concurrency keys freed by expired leases wake %s", woken)
         # Batch after batch until one comes back short: a worker process running a
         # thousand threads leaves them all due at once, and each must go out now, not a
-        # batch a sweep. A thread claimed once is held off, so this ends.
+        # batch a sweep. A thread claimed once is held off a start grace, but sending
+        # the batches may take longer than that (a slow broker, a short grace): a thread
+        # claimed again in the same sweep was sent already, and ends it, or every full
+        # batch would send the same threads again, without end.
+        done: set[str] = set()
         while True:
             claimed = store.claim_due(hold=settings.start_grace, limit=CLAIM_BATCH)
+            again = False
             for at, thread_id in enumerate(claimed):
+                if thread_id in done:
+                    again = True  # its message is on its way: the claim held it off again
+                    continue
                 try:
                     self._send(thread_id)
                 except Exception:
-                    self._unclaim(claimed[at + 1 :])
+                    self._unclaim([t for t in claimed[at + 1 :] if t not in done])
                     raise
+                done.add(thread_id)
                 sent.append(thread_id)
-            if len(claimed) < CLAIM_BATCH or self._stop.is_set():
+            if again or len(claimed) < CLAIM_BATCH or self._stop.is_set():
                 break  # a stopping worker leaves the rest to the other sweepers
         metrics.recovered(len(sent))
         if time.monotonic() >= self._gc_at:

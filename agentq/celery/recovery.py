@@ -69,12 +69,13 @@ class Sweeper:
                     again = True  # its message is on its way: the claim held it off again
                     continue
                 try:
-                    self._send(thread_id)
+                    resent = self._send(thread_id)
                 except Exception:
                     self._unclaim([t for t in claimed[at + 1 :] if t not in done])
                     raise
                 done.add(thread_id)
-                sent.append(thread_id)
+                if resent:
+                    sent.append(thread_id)
             if again or len(claimed) < CLAIM_BATCH or self._stop.is_set():
                 break  # a stopping worker leaves the rest to the other sweepers
         metrics.recovered(len(sent))
@@ -87,17 +88,19 @@ class Sweeper:
                 self._gc_at = time.monotonic()
         return sent
 
-    def _send(self, thread_id: str) -> None:
-        """Send a message for the claimed thread if it still runs by itself."""
+    def _send(self, thread_id: str) -> bool:
+        """Send a message for the claimed thread if it still runs by itself; return
+        whether one was sent (the sweep reports only those, as ``agentq sweep`` prints)."""
         store = runtime_of(self.app).store
         meta = store.meta(thread_id)
         if meta is None or not meta.runs_by_itself:
             # Due by an index entry its last change left behind (on Redis Cluster, a
             # lost second call): put the entries right, or it comes back every sweep.
             store.sync_index(thread_id)
-            return
+            return False
         resend_thread(self.app, meta)
         logger.info("thread %s (%s, step %d) re-sent", thread_id, meta.status.value, meta.step)
+        return True
 
     def _unclaim(self, unsent: list[str]) -> None:
         """Make the claimed threads a failed send or read kept this sweep from due again,

@@ -160,3 +160,23 @@ def test_a_sweep_sends_each_due_thread_once_when_sending_outlasts_the_start_grac
         with contextlib.closing(redis.Redis.from_url(redis_broker)) as broker:
             broker.delete(app.conf.task_default_queue)
         app.close()
+
+
+def test_a_due_entry_of_a_thread_that_does_not_run_by_itself_is_put_right_not_reported_sent(
+    app: Celery, redis_server: RedisServer
+) -> None:
+    """On Redis Cluster a thread's index call can be lost, leaving a due entry for a thread
+    that has ended: the sweep sends nothing for it, so it is not among the threads it
+    reports sent (``agentq sweep --once`` prints them as re-sent)."""
+    store: Store = app._agentq_runtime.store
+    store.open_thread("ended", task="elsewhere.agent")
+    store.request_cancel("ended")
+    store.open_thread("lost", task="elsewhere.agent", start_grace=0)
+    due = f"{app._agentq_runtime.settings.prefix}index:{{index}}:due"
+    with contextlib.closing(redis_server.client()) as raw:
+        raw.zadd(due, {"ended": 0})  # what the lost second call left behind
+        try:
+            assert Sweeper(app).sweep_once() == ["lost"]
+        finally:
+            with contextlib.closing(redis.Redis.from_url(app.conf.broker_url)) as broker:
+                broker.delete(app.conf.task_default_queue)

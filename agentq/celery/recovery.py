@@ -12,6 +12,7 @@ from agentq.celery.store_guard import recheck_store
 from agentq.celery.task import resend_thread
 from agentq.engine import metrics
 from agentq.ids import owner_id
+from agentq.store.contract import Store
 
 logger = logging.getLogger("agentq.celery.recovery")
 
@@ -48,34 +49,10 @@ class Sweeper:
         """Send every due thread once; return their ids."""
         runtime = runtime_of(self.app)
         store, settings = runtime.store, runtime.settings
-        sent = []
         # Slots a killed worker held die with its lease: their waiters become due now,
-        # and claim_due below sends them.
-        try:
-            woken = store.wake_keys()
-        except Exception as exc:
-            if store.is_transient(exc):
-                raise  # the claim below could not go through either
-            # One bad key (a key of another type under the prefix) must not stop the
-            # sends of every due thread behind it.
-            logger.exception("waking concurrency keys failed; due threads are still sent")
-            woken = []
-        if woken:
-            logger.info("concurrency keys freed by expired leases wake %s", woken)
-        # Batch after batch until one comes back short: a worker process running a
-        # thousand threads leaves them all due at once, and each must go out now, not a
-        # batch a sweep. A thread claimed once is held off, so this ends.
-        while True:
-            claimed = store.claim_due(hold=settings.start_grace, limit=CLAIM_BATCH)
-            for at, thread_id in enumerate(claimed):
-                try:
-                    self._send(thread_id)
-                except Exception:
-                    self._unclaim(claimed[at + 1 :])
-                    raise
-                sent.append(thread_id)
-            if len(claimed) < CLAIM_BATCH or self._stop.is_set():
-                break  # a stopping worker leaves the rest to the other sweepers
+        # and the claims below send them.
+        self._wake_keys(store)
+        sent = self._send_due(store, settings.start_grace)
         metrics.recovered(len(sent))
         if time.monotonic() >= self._gc_at:
             self._gc_at = time.monotonic() + GC_INTERVAL
@@ -86,17 +63,59 @@ class Sweeper:
                 self._gc_at = time.monotonic()
         return sent
 
-    def _send(self, thread_id: str) -> None:
-        """Send a message for the claimed thread if it still runs by itself."""
+    def _wake_keys(self, store: Store) -> None:
+        try:
+            woken = store.wake_keys()
+        except Exception as exc:
+            if store.is_transient(exc):
+                raise  # the claims after it could not go through either
+            # One bad key (a key of another type under the prefix) must not stop the
+            # sends of every due thread behind it.
+            logger.exception("waking concurrency keys failed; due threads are still sent")
+            return
+        if woken:
+            logger.info("concurrency keys freed by expired leases wake %s", woken)
+
+    def _send_due(self, store: Store, hold: float) -> list[str]:
+        """Claim and send the due threads, batch after batch until one comes back short:
+        a worker process running a thousand threads leaves them all due at once, and each
+        must go out now, not a batch a sweep. A thread claimed once is held off for
+        ``hold``, but sending the batches may take longer than that (a slow broker, a
+        short grace): a thread claimed again in the same sweep was sent already, and ends
+        it, or every full batch would send the same threads again, without end."""
+        sent: list[str] = []
+        done: set[str] = set()
+        while True:
+            claimed = store.claim_due(hold=hold, limit=CLAIM_BATCH)
+            again = False
+            for at, thread_id in enumerate(claimed):
+                if thread_id in done:
+                    again = True  # its message is on its way: the claim held it off again
+                    continue
+                try:
+                    resent = self._send(thread_id)
+                except Exception:
+                    self._unclaim([t for t in claimed[at + 1 :] if t not in done])
+                    raise
+                done.add(thread_id)
+                if resent:
+                    sent.append(thread_id)
+            if again or len(claimed) < CLAIM_BATCH or self._stop.is_set():
+                return sent  # a stopping worker leaves the rest to the other sweepers
+
+    def _send(self, thread_id: str) -> bool:
+        """Send a message for the claimed thread if it still runs by itself; return
+        whether one was sent (the sweep reports only those, as ``agentq sweep`` prints)."""
         store = runtime_of(self.app).store
         meta = store.meta(thread_id)
         if meta is None or not meta.runs_by_itself:
             # Due by an index entry its last change left behind (on Redis Cluster, a
             # lost second call): put the entries right, or it comes back every sweep.
             store.sync_index(thread_id)
-            return
+            return False
         resend_thread(self.app, meta)
         logger.info("thread %s (%s, step %d) re-sent", thread_id, meta.status.value, meta.step)
+        return True
 
     def _unclaim(self, unsent: list[str]) -> None:
         """Make the claimed threads a failed send or read kept this sweep from due again,

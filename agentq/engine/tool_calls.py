@@ -267,7 +267,7 @@ class ToolCalls:
         if "fencing_token" in signature.parameters:
             call.kwargs["fencing_token"] = self._token
         try:
-            signature.bind(*args, **call.kwargs)
+            _takes(fn, signature).bind(*args, **call.kwargs)
         except TypeError as exc:
             # Before the claim: a call the tool cannot even take never ran, and a claim
             # left pending would stop the retried thread for a person over it.
@@ -714,6 +714,16 @@ def _shared_unknown(thread_id: str, key: str, name: str, token: int, holder: Eff
         f"{then}; 'agentq effects {thread_id} --shared {key}' shows the record (in code: "
         "task.resolve_effect(..., shared=True))"
     )
+
+
+def _takes(fn: Callable[..., Any], signature: inspect.Signature) -> inspect.Signature:
+    """The signature ``fn``'s arguments must fit. ``inspect.signature`` follows
+    ``__wrapped__`` to the function a decorator wraps, which may take an argument the
+    wrapper supplies itself (a client, a session): the wrapper's own one is what the
+    call meets, and a call it takes is not refused on the inner function's say."""
+    if getattr(fn, "__wrapped__", None) is None:
+        return signature
+    return inspect.signature(fn, follow_wrapped=False)
 
 
 def _short(text: str, limit: int = 200) -> str:

@@ -81,12 +81,17 @@ class GraphTask(AgentTask):
 
     _saver: AgentqSaver | None = None
     _compiled: AnyGraph | None = None
+    _setting_up: ClassVar[threading.Lock] = threading.Lock()
+    """Held while the graph is set up. The threads of a -P threads worker may all start
+    with this task: the factory (models, clients) runs in one of them, and the others
+    take what it made."""
 
-    def __init__(self) -> None:
-        super().__init__()
-        # The threads of a -P threads worker may all start with this task: the factory
-        # (models, clients) runs in one of them, and the others take what it made.
-        self._setting_up = threading.Lock()
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # One per task class (each registered as one instance), made here rather than in
+        # __init__: Celery's Task has none, and task classes that define their own without
+        # calling super().__init__() (as Celery's documentation shows) must still run.
+        cls._setting_up = threading.Lock()
 
     # -- setup, once per process ----------------------------------------------------------
 

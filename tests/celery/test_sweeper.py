@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -145,3 +146,57 @@ def test_a_concurrency_key_that_cannot_be_read_does_not_stop_recovery(
     [logged] = [r for r in caplog.records if r.getMessage().startswith("waking concurrency")]
     assert logged.levelno == logging.ERROR and logged.exc_info is not None
     assert "WRONGTYPE" in str(logged.exc_info[1])
+
+
+def test_a_sweep_sends_each_due_thread_once_when_sending_outlasts_the_start_grace(
+    redis_broker: str, redis_server: RedisServer
+) -> None:
+    """Each claim holds its threads off a start grace; when sending a batch takes longer
+    than that (a slow broker, a short grace), the first batch is due again before the last
+    one is claimed. The sweep must still end, having sent each thread once, rather than
+    claim and send the same threads again for as long as every batch comes back full."""
+    app = Celery("agentq-sweeper-slow-send", broker=redis_broker, set_as_current=False)
+    app.conf.task_default_queue = f"agentq-test-sweep-slow-{uuid.uuid4().hex[:8]}"
+    agentq.init_app(
+        app, store=redis_server.url, prefix=f"ss{uuid.uuid4().hex[:8]}:", start_grace=0.01
+    )
+    store: Store = app._agentq_runtime.store
+    due = 1100
+    for n in range(due):
+        store.open_thread(f"t{n}", task="elsewhere.agent", start_grace=0)
+    sweeper = Sweeper(app)
+    sent: list[str] = []
+    sweeping = threading.Thread(target=lambda: sent.extend(sweeper.sweep_once()), daemon=True)
+    try:
+        sweeping.start()
+        sweeping.join(timeout=20)
+        ended = not sweeping.is_alive()
+        sweeper._stop.set()  # breaks off a sweep that would not end by itself
+        sweeping.join(timeout=20)
+        assert ended, "the sweep kept sending the threads it had sent already"
+        assert sorted(sent) == sorted(f"t{n}" for n in range(due))
+    finally:
+        store.close()
+        with contextlib.closing(redis.Redis.from_url(redis_broker)) as broker:
+            broker.delete(app.conf.task_default_queue)
+        app.close()
+
+
+def test_a_due_entry_of_a_thread_that_does_not_run_by_itself_is_put_right_not_reported_sent(
+    app: Celery, redis_server: RedisServer
+) -> None:
+    """On Redis Cluster a thread's index call can be lost, leaving a due entry for a thread
+    that has ended: the sweep sends nothing for it, so it is not among the threads it
+    reports sent (``agentq sweep --once`` prints them as re-sent)."""
+    store: Store = app._agentq_runtime.store
+    store.open_thread("ended", task="elsewhere.agent")
+    store.request_cancel("ended")
+    store.open_thread("lost", task="elsewhere.agent", start_grace=0)
+    due = f"{app._agentq_runtime.settings.prefix}index:{{index}}:due"
+    with contextlib.closing(redis_server.client()) as raw:
+        raw.zadd(due, {"ended": 0})  # what the lost second call left behind
+        try:
+            assert Sweeper(app).sweep_once() == ["lost"]
+        finally:
+            with contextlib.closing(redis.Redis.from_url(app.conf.broker_url)) as broker:
+                broker.delete(app.conf.task_default_queue)

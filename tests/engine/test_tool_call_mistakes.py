@@ -129,6 +129,53 @@ def test_arguments_the_tool_does_not_take_are_refused_before_the_call_is_claimed
     assert agent.calls == ["a@example.com"]
 
 
+def _with_client(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """A decorator that gives the tool its client, as session or connection decorators
+    do: ``functools.wraps`` makes its signature read as the tool's, client included."""
+    if inspect.iscoroutinefunction(fn):
+
+        @functools.wraps(fn)
+        async def awrapper(*args: Any, **kwargs: Any) -> Any:
+            return await fn("the-client", *args, **kwargs)
+
+        return awrapper
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        return fn("the-client", *args, **kwargs)
+
+    return wrapper
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["tool", "atool"])
+def test_a_tool_whose_decorator_supplies_an_argument_is_called_with_the_rest(
+    store: Store, asynchronous: bool
+) -> None:
+    """The signature inspect reports follows ``__wrapped__`` to the function inside, which
+    takes an argument the wrapper itself supplies: that is no reason to refuse the call."""
+
+    @_with_client
+    def send(client: str, to: str) -> str:
+        agent.calls.append((client, to))
+        return f"sent to {to}"
+
+    @_with_client
+    async def asend(client: str, to: str) -> str:
+        agent.calls.append((client, to))
+        return f"sent to {to}"
+
+    def go(agent: Agent, run: Run) -> Done:
+        return Done(run.tool(send, to="a@example.com"))
+
+    async def ago(agent: Agent, run: Run) -> Done:
+        return Done(await run.atool(asend, to="a@example.com"))
+
+    agent = Agent(ago if asynchronous else go)
+    store.open_thread("t1", task=agent.name)
+    assert drive(agent, store) == "sent to a@example.com"
+    assert agent.calls == [("the-client", "a@example.com")]
+
+
 class _Receipt:
     """What a client library returns: not plain data."""
 

@@ -11,7 +11,7 @@ import operator
 import threading
 import uuid
 from collections.abc import Callable, Iterator
-from typing import Annotated, Any, NamedTuple, TypedDict
+from typing import Annotated, Any, NamedTuple, TypedDict, cast
 
 import pytest
 import redis
@@ -463,4 +463,20 @@ def test_the_graph_factory_runs_once_when_two_threads_start_together(env: Env) -
     for thread in threads:
         thread.join(timeout=10)
     assert len(made) == 1
+    assert task.compiled().checkpointer is task.saver
+
+
+def test_a_graph_task_class_whose_init_does_not_call_super_runs(env: Env) -> None:
+    """Celery's ``Task`` has no ``__init__`` of its own, and its documentation shows task
+    classes that set up state in one without calling ``super().__init__()``: a graph
+    task written so still runs its graph."""
+
+    class Counting(GraphTask):
+        name = "tests.counting_init"
+        graph = staticmethod(asking)
+
+        def __init__(self) -> None:
+            self.started = 0
+
+    task = cast(GraphTask, env.app.register_task(Counting()))
     assert task.compiled().checkpointer is task.saver

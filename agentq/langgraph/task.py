@@ -79,8 +79,9 @@ class GraphTask(AgentTask):
     when the async code is deeper than a node, such as async-only tools in a
     ``ToolNode``."""
 
-    _saver: AgentqSaver | None = None
-    _compiled: AnyGraph | None = None
+    _set_up: tuple[AgentqSaver, AnyGraph] | None = None
+    """The saver and the graph compiled with it, replaced together: a thread reading them
+    while another sets them up never pairs one's saver with the other's graph."""
     _setting_up: ClassVar[threading.Lock] = threading.Lock()
     """Held while the graph is set up. The threads of a -P threads worker may all start
     with this task: the factory (models, clients) runs in one of them, and the others
@@ -107,16 +108,17 @@ class GraphTask(AgentTask):
 
     def _setup(self) -> tuple[AgentqSaver, AnyGraph]:
         store = self.agentq.store
-        saver, compiled = self._saver, self._compiled
-        if saver is not None and compiled is not None and saver.store is store:
-            return saver, compiled
+        set_up = self._set_up
+        if set_up is not None and set_up[0].store is store:
+            return set_up
         with self._setting_up:
-            if self._saver is None or self._compiled is None or self._saver.store is not store:
+            set_up = self._set_up
+            if set_up is None or set_up[0].store is not store:
                 graph = self._load_graph()
                 serde = AgentqSerializer(allowed_types=self.allowed_types)
-                self._saver = AgentqSaver(store, serde=serde).for_graph(graph)
-                self._compiled = graph.copy(update={"checkpointer": self._saver})
-            return self._saver, self._compiled
+                saver = AgentqSaver(store, serde=serde).for_graph(graph)
+                set_up = self._set_up = (saver, graph.copy(update={"checkpointer": saver}))
+            return set_up
 
     def _load_graph(self) -> AnyGraph:
         # Read statically: a factory set as a class attribute is not a method.

@@ -966,3 +966,25 @@ def test_writes_stopped_while_the_server_cannot_persist_are_a_passing_error(
             what="the snapshot working again",
         )
         assert store.acquire("t1", "w1", 30) == 1
+
+
+@pytest.mark.cluster
+def test_a_limited_gc_gets_past_index_entries_their_threads_do_not_match(
+    redis_cluster: list[RedisServer],
+) -> None:
+    """On Cluster a thread's index entries follow its meta in a second call, which a lost
+    reply can leave unsent: entries of the finished index for threads that run again.
+    Oldest first, they would be all a gc looking at 100 at a time ever found; it puts
+    them right, and reaches the real finished thread behind them."""
+    url = f"redis://127.0.0.1:{redis_cluster[0].port}/0"
+    with RedisStore.from_url(url, cluster=True, prefix="gcstale:") as store:
+        store.open_thread("real", task="agent")
+        store.request_cancel("real")
+        index = store.keys.status_index("cancelled")
+        for n in range(100):
+            store.open_thread(f"again-{n}", task="agent")
+        store.client.zadd(index, {f"again-{n}": n for n in range(100)})  # older than real
+        collected = [store.gc(0.0, limit=100) for _ in range(2)]
+        assert sum(collected) == 1 and store.meta("real") is None
+        assert store.client.zcard(index) == 0
+        assert all(store.meta(f"again-{n}") is not None for n in range(100))

@@ -350,7 +350,14 @@ class RedisStore(RedisCheckpoints, RedisEffects, RedisLimits, RedisListing, Redi
                 num=left,
             )
             for member in members:
-                removed += self._delete(text(member), updated_before=cutoff, statuses=statuses)
+                thread_id = text(member)
+                if self._delete(thread_id, updated_before=cutoff, statuses=statuses):
+                    removed += 1
+                else:
+                    # An entry its thread does not match (one a lost second call left on
+                    # Cluster, or no thread at all): put right, or a limited gc would
+                    # find it first every time and never get past it.
+                    self.sync_index(thread_id)
             if left is not None:
                 left -= len(members)
         return removed

@@ -43,11 +43,14 @@ class RetriedCalls:
         self.lease_ttl = lease_ttl
 
     def time_left(self) -> float:
-        if self.lease is None or self.lease.releasing:
-            # Given up by this driver's last writes (the keeper then finds it gone and
-            # sets it lost): the writes after it (a cancel at the wait, leaving a
-            # concurrency key) are fenced by the token and bounded by the outage alone.
+        if self.lease is None:
             return math.inf
+        if self.lease.releasing:
+            # Given up by this driver's last writes, the keeper then finds it gone and
+            # sets it lost: the writes after it (a cancel at the wait, leaving a
+            # concurrency key) still wait an outage out for as long as it was renewed for.
+            # Not longer: past that another worker may drive the thread.
+            return max(0.0, self.lease.remaining())
         return 0.0 if self.lease.lost.is_set() else self.lease.remaining()
 
     def __call__(self, what: str, call: Callable[..., T], *args: Any, **kwargs: Any) -> T:

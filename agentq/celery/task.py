@@ -21,6 +21,7 @@ from agentq.celery.drain import draining
 from agentq.celery.runtime import WORKER_STEP, Runtime, runtime_of
 from agentq.engine import tracing
 from agentq.engine.driver import Driver
+from agentq.engine.signatures import misfit
 from agentq.engine.store_retry import RetriedCalls
 from agentq.engine.thread_keys import KeySeat, give_back
 from agentq.errors import (
@@ -436,14 +437,10 @@ class AgentTask(Task):  # type: ignore[misc]
         try:
             signature.bind(None, **input)
         except TypeError as exc:
-            params = signature.parameters
-            takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
-            # A typo is the likelier mistake: name it before the argument it misses.
-            unknown = [] if takes_any else [name for name in input if name not in params]
-            problem = f"unexpected keyword argument(s) {unknown}" if unknown else str(exc)
             raise InvalidInput(
                 f"{self.name}.{self.entry_node}{signature} cannot take this input: "
-                f"{problem}; give delay() the keyword arguments after run",
+                f"{misfit(signature, input, exc)}; give delay() the keyword arguments after "
+                "run",
                 thread_id=thread_id,
             ) from exc
 

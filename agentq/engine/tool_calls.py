@@ -18,6 +18,7 @@ from typing import Any, Final, TypeVar
 from agentq.codec.unstorable import unserializable
 from agentq.engine import aio, limits, tracing
 from agentq.engine.backoff import retry_after
+from agentq.engine.signatures import misfit
 from agentq.engine.store_retry import RetriedCalls
 from agentq.engine.tool_policy import DID_NOT_RUN, ToolPolicy, policy_of
 from agentq.errors import (
@@ -271,13 +272,9 @@ class ToolCalls:
         except TypeError as exc:
             # Before the claim: a call the tool cannot even take never ran, and a claim
             # left pending would stop the retried thread for a person over it.
-            params = signature.parameters
-            takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
-            # A misspelt name is the likelier mistake: name it before the one it misses.
-            unknown = [] if takes_any else [name for name in kwargs if name not in params]
-            problem = f"unexpected keyword argument(s) {unknown}" if unknown else str(exc)
             raise InvalidInput(
-                f"tool {tool_name(fn)}{signature} cannot take these arguments ({problem}); "
+                f"tool {tool_name(fn)}{signature} cannot take these arguments "
+                f"({misfit(signature, kwargs, exc)}); "
                 f"nothing was claimed nor run: pass the arguments it declares (a model's "
                 "tool call naming other ones can be caught as TypeError and answered)",
                 thread_id=self.thread_id,

@@ -2,8 +2,8 @@
 
 Beyond msgpack's own types, tuples, sets, frozensets, datetimes and dates round-trip as
 ext types. Nothing else is accepted, nor subclasses of these types, which would come back
-as the base type, save texts and numbers, stored as their plain value. Decoding never runs
-code: there is no pickle.
+as the base type, save texts, numbers, dates and times, stored as their plain value.
+Decoding never runs code: there is no pickle.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def _default(obj: Any) -> Any:
     # By exact type: strict_types sends every subclass here too (a named tuple, a
     # defaultdict, an enum member), and stored as its base type it would come back as
     # another type after a resume, or as another value (str() of a (str, Enum) member).
-    # Only texts and numbers are stored as their plain value.
+    # Only texts, numbers, dates and times are stored as their plain value.
     kind = type(obj)
     code = _COLLECTION_EXT.get(kind)
     if code is not None:
@@ -56,6 +56,11 @@ def _default(obj: Any) -> Any:
     plain = plain_scalar(obj)
     if plain is not None:
         return plain
+    # A subclass of these (pendulum's, arrow's) as the plain one its ISO text makes.
+    if isinstance(obj, dt.datetime):
+        return msgpack.ExtType(_EXT_DATETIME, obj.isoformat().encode())
+    if isinstance(obj, dt.date):
+        return msgpack.ExtType(_EXT_DATE, obj.isoformat().encode())
     raise TypeError(f"cannot store {kind.__name__}")
 
 

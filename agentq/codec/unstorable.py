@@ -67,7 +67,7 @@ def _find_problem(value: Any, path: str) -> _Problem | None:
         problem = _scalar_problem(item, where)
         if problem is not None:
             return problem
-        if type(item) not in _STORABLE and plain_scalar(item) is None:
+        if type(item) not in _STORABLE and not _stored_plain(item):
             return _Problem(where.path(), type(item).__name__, _subclass_fix(item, where))
         children = _children(item, where)
         if children is None:
@@ -83,6 +83,11 @@ def _find_problem(value: Any, path: str) -> _Problem | None:
         stack.append((item, where, True))
         stack.extend((child, at, False) for child, at in reversed(children))
     return None
+
+
+def _stored_plain(item: Any) -> bool:
+    """Whether the codec stores this subclass as the plain value of its base type."""
+    return plain_scalar(item) is not None or isinstance(item, dt.date)
 
 
 def plain_scalar(obj: object) -> str | int | float | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import datetime as dt
 import enum
 import signal
 import time
@@ -282,3 +283,15 @@ def test_an_exception_raised_by_a_signal_while_decoding_is_not_taken_for_damage(
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+
+
+class Moment(dt.datetime):
+    """Like pendulum's DateTime: a datetime with more methods."""
+
+
+def test_a_datetime_of_a_subclass_is_stored_as_a_plain_one() -> None:
+    at = Moment(2026, 12, 7, 9, 30, tzinfo=dt.UTC)
+    encoded = encode_checkpoint("t1", cp(1, 1, at=at, day=at.date()))
+    stored = decode_checkpoint("t1", encoded.snapshot)
+    assert stored.state == {"at": at, "day": dt.date(2026, 12, 7)}
+    assert type(stored.state["at"]) is dt.datetime

@@ -42,6 +42,15 @@ FINISHED = frozenset({Status.DONE, Status.FAILED, Status.CANCELLED})
 LIVE = frozenset({Status.QUEUED, Status.RUNNING, Status.RETRYING})
 IDLE = frozenset({Status.WAITING, Status.FAILED, Status.CANCELLED, Status.NEEDS_ATTENTION})
 
+
+def step_at(status: Status, latest: int) -> int:
+    """The step a thread is at, numbered as the store numbers checkpoints (step n writes
+    checkpoint n): its last one when done, else the one after its ``latest`` checkpoint,
+    which is running, retrying, failed or waiting to run, and which errors name. The
+    command line and the inspector both show this, so the two never disagree."""
+    return latest if status == Status.DONE else latest + 1
+
+
 MAX_NUMBER = 2**53
 """The largest step, count or offset a person may give the command line or the inspector:
 above any a store holds, and within SQLite's 64-bit integers (and the whole numbers JSON

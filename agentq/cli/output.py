@@ -9,6 +9,7 @@ import click
 from rich.console import Console, RenderableType
 from rich.text import Text
 
+from agentq import records
 from agentq.ops.jsonable import dumps
 from agentq.records import Status, ThreadMeta
 
@@ -71,7 +72,5 @@ def duration(seconds: float) -> str:
 
 
 def step_at(meta: ThreadMeta) -> int:
-    """The step a thread is at, numbered as the store numbers checkpoints (step n writes
-    checkpoint n): its last one when done, else the one after its latest checkpoint,
-    which is running, retrying, failed or waiting to run, and which errors name."""
-    return meta.step if meta.status == Status.DONE else meta.step + 1
+    """The step a thread is at (see :func:`agentq.records.step_at`)."""
+    return records.step_at(meta.status, meta.step)

@@ -9,7 +9,7 @@ from typing import Any
 import jinja2
 from starlette.templating import Jinja2Templates
 
-from agentq.records import Status
+from agentq.records import Status, step_at
 from agentq.store.contract import Store
 from agentq.ui.format import FILTERS
 from agentq.ui.rows import threads_rows
@@ -37,5 +37,5 @@ def templates() -> Jinja2Templates:
         auto_reload=False,  # the templates ship in the package: no stat of each per page
     )
     env.filters.update(FILTERS, threads_rows=threads_rows)
-    env.globals["statuses"] = list(Status)
+    env.globals.update(statuses=list(Status), step_at=step_at)
     return Jinja2Templates(env=env)

@@ -20,7 +20,7 @@ from urllib.parse import quote
 from markupsafe import Markup
 
 from agentq.ops.jsonable import short
-from agentq.records import ListedThread, Status
+from agentq.records import ListedThread, Status, step_at
 from agentq.ui.format import ago, error_line, when
 
 _LOST: Final = ' <span class="warn" title="workers lost at this step">({} lost)</span>'
@@ -51,7 +51,8 @@ def _row(row: ListedThread, now: float) -> str:
         f'<tr data-thread="{shown}">\n'
         f'  <td class="id"><a href="/thread?id={link}">{shown}</a></td>\n'
         f'  <td><span class="status status-{status}">{status}</span></td>\n'
-        f'  <td class="num">{row.step}</td>\n'
+        # The step it is at, as `agentq threads` and the thread's error name it.
+        f'  <td class="num">{step_at(status, row.step)}</td>\n'
         f"  <td>{_name(row.node)}</td>\n"
         f"  <td>{_name(row.task)}</td>\n"
         f'  <td title="{when(updated)}">{ago(updated, now)}</td>\n'

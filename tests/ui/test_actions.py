@@ -268,3 +268,25 @@ def test_a_link_made_elsewhere_cannot_make_the_page_report_an_action(
     shown = httpx.get(base + done.headers["location"]).text
     assert "Cancelled." in shown
     assert store.meta("t-queued").status == Status.CANCELLED  # type: ignore[union-attr]
+
+
+def test_the_pages_name_the_step_a_thread_is_at_as_the_command_line_does(
+    base: str, store: RedisStore
+) -> None:
+    # t-failed committed checkpoints 0 and 1 and failed in step 2, the step its error and
+    # `agentq threads` name; a queued thread with no checkpoint is at step 0, not -1.
+    listing = httpx.get(base + "/threads").text
+
+    def listed_step(thread_id: str) -> str:
+        row = listing.split(f'data-thread="{thread_id}"', 1)[1].split("</tr>", 1)[0]
+        return re.findall(r'<td class="num">(-?\d+)</td>', row)[0]
+
+    assert (listed_step("t-failed"), listed_step("t-queued"), listed_step("t-done")) == (
+        "2",
+        "0",
+        "2",
+    )
+    page = httpx.get(base + "/thread", params={"id": "t-failed"}).text
+    assert "<dt>step</dt><dd>2 (next node: node2; latest checkpoint 1)</dd>" in page
+    queued = httpx.get(base + "/thread", params={"id": "t-queued"}).text
+    assert "<dt>step</dt><dd>0 (next node: -; no checkpoint yet)</dd>" in queued

@@ -17,6 +17,7 @@ from celery import Celery
 
 from agentq.records import Checkpoint, EffectState, Status
 from agentq.store.redis.store import RedisStore
+from agentq.ui.views import SCAN_LIMIT
 from tests.support.redis_server import RedisServer, free_port
 from tests.ui.population import OWNER, TASK, drive
 
@@ -290,3 +291,17 @@ def test_the_pages_name_the_step_a_thread_is_at_as_the_command_line_does(
     assert "<dt>step</dt><dd>2 (next node: node2; latest checkpoint 1)</dd>" in page
     queued = httpx.get(base + "/thread", params={"id": "t-queued"}).text
     assert "<dt>step</dt><dd>0 (next node: -; no checkpoint yet)</dd>" in queued
+
+
+def test_a_filter_that_read_its_limit_without_a_match_does_not_say_there_is_none(
+    serve: Serve, store: RedisStore
+) -> None:
+    store.open_thread("ticket-42", task=TASK)  # the oldest: read last, newest first
+    for index in range(SCAN_LIMIT + 10):
+        store.open_thread(f"other-{index}", task=TASK)
+    base = serve()
+    first = httpx.get(base + "/threads", params={"prefix": "ticket-"}).text
+    assert "ticket-42" not in first and "No threads" not in first
+    assert f"none in the {SCAN_LIMIT} newest index entries read" in first
+    older = html.unescape(re.findall(r'<a href="([^"]+)" id="next-page">', first)[0])
+    assert 'data-thread="ticket-42"' in httpx.get(base + older).text

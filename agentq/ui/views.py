@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from agentq.codec.envelope import encode_value
+from agentq.ids import downstream_key
 from agentq.ops.diffing import Change, changed_parts, checkpoint_changes
 from agentq.ops.jsonable import plain
 from agentq.records import Checkpoint, Effect, ListedThread, Schedule, Status, ThreadMeta
@@ -111,6 +112,9 @@ class ThreadView:
     timeline: list[Step]
     shown: Checkpoint | None
     effects: list[Effect]
+    sent_as: dict[str, str]
+    """Each effect's idempotency key as its tool sent it downstream, by effect key: what
+    an operator looks the call up by at the service before settling it."""
     artifacts: list[Artifact] = field(default_factory=list)
 
 
@@ -152,7 +156,14 @@ def thread_view(store: Store, meta: ThreadMeta, step: int | None) -> ThreadView:
             thread_id, step
         )
     (schedule,) = store.schedules([thread_id])
-    view = ThreadView(meta, schedule, timeline, shown, store.effects(thread_id))
+    effects = store.effects(thread_id)
+    sent_as = {
+        e.key: downstream_key(
+            store.key_namespace, thread_id, e.key, shared=False, incarnation=meta.incarnation
+        )
+        for e in effects
+    }
+    view = ThreadView(meta, schedule, timeline, shown, effects, sent_as)
     if shown is not None:
         view.artifacts = list(artifacts_in(shown.state, "state"))
     return view

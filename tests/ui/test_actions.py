@@ -80,6 +80,14 @@ def test_a_resume_confirmed_after_the_thread_moved_on_is_refused(
     assert meta.interrupt == {"question": "refund 10000?"} and not meta.resumed
 
 
+def test_an_effect_shows_the_key_its_tool_sent_downstream(base: str, store: RedisStore) -> None:
+    """What the operator looks the call up by at the service before settling it, as
+    ``agentq effects`` shows it."""
+    page = httpx.get(base + "/thread", params={"id": "t-attention"}).text
+    row = page.split('data-key="call-mail"', 1)[1].split("</tr>", 1)[0]
+    assert f'class="path sent-as">{store.downstream_key("t-attention", "call-mail")}<' in row
+
+
 def test_a_failed_thread_holding_an_answer_takes_a_new_one(base: str, store: RedisStore) -> None:
     store.reopen("t-waiting", from_statuses={Status.WAITING}, resume_value="yes")
     token = store.acquire("t-waiting", OWNER, 60)

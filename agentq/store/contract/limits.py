@@ -46,8 +46,7 @@ class LimitState(NamedTuple):
         rpm = limit.requests_per_minute
         if rpm is None:
             return None
-        burst = limit.burst if limit.burst is not None else rpm
-        return max(0.0, burst - max(self.req_tat - self.now, 0) * rpm / 60)
+        return max(0.0, limit.request_burst - max(self.req_tat - self.now, 0) * rpm / 60)
 
     def tokens_left(self, limit: Limit) -> float | None:
         tpm = limit.tokens_per_minute

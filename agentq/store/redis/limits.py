@@ -21,7 +21,7 @@ class RedisLimits(RedisBase):
             keys += [self.keys.limit(take.key), self.keys.limit_holders(take.key)]
             rpm, tpm = limit.requests_per_minute, limit.tokens_per_minute
             req_interval = 60 / rpm if rpm else 0
-            burst = limit.burst if limit.burst is not None else (rpm or 0)
+            burst = limit.request_burst
             args += [
                 repr(req_interval),
                 repr(burst * req_interval),

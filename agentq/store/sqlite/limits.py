@@ -30,9 +30,8 @@ class LimitsMixin:
                 rpm, tpm = limit.requests_per_minute, limit.tokens_per_minute
                 if rpm:
                     interval = 60 / rpm
-                    burst = limit.burst if limit.burst is not None else rpm
                     req_tat = max(req_tat, now) + interval
-                    wait = max(wait, req_tat - now - burst * interval)
+                    wait = max(wait, req_tat - now - limit.request_burst * interval)
                 if tpm:
                     tok_tat = max(tok_tat, now) + 60 / tpm * take.cost
                     wait = max(wait, tok_tat - now - 60)

@@ -222,3 +222,11 @@ def test_a_burst_under_one_request_is_refused() -> None:
     longer than limit_wait is never reserved: every call would wait for good."""
     with pytest.raises(LimitError, match="burst must be at least 1 request"):
         agentq.limit("api", requests_per_minute=6, burst=0.5)
+
+
+def test_the_pause_of_keys_reads_the_longest_and_none_is_zero(store: Store) -> None:
+    assert store.limit_paused(["rate", "never-seen"]) == 0
+    store.pause_limit("rate", 30)
+    store.pause_limit("tokens", 10)
+    assert 29 < store.limit_paused(["tokens", "rate", "never-seen"]) <= 30
+    assert 9 < store.limit_paused(["tokens"]) <= 10

@@ -84,6 +84,11 @@ class LimitsContract(ABC):
         already set): the provider said so. Atomic."""
 
     @abstractmethod
+    def limit_paused(self, keys: list[str]) -> float:
+        """Seconds until the last pause of ``keys`` ends, on the store's clock; 0 when
+        none is paused. Read-only."""
+
+    @abstractmethod
     def limit_states(self) -> dict[str, LimitState]:
         """Every limit key the store has seen taken or paused, with its state. Read-only."""
 

@@ -41,6 +41,10 @@ class RedisLimits(RedisBase):
     def pause_limit(self, key: str, seconds: float) -> None:
         self._scripts["pause_limit"](keys=[self.keys.limit(key)], args=[int(seconds * 1000)])
 
+    def limit_paused(self, keys: list[str]) -> float:
+        ms = self._scripts["limit_paused"](keys=[self.keys.limit(key) for key in keys], args=[])
+        return int(ms) / 1000
+
     def limit_states(self) -> dict[str, LimitState]:
         start = self.keys.limit("")
         # A concurrency-only key has holders and no hash.

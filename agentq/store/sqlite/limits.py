@@ -6,6 +6,7 @@ import time
 
 from agentq.store.contract.limits import Grant, LimitState, Slot, Take
 from agentq.store.sqlite.connection import SharedConnection
+from agentq.store.sqlite.queries import marks
 
 
 class LimitsMixin:
@@ -83,6 +84,14 @@ class LimitsMixin:
                 'ON CONFLICT("key") DO UPDATE SET paused = MAX(paused, excluded.paused)',
                 (key, until),
             )
+
+    def limit_paused(self, keys: list[str]) -> float:
+        with self._conn.locked() as db:
+            now = time.time()
+            (until,) = db.execute(
+                f'SELECT MAX(paused) FROM limits WHERE "key" IN ({marks(keys)})', keys
+            ).fetchone()
+        return max(0.0, (until or 0.0) - now)
 
     def limit_states(self) -> dict[str, LimitState]:
         now = time.time()

@@ -96,9 +96,13 @@ class LimitsMixin:
     def limit_states(self) -> dict[str, LimitState]:
         now = time.time()
         with self._conn.locked() as db:
+            # A key only threads entered (its concurrency key) has takes and no row in
+            # limits: as in Redis, where entering counts in the key's hash, it is seen.
             rows = db.execute(
                 'SELECT "key", req_tat, tok_tat, paused, (SELECT COUNT(*) FROM limit_holders h '
-                'WHERE h."key" = limits."key" AND h.expires > ?) FROM limits',
+                'WHERE h."key" = limits."key" AND h.expires > ?) FROM limits UNION ALL '
+                'SELECT "key", 0, 0, 0, 0 FROM limit_takes t WHERE NOT EXISTS '
+                '(SELECT 1 FROM limits l WHERE l."key" = t."key")',
                 (now,),
             ).fetchall()
         return {row[0]: LimitState(now, *row[1:]) for row in rows}

@@ -29,7 +29,8 @@ class Limit:
     its own budget of this size, unless a key is declared by its own name.
 
     A minute's budget may be spent at once, then refills evenly, as providers' limits do;
-    ``burst`` (in requests) caps how much of the request budget goes at once."""
+    ``burst`` (in requests, at least 1) caps how much of the request budget goes at once.
+    A rate under one request a minute still lets one go at once."""
 
     name: str
     requests_per_minute: float | None = None
@@ -75,6 +76,23 @@ class Limit:
                 )
         if self.burst is not None and self.requests_per_minute is None:
             raise LimitError(f"limit {self.name!r}: burst needs requests_per_minute")
+        # A call costs one whole request: under one at once, a take conforms only as a
+        # reservation, and one longer than limit_wait is never made, so no call would go.
+        if self.burst is not None and self.burst < 1:
+            raise LimitError(
+                f"limit {self.name!r}: burst must be at least 1 request, got {self.burst!r}"
+            )
+
+    @property
+    def request_burst(self) -> float:
+        """How many requests may go at once: ``burst``, else a minute's worth, and at
+        least the one a call costs (a rate under one a minute would otherwise never let
+        a call go). 0 without ``requests_per_minute``."""
+        if self.requests_per_minute is None:
+            return 0.0
+        if self.burst is not None:
+            return self.burst
+        return max(self.requests_per_minute, 1.0)
 
     @property
     def is_family(self) -> bool:

@@ -54,7 +54,7 @@ def _row(key: str, declared: str, limits: Limits, state: LimitState | None) -> d
             paused_for=max(0.0, state.paused - state.now),
         )
     elif limit.requests_per_minute is not None:
-        row["requests_left"] = limit.burst or limit.requests_per_minute
+        row["requests_left"] = limit.request_burst
         row["tokens_left"] = limit.tokens_per_minute
     return row
 

@@ -1,7 +1,8 @@
 """Taking a tool call's share of fleet-wide limits before it runs, and a 429's pause after.
 
 A wait up to ``limit_wait`` happens in place (reserved by the store when only the rate
-is in the way, so waiters queue rather than poll); a longer one raises
+is in the way, so waiters queue rather than poll, and a reserved call whose key a
+refusal paused meanwhile waits the pause out too); a longer one raises
 :class:`~agentq.outcomes.LimitWait`, so the step ends as ``retrying`` and frees its pool
 slot instead of sleeping on the budget. Concurrency slots are owned by one call (a
 holder id) and expire with the lease TTL, renewed with the lease while the call runs, so a
@@ -192,10 +193,11 @@ def take(
             if granted.wait > 0:
                 try:
                     time.sleep(granted.wait)
+                    held.waited += granted.wait
+                    _honour_pauses(calls, held, deadline)
                 except BaseException:
                     held.release()  # the slot, not the rate: that reservation is spent
                     raise
-                held.waited += granted.wait
             return held
         if time.monotonic() + granted.wait > deadline:
             # Callers refused together meet the same wait (the queue's length) and would
@@ -204,6 +206,23 @@ def take(
             raise LimitWait(keys, granted.wait * (1 + random.random() * 0.1))
         time.sleep(granted.wait)
         waited += granted.wait
+
+
+def _honour_pauses(calls: RetriedCalls, held: Held, deadline: float) -> None:
+    """Wait out, in place up to ``deadline`` (else :class:`~agentq.outcomes.LimitWait`),
+    a pause set on ``held``'s keys while its reservation waited for its turn: the take
+    checked for pauses when it reserved, and a call ahead refused with Retry-After
+    meanwhile means this one, sent now, would be refused too."""
+    while True:
+        paused = calls("reading a limit's pause", calls.store.limit_paused, list(held.keys))
+        if paused <= 0:
+            return
+        if time.monotonic() + paused > deadline:
+            # As a refused take's wait: spread, so that the queue paused together does
+            # not all come back at once.
+            raise LimitWait(held.keys, paused * (1 + random.random() * 0.1))
+        time.sleep(paused)
+        held.waited += paused
 
 
 def _tokens(count: object) -> bool:

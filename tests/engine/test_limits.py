@@ -259,3 +259,27 @@ def test_a_refusal_asking_for_no_end_pauses_the_key_for_backoff_max_at_most(
     with pytest.raises(LimitWait) as waiting:
         take(_calls(any_store, "t2"), limits, "api", 0, ttl=30, wait=0, step=0, pause_max=5)
     assert 4 < waiting.value.seconds <= 5 * 1.1
+
+
+def test_a_call_reserved_before_a_refusal_paused_its_key_waits_out_the_pause(
+    any_store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A call queued behind another on the rate is reserved, and starts its interval
+    later; the call ahead being refused with Retry-After meanwhile pauses the key for the
+    fleet, and the reserved call must honour that pause rather than be sent into it."""
+    limits = Limits([agentq.limit("api", requests_per_minute=600, burst=1, concurrency=5)])
+    first = take(_calls(any_store, "t1"), limits, "api", 0, ttl=30, wait=0, step=0, pause_max=60)
+    reserve = any_store.take_limits
+
+    def reserved_then_refused(takes: list[Take], holder: str, ttl: float, *args: Any) -> Grant:
+        granted = reserve(takes, holder, ttl, *args)
+        assert granted.taken and granted.wait > 0  # queued one interval behind the first
+        first.refused(Refused(30))  # the call ahead meets a 429 while this one waits
+        return granted
+
+    monkeypatch.setattr(any_store, "take_limits", reserved_then_refused)
+    with pytest.raises(LimitWait) as waiting:
+        take(_calls(any_store, "t2"), limits, "api", 0, ttl=30, wait=5, step=0, pause_max=60)
+    assert 25 < waiting.value.seconds <= 30 * 1.1
+    monkeypatch.undo()
+    assert any_store.limit_states()["api"].in_flight == 1  # the reserved call's slot is back

@@ -206,3 +206,27 @@ def test_a_pause_or_a_full_cap_is_never_reserved(store: Store) -> None:
     assert not full.taken and full.wait > 0
     assert store.limit_takes() == {"slots": 2}
     assert store.limit_states()["slots"].in_flight == 2
+
+
+def test_a_rate_under_one_request_a_minute_lets_its_first_call_go_at_once(store: Store) -> None:
+    """One request every two minutes: half a request was the burst, less than any call
+    costs, so every take found itself 60 s short and a call never went at all."""
+    slow = agentq.limit("slow", requests_per_minute=0.5)
+    take = [Take("slow", slow, 0)]
+    assert store.take_limits(take, "a", 30) == (True, 0)
+    assert 119 < store.take_limits(take, "b", 30).wait <= 120
+
+
+def test_a_burst_under_one_request_is_refused() -> None:
+    """Less than one request at once lets no request go but by a reservation, and a wait
+    longer than limit_wait is never reserved: every call would wait for good."""
+    with pytest.raises(LimitError, match="burst must be at least 1 request"):
+        agentq.limit("api", requests_per_minute=6, burst=0.5)
+
+
+def test_the_pause_of_keys_reads_the_longest_and_none_is_zero(store: Store) -> None:
+    assert store.limit_paused(["rate", "never-seen"]) == 0
+    store.pause_limit("rate", 30)
+    store.pause_limit("tokens", 10)
+    assert 29 < store.limit_paused(["tokens", "rate", "never-seen"]) <= 30
+    assert 9 < store.limit_paused(["tokens"]) <= 10

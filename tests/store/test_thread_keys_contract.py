@@ -145,6 +145,20 @@ def test_each_entry_counts_as_a_take_of_the_key(keys_store: Store) -> None:
     assert store.limit_takes() == {"tenant:1": 2}  # what doctor judges a limit used by
 
 
+def test_a_key_only_threads_entered_is_a_limit_state_once_idle(keys_store: Store) -> None:
+    """``agentq limits`` lists a family's keys from the limit states and the running
+    keys: once its threads are gone, a key only threads ran under was still listed on
+    Redis, which counts the entries in the key's state, and no longer on SQLite."""
+    store = keys_store
+    token = _leased(store, "a")
+    assert store.enter_key("a", "owner-a", token, "tenant:1", 1) == 0
+    store.set_status("a", token, Status.DONE, release_owner="owner-a")
+    assert store.leave_key("a", token, "tenant:1", start_grace=5) == []
+    assert store.key_states() == []
+    state = store.limit_states()["tenant:1"]
+    assert (state.req_tat, state.tok_tat, state.paused, state.in_flight) == (0, 0, 0, 0)
+
+
 @pytest.mark.parametrize("stopped", [Status.CANCELLED, Status.DONE, Status.WAITING])
 def test_a_thread_that_stopped_is_not_parked(keys_store: Store, stopped: Status) -> None:
     store = keys_store

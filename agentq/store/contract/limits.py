@@ -46,8 +46,7 @@ class LimitState(NamedTuple):
         rpm = limit.requests_per_minute
         if rpm is None:
             return None
-        burst = limit.burst if limit.burst is not None else rpm
-        return max(0.0, burst - max(self.req_tat - self.now, 0) * rpm / 60)
+        return max(0.0, limit.request_burst - max(self.req_tat - self.now, 0) * rpm / 60)
 
     def tokens_left(self, limit: Limit) -> float | None:
         tpm = limit.tokens_per_minute
@@ -83,6 +82,11 @@ class LimitsContract(ABC):
     def pause_limit(self, key: str, seconds: float) -> None:
         """Refuse every take of ``key`` for ``seconds`` from now (never shortens a pause
         already set): the provider said so. Atomic."""
+
+    @abstractmethod
+    def limit_paused(self, keys: list[str]) -> float:
+        """Seconds until the last pause of ``keys`` ends, on the store's clock; 0 when
+        none is paused. Read-only."""
 
     @abstractmethod
     def limit_states(self) -> dict[str, LimitState]:

@@ -21,7 +21,7 @@ class RedisLimits(RedisBase):
             keys += [self.keys.limit(take.key), self.keys.limit_holders(take.key)]
             rpm, tpm = limit.requests_per_minute, limit.tokens_per_minute
             req_interval = 60 / rpm if rpm else 0
-            burst = limit.burst if limit.burst is not None else (rpm or 0)
+            burst = limit.request_burst
             args += [
                 repr(req_interval),
                 repr(burst * req_interval),
@@ -40,6 +40,10 @@ class RedisLimits(RedisBase):
 
     def pause_limit(self, key: str, seconds: float) -> None:
         self._scripts["pause_limit"](keys=[self.keys.limit(key)], args=[int(seconds * 1000)])
+
+    def limit_paused(self, keys: list[str]) -> float:
+        ms = self._scripts["limit_paused"](keys=[self.keys.limit(key) for key in keys], args=[])
+        return int(ms) / 1000
 
     def limit_states(self) -> dict[str, LimitState]:
         start = self.keys.limit("")

@@ -47,6 +47,7 @@ STORE_SCRIPTS = (
     "settle_shared",
     "take_limits",
     "pause_limit",
+    "limit_paused",
     "listing",
     "settle_limits",
     "renew_limits",

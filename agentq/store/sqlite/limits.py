@@ -6,6 +6,7 @@ import time
 
 from agentq.store.contract.limits import Grant, LimitState, Slot, Take
 from agentq.store.sqlite.connection import SharedConnection
+from agentq.store.sqlite.queries import marks
 
 
 class LimitsMixin:
@@ -30,9 +31,8 @@ class LimitsMixin:
                 rpm, tpm = limit.requests_per_minute, limit.tokens_per_minute
                 if rpm:
                     interval = 60 / rpm
-                    burst = limit.burst if limit.burst is not None else rpm
                     req_tat = max(req_tat, now) + interval
-                    wait = max(wait, req_tat - now - burst * interval)
+                    wait = max(wait, req_tat - now - limit.request_burst * interval)
                 if tpm:
                     tok_tat = max(tok_tat, now) + 60 / tpm * take.cost
                     wait = max(wait, tok_tat - now - 60)
@@ -85,12 +85,24 @@ class LimitsMixin:
                 (key, until),
             )
 
+    def limit_paused(self, keys: list[str]) -> float:
+        with self._conn.locked() as db:
+            now = time.time()
+            (until,) = db.execute(
+                f'SELECT MAX(paused) FROM limits WHERE "key" IN ({marks(keys)})', keys
+            ).fetchone()
+        return max(0.0, (until or 0.0) - now)
+
     def limit_states(self) -> dict[str, LimitState]:
         now = time.time()
         with self._conn.locked() as db:
+            # A key only threads entered (its concurrency key) has takes and no row in
+            # limits: as in Redis, where entering counts in the key's hash, it is seen.
             rows = db.execute(
                 'SELECT "key", req_tat, tok_tat, paused, (SELECT COUNT(*) FROM limit_holders h '
-                'WHERE h."key" = limits."key" AND h.expires > ?) FROM limits',
+                'WHERE h."key" = limits."key" AND h.expires > ?) FROM limits UNION ALL '
+                'SELECT "key", 0, 0, 0, 0 FROM limit_takes t WHERE NOT EXISTS '
+                '(SELECT 1 FROM limits l WHERE l."key" = t."key")',
                 (now,),
             ).fetchall()
         return {row[0]: LimitState(now, *row[1:]) for row in rows}

@@ -156,10 +156,6 @@ class _Slot:
         self.wake()
         return job[1]
 
-    def idle(self) -> bool:
-        """Whether the slot waits with nothing to run: a call handed to it starts now."""
-        return self._running is None and not self._jobs and not self._closed
-
     def wake(self) -> None:
         if self._gevent:
             self._watcher.send()
@@ -252,36 +248,22 @@ class _HubCalls:
 
 
 class _SlotExecutor(concurrent.futures.ThreadPoolExecutor):
-    """The loop's default executor: ``run_in_executor(None, ...)`` and ``to_thread`` (the
-    loop's own ``getaddrinfo``, LangGraph's sync nodes in an async graph) run in the pool
-    slot waiting for the coroutine, as :func:`blocking` does, else in ``unwaited``.
+    """The loop's default executor under gevent, where ``threading`` makes greenlets of a
+    hub that never runs in the loop's thread: ``run_in_executor(None, ...)`` (the loop's
+    own ``getaddrinfo`` among them) runs in the waiting greenlet, as :func:`blocking` does;
+    with no slot waiting, in a greenlet of its own (:class:`_HubCalls`). A
+    ``ThreadPoolExecutor`` because asyncio accepts no other; it starts no thread."""
 
-    Under gevent, where ``threading`` makes greenlets of a hub that never runs in the
-    loop's thread, always in the slot, or a greenlet of its own (:class:`_HubCalls`).
-    Elsewhere, in the slot while it is idle, else in a thread of ``unwaited``: Python's
-    default executor has a few threads for the whole process (cpu count + 4), so the sync
-    work of hundreds of async nodes would queue behind each other, while each node's own
-    slot sits waiting; a node's parallel branches still run side by side. A
-    ``ThreadPoolExecutor`` because asyncio accepts no other; it starts no thread itself."""
-
-    def __init__(
-        self,
-        unwaited: Callable[[Callable[[], Any]], concurrent.futures.Future[Any]],
-        *,
-        only_idle: bool,
-    ) -> None:
+    def __init__(self, unwaited: _HubCalls) -> None:
         super().__init__()
         self._unwaited = unwaited
-        self._only_idle = only_idle
 
     def submit(
         self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any
     ) -> concurrent.futures.Future[Any]:
         slot, call = _slot.get(), functools.partial(fn, *args, **kwargs)
-        handed = None
-        if slot is not None and (not self._only_idle or slot.idle()):
-            handed = slot.submit(call)
-        return handed if handed is not None else self._unwaited(call)
+        handed = slot.submit(call) if slot is not None else None
+        return handed if handed is not None else self._unwaited.submit(call)
 
 
 def _off_loop(call: Callable[[], Any]) -> concurrent.futures.Future[Any]:
@@ -315,13 +297,11 @@ def _start_loop() -> asyncio.AbstractEventLoop:
         # A real OS thread and a real selector: gevent's would need the hub to run them.
         selector = get_original("selectors", "DefaultSelector")()
         loop: asyncio.AbstractEventLoop = asyncio.SelectorEventLoop(selector)
-        _executor = _SlotExecutor(_HubCalls().submit, only_idle=False)
+        _executor = _SlotExecutor(_HubCalls())
         loop.set_default_executor(_executor)
         get_original("_thread", "start_new_thread")(_serve, (loop,))
     else:
         loop = asyncio.new_event_loop()
-        threads = concurrent.futures.ThreadPoolExecutor(thread_name_prefix="agentq-asyncio")
-        loop.set_default_executor(_SlotExecutor(threads.submit, only_idle=True))
         threading.Thread(target=_serve, args=(loop,), name="agentq-asyncio", daemon=True).start()
     return loop
 

@@ -52,33 +52,6 @@ def test_blocking_calls_run_in_the_waiting_thread() -> None:
     assert blocking_thread == threading.get_ident() != loop_thread
 
 
-def test_the_sync_work_of_many_async_nodes_runs_at_once_in_their_slots() -> None:
-    """``to_thread``, ``run_in_executor(None, ...)`` (LangGraph's sync nodes in an async
-    graph) of a node run in the slot waiting for it, not in the handful of threads of
-    Python's default executor that every async node of the process would share: here
-    twice as many as that handful all wait in a barrier at once."""
-    nodes = 2 * min(32, (os.cpu_count() or 1) + 4)
-    barrier = threading.Barrier(nodes, timeout=30)  # broken unless all arrive together
-
-    async def node() -> tuple[int, int]:
-        in_executor = await asyncio.get_running_loop().run_in_executor(None, barrier.wait)
-        return in_executor, await asyncio.to_thread(threading.get_ident)
-
-    with ThreadPoolExecutor(nodes) as pool:
-        ran = list(pool.map(lambda _: (threading.get_ident(), run_coroutine(node())), range(nodes)))
-    assert all(slot == thread for slot, (_, thread) in ran)
-
-
-def test_parallel_branches_of_a_node_run_their_sync_work_side_by_side() -> None:
-    """The slot takes one call at a time: a branch beside it gets a thread of its own."""
-    barrier = threading.Barrier(3, timeout=30)
-
-    async def node() -> list[int]:
-        return await asyncio.gather(*(asyncio.to_thread(barrier.wait) for _ in range(3)))
-
-    assert sorted(run_coroutine(node())) == [0, 1, 2]
-
-
 def test_a_task_outliving_its_node_runs_its_blocking_calls_in_a_thread() -> None:
     go = asyncio.Event()  # bound to the loop on first use there
 

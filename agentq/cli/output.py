@@ -9,9 +9,9 @@ import click
 from rich.console import Console, RenderableType
 from rich.text import Text
 
-from agentq import records
 from agentq.ops.jsonable import dumps
 from agentq.records import Status, ThreadMeta
+from agentq.records import step_at as _step_at
 
 STATUS_STYLES: Final = {
     Status.QUEUED: "blue",
@@ -73,4 +73,4 @@ def duration(seconds: float) -> str:
 
 def step_at(meta: ThreadMeta) -> int:
     """The step a thread is at (see :func:`agentq.records.step_at`)."""
-    return records.step_at(meta.status, meta.step)
+    return _step_at(meta.status, meta.step)

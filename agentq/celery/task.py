@@ -486,10 +486,10 @@ class AgentTask(Task):  # type: ignore[misc]
             "thread %s: step %d (%s) committed, next %s", thread_id, step, node, next_node or "-"
         )
         fields = {"thread_id": thread_id, "step": step, "node": node, "next": next_node}
-        request = self.request  # a lookup in Celery's thread-local stack each time
-        if request.id and task_outcome.stores_results(self):
+        stores, sends = task_outcome.progress_reports(self)
+        if stores:
             self.update_state(state="PROGRESS", meta=fields)
-        if request.hostname and self.app.conf.worker_send_task_events:
+        if sends:
             self.send_event("task-progress", **fields, limit_waits=list(limit_waits))
 
     def on_limit_wait(

@@ -91,6 +91,7 @@ class Driver:
         self.may_open = may_open  # else a thread the store lacks was deleted since its message
         self.owner = owner_id()
         self._calls = RetriedCalls(store, thread_id, settings.lease_ttl)
+        self._commit = instrument.commit(thread_id, store.commit)
         self.seat_of = seat_of  # the thread's concurrency key, if it has one
         # Its first task was revoked (Celery's word for "do not run this"), which this
         # later message does not show: a thread that has committed no step stops, unless
@@ -376,7 +377,7 @@ class Driver:
     def _step(self, token: int, meta: ThreadMeta, pos: _Position, logs: AppendOnlyFields) -> Any:
         """Run one node and commit what it did; ``_CONTINUE`` if the thread goes on, else
         what the task returns."""
-        thread_id, store, step = self.thread_id, self.store, pos.step
+        thread_id, step = self.thread_id, pos.step
         run = self._run(token, meta, pos)
         try:
             outcome = self._call(pos.node, run, meta.input if step == 0 else None)
@@ -412,7 +413,7 @@ class Driver:
                 self._releasing()
             cancel = self._calls(
                 "committing",
-                instrument.commit(thread_id, store.commit),
+                self._commit,
                 thread_id,
                 token,
                 checkpoint,

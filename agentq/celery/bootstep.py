@@ -4,6 +4,7 @@ cancelling the threads of revoked messages."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from celery import bootsteps
@@ -64,6 +65,7 @@ class AgentqWorkerStep(bootsteps.StartStopStep):  # type: ignore[misc]
         revoke.connect()
         self.sweeper: Sweeper | None = None
         self._on_signal: Any = None
+        self._stop_metrics: Callable[[], None] | None = None
 
     def start(self, worker: Any) -> None:
         draining.clear()  # a worker started again in the same process works normally
@@ -73,7 +75,7 @@ class AgentqWorkerStep(bootsteps.StartStopStep):  # type: ignore[misc]
         self.sweeper.start()
         runtime = runtime_of(worker.app)
         if runtime.settings.metrics_port is not None:
-            metrics.serve(runtime.store, int(runtime.settings.metrics_port))
+            self._stop_metrics = metrics.serve(runtime.store, int(runtime.settings.metrics_port))
 
         # Sent from inside the SIGTERM handler: relaying here rather than in close(),
         # which waits for the event loop to wake, lets no agent start another step.
@@ -97,6 +99,9 @@ class AgentqWorkerStep(bootsteps.StartStopStep):  # type: ignore[misc]
             worker_shutting_down.disconnect(self._on_signal)
         if self.sweeper is not None:
             self.sweeper.stop()
+        if self._stop_metrics is not None:
+            self._stop_metrics()
+            self._stop_metrics = None
 
     def terminate(self, worker: Any) -> None:
         # A cold shutdown sends no worker_shutdown: clear the hand-over here instead.

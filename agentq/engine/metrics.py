@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from agentq.errors import ConfigError
@@ -90,6 +90,19 @@ class StoreCollector(Collector):
         )
 
 
+class _ThisProcess(Collector):
+    """The process's default registry (agentq's counters and whatever else the application
+    registered there), read at scrape time. The store's collector is served beside it,
+    never added to it: a worker started again in the process would report every thread
+    twice, and the application's own exposition of that registry would reach the store."""
+
+    def describe(self) -> list[Any]:
+        return []
+
+    def collect(self) -> Iterator[Any]:
+        yield from REGISTRY.collect()
+
+
 def registry(store: Store, *, counters: bool) -> CollectorRegistry:
     """What a scrape reads: the store's collector, and with ``counters`` this process's
     counters, or every process's under ``PROMETHEUS_MULTIPROC_DIR`` (a prefork worker's
@@ -99,19 +112,26 @@ def registry(store: Store, *, counters: bool) -> CollectorRegistry:
             "agentq metrics need prometheus_client: pip install 'agentq[prometheus]', or "
             "leave the metrics port unset"
         )
-    if counters and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-        collected = REGISTRY
-    else:
-        collected = CollectorRegistry(auto_describe=True)
-        if counters:
-            multiprocess.MultiProcessCollector(collected)  # type: ignore[no-untyped-call]
+    collected = CollectorRegistry(auto_describe=True)
+    if counters and os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        multiprocess.MultiProcessCollector(collected)  # type: ignore[no-untyped-call]
+    elif counters:
+        collected.register(_ThisProcess())
     collected.register(StoreCollector(store))
     return collected
 
 
-def serve(store: Store, port: int) -> None:
-    """Serve the worker's metrics on ``port`` (all interfaces), from a thread."""
-    _serve(port, registry=registry(store, counters=True))
+def serve(store: Store, port: int) -> Callable[[], None]:
+    """Serve the worker's metrics on ``port`` (all interfaces), from a thread; returns
+    what stops serving and frees the port, for a worker started again in this process."""
+    server, thread = _serve(port, registry=registry(store, counters=True))
+
+    def stop() -> None:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+    return stop
 
 
 def exposition(collected: CollectorRegistry) -> tuple[bytes, str]:

@@ -1,0 +1,59 @@
+"""Metrics of an in-process ``-P threads`` worker that serves its own process's counters
+(no ``PROMETHEUS_MULTIPROC_DIR``), as a threads or gevent worker usually runs."""
+
+from __future__ import annotations
+
+import socket
+import urllib.request
+
+import pytest
+
+from tests.support.redis_server import RedisServer
+from tests.support.threads_worker import threads_worker
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def exposition(port: int) -> list[str]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
+        return [line for line in reply.read().decode().splitlines() if line.startswith("agentq_")]
+
+
+def test_a_worker_started_again_in_its_process_serves_its_metrics_once(
+    redis_broker: str, redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
+    port = free_port()
+    for done in (1, 2):
+        worker = threads_worker(redis_broker, redis_server.url, concurrency=4, metrics_port=port)
+        with worker as (app, _):
+            agent = app.tasks["tests.counting_agent"]
+            agent.delay(f"t{done}", n=2)
+            assert agent.wait(f"t{done}", timeout=30) == 2
+            lines = exposition(port)
+            # Each worker has a prefix of its own: the store's gauges count its thread.
+            assert [line for line in lines if line.startswith("agentq_threads{")] == [
+                f'agentq_threads{{status="{status}"}} {1.0 if status == "done" else 0.0}'
+                for status in (
+                    "queued",
+                    "running",
+                    "waiting",
+                    "retrying",
+                    "done",
+                    "failed",
+                    "needs_attention",
+                    "cancelled",
+                )
+            ]
+            assert sum(line.startswith("agentq_needs_attention ") for line in lines) == 1
+            assert any(line.startswith("agentq_steps_committed_total ") for line in lines)
+        # A stopped worker frees its port.
+        with pytest.raises(OSError), socket.create_connection(("127.0.0.1", port), timeout=5):
+            pass

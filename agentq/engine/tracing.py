@@ -5,7 +5,8 @@ is opened: the caller's span if there is one (kept in the thread's send options 
 ``traceparent`` header, so every later message carries it: hand-overs, resumes, and the
 sweeper's re-sends after a crash, which have no caller), else one derived from the thread
 id, which every worker computes alike without asking anyone. Node spans are children of
-that context; tool-call spans are children of their node's span.
+that context; tool-call spans are children of their node's span, and current while the
+call runs.
 
 Without opentelemetry, or with no tracer provider set (spans would record nothing), every
 hook returns at once.
@@ -152,6 +153,9 @@ def _tool_span(thread_id: str, step: int, tool: str, token: int) -> Iterator[Cal
         span.set_attribute("agentq.effect_key", key)
         span.set_attribute("agentq.outcome", what)
 
+    # Current while the call runs: the spans the tool starts (an instrumented HTTP
+    # client's) are its children, not its siblings under the node.
+    attached = otel_context.attach(trace.set_span_in_context(span))
     try:
         yield note
     except BaseException as exc:
@@ -159,4 +163,5 @@ def _tool_span(thread_id: str, step: int, tool: str, token: int) -> Iterator[Cal
         span.set_attribute("agentq.outcome", "error")
         raise
     finally:
+        otel_context.detach(attached)
         span.end()

@@ -258,3 +258,16 @@ def test_async_tools_are_children_of_their_nodes(fleet: Fleet) -> None:
         assert tool["parent_id"] == node["context"]["span_id"]
         assert tool["context"]["trace_id"] == node["context"]["trace_id"]
         assert tool["attributes"]["agentq.outcome"] == "called"
+
+
+def test_spans_a_tool_starts_are_children_of_its_tool_span(fleet: Fleet) -> None:
+    agent = fleet.app.tasks["tests.traced_tool_agent"]
+    fleet.worker("only")
+    agent.delay("t1")
+    assert agent.wait("t1", timeout=60) == "o1"
+    fleet.all_node_spans()
+    tools = {s["attributes"]["agentq.effect_key"]: s for s in fleet.spans_named("agentq.tool")}
+    inside = {s["name"]: s for s in fleet.spans_named("tests.inside")}
+    for key, name in (("lookup", "tests.inside lookup"), ("fetch", "tests.inside fetch")):
+        assert inside[name]["parent_id"] == tools[key]["context"]["span_id"], name
+        assert inside[name]["context"]["trace_id"] == tools[key]["context"]["trace_id"]

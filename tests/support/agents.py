@@ -322,6 +322,33 @@ class NappingAgent(AgentTask):
         return nap_span
 
 
+class TracedToolAgent(AgentTask):
+    """A sync and an async tool that each start a span of their own, as an instrumented
+    HTTP client does inside a tool (opentelemetry is imported only when one runs)."""
+
+    name = "tests.traced_tool_agent"
+
+    def start(self, run: Run) -> str:
+        def lookup(order: str) -> str:
+            from opentelemetry import trace
+
+            with trace.get_tracer("tests").start_as_current_span("tests.inside lookup"):
+                return order
+
+        run.tool(lookup, "o1", key="lookup")
+        return "fetch"
+
+    async def fetch(self, run: Run) -> Done:
+        async def fetch(order: str) -> str:
+            from opentelemetry import trace
+
+            with trace.get_tracer("tests").start_as_current_span("tests.inside fetch"):
+                await asyncio.sleep(0)
+                return order
+
+        return Done(await run.atool(fetch, "o1", key="fetch"))
+
+
 class BrokenAgent(AgentTask):
     """Fails with a bug until the ledger says it is fixed; or stores what cannot be stored,
     returns nonsense, or edits its append-only log."""
@@ -640,6 +667,7 @@ AGENTS = (
     FlakyToolAgent,
     CountingAgent,
     NappingAgent,
+    TracedToolAgent,
     BrokenAgent,
     ReportAgent,
     GatedAgent,

@@ -14,6 +14,7 @@ hook returns at once.
 
 from __future__ import annotations
 
+import contextvars
 import hashlib
 import threading
 from collections.abc import Callable, Iterator, Mapping
@@ -30,8 +31,16 @@ except ImportError:  # the extra is not installed: tracing is off
 TRACEPARENT: Final = "traceparent"
 
 _nodes: dict[str, Any] = {}
-"""The open node span of each thread this process runs (one node per thread at a time)."""
+"""The open node span of each thread this process runs, for tool calls made from threads
+of the node's own (latest first: a drive that lost its lease may still run its node
+beside the drive that took the thread over)."""
 _nodes_lock = threading.Lock()
+
+_own: contextvars.ContextVar[tuple[str, Any] | None] = contextvars.ContextVar(
+    "agentq_node_span", default=None
+)
+"""The thread id and node span of the drive running here (its tool calls on the event loop
+see it too): its own, whichever other drive of the thread this process runs."""
 
 
 def sending_headers() -> dict[str, str]:
@@ -94,6 +103,7 @@ def _node_span(
     )
     with _nodes_lock:
         _nodes[thread_id] = span
+    own = _own.set((thread_id, span))
     attached = otel_context.attach(trace.set_span_in_context(span))
     try:
         yield
@@ -104,17 +114,30 @@ def _node_span(
         raise
     finally:
         otel_context.detach(attached)
+        _own.reset(own)
         with _nodes_lock:
-            _nodes.pop(thread_id, None)
+            if _nodes.get(thread_id) is span:  # not the span of a drive that took over since
+                del _nodes[thread_id]
         span.end()
+
+
+def _node_of(thread_id: str) -> Any:
+    """The node span a hook for ``thread_id`` belongs to: the drive's own, else (a tool
+    called from a thread the node started) the latest open one of the thread."""
+    own = _own.get()
+    if own is not None and own[0] == thread_id:
+        return own[1]
+    if not _nodes:  # nothing traced here: no lock taken on every commit
+        return None
+    with _nodes_lock:
+        return _nodes.get(thread_id)
 
 
 def outcome(thread_id: str, what: str) -> None:
     """Name what became of the thread's node run in flight: committed, waiting, retrying..."""
     if trace is None:
         return
-    with _nodes_lock:
-        span = _nodes.get(thread_id)
+    span = _node_of(thread_id)
     if span is not None:
         span.set_attribute("agentq.outcome", what)
 
@@ -133,8 +156,7 @@ def _ignore(key: str, what: str) -> None:
 
 @contextmanager
 def _tool_span(thread_id: str, step: int, tool: str, token: int) -> Iterator[Callable[..., None]]:
-    with _nodes_lock:
-        node = _nodes.get(thread_id)
+    node = _node_of(thread_id)
     # Set explicitly: an async node's tools run in the event loop's thread, where the
     # node span is not the current one.
     parent = trace.set_span_in_context(node) if node is not None else None

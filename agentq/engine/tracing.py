@@ -67,13 +67,30 @@ def _thread_context(thread_id: str, options: Mapping[str, Any]) -> Any:
     if isinstance(headers, Mapping) and headers.get(TRACEPARENT):
         return TraceContextTextMapPropagator().extract(dict(headers))
     digest = hashlib.sha256(thread_id.encode()).digest()
+    trace_id = int.from_bytes(digest[:16], "big")
     parent = trace.SpanContext(
-        trace_id=int.from_bytes(digest[:16], "big"),
+        trace_id=trace_id,
         span_id=int.from_bytes(digest[16:24], "big") or 1,
         is_remote=True,
-        trace_flags=trace.TraceFlags(trace.TraceFlags.SAMPLED),
+        trace_flags=trace.TraceFlags(
+            trace.TraceFlags.SAMPLED if _sampled(trace_id) else trace.TraceFlags.DEFAULT
+        ),
     )
     return trace.set_span_in_context(trace.NonRecordingSpan(parent))
+
+
+def _sampled(trace_id: int) -> bool:
+    """Whether the tracer provider's sampler keeps a trace that starts at the thread. The
+    parent made up for it is no caller's to have decided, and a sampled one would make a
+    parent-based sampler keep every such thread, whatever ratio it was given for roots.
+    Asked as for a root with the thread's trace id, which a ratio sampler decides by
+    alone: alike on every worker, at every step."""
+    sampler = getattr(trace.get_tracer_provider(), "sampler", None)
+    if sampler is None:  # not the SDK's provider: no sampler to ask
+        return True
+    # An empty context: a root, not a child of whatever span is current here.
+    result = sampler.should_sample(otel_context.Context(), trace_id, "agentq.thread")
+    return bool(result.decision.is_sampled())
 
 
 def node_span(

@@ -77,7 +77,7 @@ class Fleet:
         self.tmp = tmp
         self.workers: list[WorkerProcess] = []
 
-    def worker(self, label: str) -> tuple[WorkerProcess, int]:
+    def worker(self, label: str, **extra_env: str) -> tuple[WorkerProcess, int]:
         port = free_port()
         # A prefork worker's tasks count in its child: the main process serves the
         # counters of all its processes from this directory.
@@ -88,6 +88,7 @@ class Fleet:
             "AGENTQ_TEST_WORKER_LABEL": label,
             "AGENTQ_TEST_METRICS_PORT": str(port),
             "PROMETHEUS_MULTIPROC_DIR": str(counters),
+            **extra_env,
         }
         worker = WorkerProcess(
             self.app, env, self.tmp, app_module="tests.support.traced_worker_app"
@@ -271,3 +272,21 @@ def test_spans_a_tool_starts_are_children_of_its_tool_span(fleet: Fleet) -> None
     for key, name in (("lookup", "tests.inside lookup"), ("fetch", "tests.inside fetch")):
         assert inside[name]["parent_id"] == tools[key]["context"]["span_id"], name
         assert inside[name]["context"]["trace_id"] == tools[key]["context"]["trace_id"]
+
+
+def test_a_thread_started_outside_a_span_is_sampled_as_the_workers_sampler_says(
+    fleet: Fleet,
+) -> None:
+    agent = fleet.app.tasks["tests.counting_agent"]
+    # A root sampler that keeps no trace: only a sampled caller's threads are traced.
+    fleet.worker(
+        "only", OTEL_TRACES_SAMPLER="parentbased_traceidratio", OTEL_TRACES_SAMPLER_ARG="0"
+    )
+    agent.delay("untraced", n=2)
+    assert agent.wait("untraced", timeout=60) == 2
+    # The worker runs one task at a time: the first thread's spans ended before this one.
+    with trace.get_tracer("tests").start_as_current_span("request"):
+        agent.delay("traced", n=2)
+    assert agent.wait("traced", timeout=60) == 2
+    spans = fleet.all_node_spans()
+    assert {s["attributes"]["agentq.thread_id"] for s in spans} == {"traced"}

@@ -290,3 +290,19 @@ def test_a_thread_started_outside_a_span_is_sampled_as_the_workers_sampler_says(
     assert agent.wait("traced", timeout=60) == 2
     spans = fleet.all_node_spans()
     assert {s["attributes"]["agentq.thread_id"] for s in spans} == {"traced"}
+
+
+def test_a_prefork_worker_without_a_multiprocess_directory_warns_that_it_counts_unseen(
+    fleet: Fleet,
+) -> None:
+    agent = fleet.app.tasks["tests.counting_agent"]
+    worker, port = fleet.worker("only", PROMETHEUS_MULTIPROC_DIR="")
+    agent.delay("t1", n=2)
+    assert agent.wait("t1", timeout=60) == 2
+    # Committed in the pool's child: the main process, which serves them, counted none.
+    assert scrape(port)[("agentq_steps_committed_total", ())] == 0
+    wait_until(
+        lambda: "set PROMETHEUS_MULTIPROC_DIR" in worker.log.read_text(),
+        timeout=10,
+        what="the warning",
+    )

@@ -124,7 +124,14 @@ def registry(store: Store, *, counters: bool) -> CollectorRegistry:
 def serve(store: Store, port: int) -> Callable[[], None]:
     """Serve the worker's metrics on ``port`` (all interfaces), from a thread; returns
     what stops serving and frees the port, for a worker started again in this process."""
-    server, thread = _serve(port, registry=registry(store, counters=True))
+    try:
+        server, thread = _serve(port, registry=registry(store, counters=True))
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot serve metrics on port {port} ({exc.strerror or exc}): another process "
+            "(a second worker on this machine?) may use it; give each worker a "
+            "metrics_port of its own (agentq_metrics_port, or init_app(app, metrics_port=...))"
+        ) from exc
 
     def stop() -> None:
         server.shutdown()

@@ -8,6 +8,9 @@ import urllib.request
 
 import pytest
 
+from agentq.engine import metrics
+from agentq.errors import ConfigError
+from agentq.store.redis import RedisStore
 from tests.support.redis_server import RedisServer
 from tests.support.threads_worker import threads_worker
 
@@ -57,3 +60,15 @@ def test_a_worker_started_again_in_its_process_serves_its_metrics_once(
         # A stopped worker frees its port.
         with pytest.raises(OSError), socket.create_connection(("127.0.0.1", port), timeout=5):
             pass
+
+
+def test_a_metrics_port_in_use_is_refused_naming_the_setting(redis_server: RedisServer) -> None:
+    store = RedisStore.from_url(redis_server.url, prefix="mp-in-use:")
+    try:
+        with socket.socket() as taken:
+            taken.bind(("0.0.0.0", 0))
+            taken.listen()
+            with pytest.raises(ConfigError, match="metrics_port"):
+                metrics.serve(store, taken.getsockname()[1])
+    finally:
+        store.close()

@@ -45,6 +45,7 @@ def retry(fn: F) -> F:
     def counted(self: Any, token: int, step: int, attempts: int, exc: Exception) -> Any:
         result = fn(self, token, step, attempts, exc)
         metrics.retried(exc)
+        tracing.raised(self.thread_id, exc)
         return result
 
     return counted  # type: ignore[return-value]

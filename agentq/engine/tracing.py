@@ -125,7 +125,7 @@ def _node_span(
     try:
         yield
     except BaseException as exc:
-        span.record_exception(exc)
+        _failed(span, exc)
         if "agentq.outcome" not in (getattr(span, "attributes", None) or {}):
             span.set_attribute("agentq.outcome", "error")
         raise
@@ -157,6 +157,16 @@ def outcome(thread_id: str, what: str) -> None:
     span = _node_of(thread_id)
     if span is not None:
         span.set_attribute("agentq.outcome", what)
+
+
+def raised(thread_id: str, exc: BaseException) -> None:
+    """The thread's node run in flight raised ``exc``, handled without leaving its span
+    (a retry was scheduled)."""
+    if trace is None:
+        return
+    span = _node_of(thread_id)
+    if span is not None:
+        _failed(span, exc)
 
 
 def tool_span(thread_id: str, step: int, tool: str, token: int) -> AbstractContextManager[Any]:
@@ -198,9 +208,15 @@ def _tool_span(thread_id: str, step: int, tool: str, token: int) -> Iterator[Cal
     try:
         yield note
     except BaseException as exc:
-        span.record_exception(exc)
+        _failed(span, exc)
         span.set_attribute("agentq.outcome", "error")
         raise
     finally:
         otel_context.detach(attached)
         span.end()
+
+
+def _failed(span: Any, exc: BaseException) -> None:
+    # The status, not only the event: what tracing backends mark and search as failed.
+    span.record_exception(exc)
+    span.set_status(trace.Status(trace.StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))

@@ -306,3 +306,34 @@ def test_a_prefork_worker_without_a_multiprocess_directory_warns_that_it_counts_
         timeout=10,
         what="the warning",
     )
+
+
+def test_a_node_or_tool_that_raised_ends_its_span_in_error(fleet: Fleet) -> None:
+    flaky = fleet.app.tasks["tests.flaky_tool_agent"]
+    broken = fleet.app.tasks["tests.broken_agent"]
+    fleet.worker("only")
+    flaky.delay("retried", mode="rate_limit")
+    assert flaky.wait("retried", timeout=60) == "charged 5"
+    broken.delay("failed", mode="bug")
+    wait_until(lambda: broken.thread("failed").status == Status.FAILED, timeout=60, what="failed")
+
+    def ended() -> list[dict[str, Any]]:
+        spans = fleet.node_spans()
+        return spans if any(s["attributes"]["agentq.node"] == "work" for s in spans) else []
+
+    nodes = wait_until(ended, timeout=10, what="the failed node's span")
+    errors = {
+        (s["attributes"]["agentq.thread_id"], s["attributes"]["agentq.outcome"]): s
+        for s in nodes
+        if s["status"]["status_code"] == "ERROR"
+    }
+    assert set(errors) == {("retried", "retrying"), ("failed", "failed")}
+    assert errors["retried", "retrying"]["events"][0]["attributes"]["exception.type"].endswith(
+        "RateLimitError"
+    )
+    assert errors["failed", "failed"]["events"][0]["attributes"]["exception.type"] == "KeyError"
+    tools = fleet.spans_named("agentq.tool")
+    assert [(s["attributes"]["agentq.outcome"], s["status"]["status_code"]) for s in tools] == [
+        ("error", "ERROR"),
+        ("called", "UNSET"),
+    ]

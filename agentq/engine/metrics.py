@@ -6,6 +6,7 @@ Without prometheus_client every hook returns at once.
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -24,6 +25,8 @@ try:
 except ImportError:  # the extra is not installed: metrics are off
     Counter = None  # type: ignore[assignment,misc]
     Collector = object  # type: ignore[assignment,misc]
+
+logger = logging.getLogger("agentq")
 
 if Counter is not None:
     STEPS = Counter("agentq_steps_committed", "Steps committed")
@@ -71,7 +74,22 @@ class StoreCollector(Collector):
         return []  # read at scrape time only: registering must not reach the store
 
     def collect(self) -> Iterator[Any]:
-        counts = self.store.status_counts()
+        try:
+            counts = self.store.status_counts()
+            oldest = self.store.due(limit=1)
+        except Exception as exc:
+            if not self.store.is_transient(exc):
+                raise
+            # Left out, as Prometheus expects of series it cannot read: failing the
+            # scrape would hide the worker's own counters, served beside them, for as
+            # long as the outage they tell about lasts.
+            logger.warning(
+                "metrics: the store's gauges are left out of this scrape: the store is "
+                "unreachable (%s: %s)",
+                type(exc).__name__,
+                exc,
+            )
+            return
         by_status = GaugeMetricFamily("agentq_threads", "Threads by status", labels=["status"])
         for status in Status:
             by_status.add_metric([status.value], counts.get(status, 0))
@@ -81,7 +99,6 @@ class StoreCollector(Collector):
             "Threads waiting for an operator",
             value=counts.get(Status.NEEDS_ATTENTION, 0),
         )
-        oldest = self.store.due(limit=1)
         lag = max(0.0, time.time() - oldest[0][1]) if oldest else 0.0
         yield GaugeMetricFamily(
             "agentq_due_lag_seconds",

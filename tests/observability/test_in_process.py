@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import socket
 import urllib.request
+from pathlib import Path
 
 import pytest
 
 from agentq.engine import metrics
 from agentq.errors import ConfigError
 from agentq.store.redis import RedisStore
-from tests.support.redis_server import RedisServer
+from tests.support.redis_server import RedisServer, running_redis
 from tests.support.threads_worker import threads_worker
 
 pytestmark = pytest.mark.timeout(120)
@@ -72,3 +73,25 @@ def test_a_metrics_port_in_use_is_refused_naming_the_setting(redis_server: Redis
                 metrics.serve(store, taken.getsockname()[1])
     finally:
         store.close()
+
+
+def test_a_store_outage_leaves_the_workers_counters_readable(
+    redis_broker: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
+    port = free_port()
+    with running_redis(tmp_path / "store") as server:
+        worker = threads_worker(redis_broker, server.url, concurrency=2, metrics_port=port)
+        with worker as (app, _):
+            agent = app.tasks["tests.counting_agent"]
+            agent.delay("t1", n=1)
+            assert agent.wait("t1", timeout=30) == 1
+            assert 'agentq_threads{status="done"} 1.0' in exposition(port)
+            server.kill()
+            # What the worker did, when the store cannot say what it holds.
+            lines = exposition(port)
+            assert any(line.startswith("agentq_steps_committed_total ") for line in lines)
+            assert any(line.startswith("agentq_leases_lost_total ") for line in lines)
+            assert not any(line.startswith("agentq_threads") for line in lines)
+            server.start()
+            assert 'agentq_threads{status="done"} 1.0' in exposition(port)

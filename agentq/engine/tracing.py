@@ -171,13 +171,13 @@ def raised(thread_id: str, exc: BaseException) -> None:
 
 def tool_span(thread_id: str, step: int, tool: str, token: int) -> AbstractContextManager[Any]:
     """The span of one tool call, a child of its node's span; yields a setter of its
-    effect key and outcome."""
+    effect key and (once known) its outcome."""
     if not _tracing():
         return nullcontext(_ignore)
     return _tool_span(thread_id, step, tool, token)
 
 
-def _ignore(key: str, what: str) -> None:
+def _ignore(key: str, what: str | None = None) -> None:
     pass
 
 
@@ -198,9 +198,10 @@ def _tool_span(thread_id: str, step: int, tool: str, token: int) -> Iterator[Cal
         },
     )
 
-    def note(key: str, what: str) -> None:
+    def note(key: str, what: str | None = None) -> None:
         span.set_attribute("agentq.effect_key", key)
-        span.set_attribute("agentq.outcome", what)
+        if what is not None:
+            span.set_attribute("agentq.outcome", what)
 
     # Current while the call runs: the spans the tool starts (an instrumented HTTP
     # client's) are its children, not its siblings under the node.

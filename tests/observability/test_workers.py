@@ -337,3 +337,18 @@ def test_a_node_or_tool_that_raised_ends_its_span_in_error(fleet: Fleet) -> None
         ("error", "ERROR"),
         ("called", "UNSET"),
     ]
+
+
+def test_a_tool_call_that_raised_names_its_effect_key(fleet: Fleet) -> None:
+    flaky = fleet.app.tasks["tests.flaky_tool_agent"]
+    fleet.worker("only")
+    flaky.delay("t1", mode="rate_limit")
+    assert flaky.wait("t1", timeout=60) == "charged 5"
+    fleet.all_node_spans()
+    tools = fleet.spans_named("agentq.tool")
+    assert [
+        (s["attributes"]["agentq.outcome"], s["attributes"]["agentq.effect_key"]) for s in tools
+    ] == [
+        ("error", "charge-1"),
+        ("called", "charge-1"),
+    ]

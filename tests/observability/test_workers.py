@@ -77,19 +77,22 @@ class Fleet:
         self.tmp = tmp
         self.workers: list[WorkerProcess] = []
 
-    def worker(self, label: str, **extra_env: str) -> tuple[WorkerProcess, int]:
+    def worker(
+        self, label: str, *, multiprocess: bool = True, **extra_env: str
+    ) -> tuple[WorkerProcess, int]:
         port = free_port()
-        # A prefork worker's tasks count in its child: the main process serves the
-        # counters of all its processes from this directory.
-        counters = self.tmp / f"metrics-{label}"
-        counters.mkdir()
         env = {
             **self.env,
             "AGENTQ_TEST_WORKER_LABEL": label,
             "AGENTQ_TEST_METRICS_PORT": str(port),
-            "PROMETHEUS_MULTIPROC_DIR": str(counters),
             **extra_env,
         }
+        if multiprocess:
+            # A prefork worker's tasks count in its child: the main process serves the
+            # counters of all its processes from this directory.
+            counters = self.tmp / f"metrics-{label}"
+            counters.mkdir()
+            env["PROMETHEUS_MULTIPROC_DIR"] = str(counters)
         worker = WorkerProcess(
             self.app, env, self.tmp, app_module="tests.support.traced_worker_app"
         ).start()
@@ -296,7 +299,7 @@ def test_a_prefork_worker_without_a_multiprocess_directory_warns_that_it_counts_
     fleet: Fleet,
 ) -> None:
     agent = fleet.app.tasks["tests.counting_agent"]
-    worker, port = fleet.worker("only", PROMETHEUS_MULTIPROC_DIR="")
+    worker, port = fleet.worker("only", multiprocess=False)
     agent.delay("t1", n=2)
     assert agent.wait("t1", timeout=60) == 2
     # Committed in the pool's child: the main process, which serves them, counted none.

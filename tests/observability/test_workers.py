@@ -20,7 +20,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from prometheus_client.parser import text_string_to_metric_families
 from starlette.testclient import TestClient
 
-from agentq import Status
+from agentq import Status, errors
 from agentq.ui.app import create_app
 from tests.support.agents import Ledger, make_app
 from tests.support.redis_server import RedisServer, wait_until
@@ -355,3 +355,32 @@ def test_a_tool_call_that_raised_names_its_effect_key(fleet: Fleet) -> None:
         ("error", "charge-1"),
         ("called", "charge-1"),
     ]
+
+
+def test_a_retry_its_worker_was_fenced_from_is_not_its_spans_outcome(fleet: Fleet) -> None:
+    agent = fleet.app.tasks["tests.stalling_agent"]
+    ledger = fleet.ledger
+    zombie, _ = fleet.worker("zombie")
+    agent.delay("t1")
+    wait_until(
+        lambda: ledger.client.get(ledger.key("stalls", "t1")) == "1", timeout=30, what="a stall"
+    )
+    zombie.signal_group(signal.SIGSTOP)
+    fleet.worker("heir")
+    assert agent.wait("t1", timeout=60) == "finished"
+    zombie.signal_group(signal.SIGCONT)
+    ledger.client.rpush(ledger.key("go", "t1"), "go")  # its node fails now: a retry, refused
+
+    def stalled() -> list[dict[str, Any]]:
+        return [
+            s
+            for s in fleet.node_spans()
+            if s["attributes"]["agentq.node"] == "stall"
+            and s["resource"]["attributes"]["test.worker"] == "zombie"
+        ]
+
+    (span,) = wait_until(stalled, timeout=30, what="the zombie's span")
+    assert span["attributes"]["agentq.outcome"] == "error"
+    raised = span["events"][-1]["attributes"]["exception.type"].rpartition(".")[2]
+    assert issubclass(getattr(errors, raised), errors.FencingError), raised
+    assert agent.thread("t1").status == Status.DONE

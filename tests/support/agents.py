@@ -349,6 +349,25 @@ class TracedToolAgent(AgentTask):
         return Done(await run.atool(fetch, "o1", key="fetch"))
 
 
+class StallingAgent(AgentTask):
+    """Its node's first run waits for the test's go on the ledger, then fails with a rate
+    limit (a retry its worker schedules); every later run finishes at once. A worker
+    frozen in the first run finds, once thawed, that another finished the thread."""
+
+    name = "tests.stalling_agent"
+    retry_on = (RateLimitError,)
+
+    def start(self, run: Run) -> str:
+        return "stall"
+
+    def stall(self, run: Run) -> Done:
+        ledger = ledger_of(self)
+        if ledger.client.incr(ledger.key("stalls", run.thread_id)) == 1:
+            ledger.client.blpop([ledger.key("go", run.thread_id)], timeout=60)
+            raise RateLimitError("0")
+        return Done("finished")
+
+
 class BrokenAgent(AgentTask):
     """Fails with a bug until the ledger says it is fixed; or stores what cannot be stored,
     returns nonsense, or edits its append-only log."""
@@ -668,6 +687,7 @@ AGENTS = (
     CountingAgent,
     NappingAgent,
     TracedToolAgent,
+    StallingAgent,
     BrokenAgent,
     ReportAgent,
     GatedAgent,

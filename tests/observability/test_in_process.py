@@ -58,6 +58,14 @@ def test_a_worker_started_again_in_its_process_serves_its_metrics_once(
             ]
             assert sum(line.startswith("agentq_needs_attention ") for line in lines) == 1
             assert any(line.startswith("agentq_steps_committed_total ") for line in lines)
+            # A healthy store commits in well under a millisecond: buckets that start
+            # at 5 ms would put every commit in the first and hide a slowdown.
+            bounds = [
+                float(line.split('le="')[1].split('"')[0])
+                for line in lines
+                if line.startswith("agentq_commit_seconds_bucket")
+            ]
+            assert min(bounds) <= 0.0005, bounds
         # A stopped worker frees its port.
         with pytest.raises(OSError), socket.create_connection(("127.0.0.1", port), timeout=5):
             pass

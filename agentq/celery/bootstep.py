@@ -4,6 +4,8 @@ cancelling the threads of revoked messages."""
 from __future__ import annotations
 
 import logging
+import os
+from collections.abc import Callable
 from typing import Any
 
 from celery import bootsteps
@@ -29,6 +31,17 @@ def tasks_per_process(worker: Any) -> int:
         isinstance(pool, type) and issubclass(pool, ThreadPool)
     )
     return int(worker.concurrency) if in_process else 1
+
+
+def counts_in_children(worker: Any) -> bool:
+    """Whether the worker's tasks, and so their counters, run in forked pool children
+    that its main process, which serves /metrics, sees only through prometheus_client's
+    multiprocess mode."""
+    # Imported here, as Celery does: a gevent worker patches before the pool is imported.
+    from celery.concurrency.prefork import TaskPool as PreforkPool
+
+    pool = worker.pool_cls
+    return isinstance(pool, type) and issubclass(pool, PreforkPool)
 
 
 def check_store_at_start(app: Any) -> None:
@@ -64,6 +77,7 @@ class AgentqWorkerStep(bootsteps.StartStopStep):  # type: ignore[misc]
         revoke.connect()
         self.sweeper: Sweeper | None = None
         self._on_signal: Any = None
+        self._stop_metrics: Callable[[], None] | None = None
 
     def start(self, worker: Any) -> None:
         draining.clear()  # a worker started again in the same process works normally
@@ -73,7 +87,15 @@ class AgentqWorkerStep(bootsteps.StartStopStep):  # type: ignore[misc]
         self.sweeper.start()
         runtime = runtime_of(worker.app)
         if runtime.settings.metrics_port is not None:
-            metrics.serve(runtime.store, int(runtime.settings.metrics_port))
+            self._stop_metrics = metrics.serve(runtime.store, int(runtime.settings.metrics_port))
+            if counts_in_children(worker) and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+                # Else its counters would read 0 however many steps its children commit.
+                logger.warning(
+                    "metrics: this prefork worker's tasks count steps, retries and "
+                    "takeovers in its pool's children, which /metrics cannot see: set "
+                    "PROMETHEUS_MULTIPROC_DIR to an empty directory for this worker before "
+                    "it starts (prometheus_client's multiprocess mode)"
+                )
 
         # Sent from inside the SIGTERM handler: relaying here rather than in close(),
         # which waits for the event loop to wake, lets no agent start another step.
@@ -97,6 +119,9 @@ class AgentqWorkerStep(bootsteps.StartStopStep):  # type: ignore[misc]
             worker_shutting_down.disconnect(self._on_signal)
         if self.sweeper is not None:
             self.sweeper.stop()
+        if self._stop_metrics is not None:
+            self._stop_metrics()
+            self._stop_metrics = None
 
     def terminate(self, worker: Any) -> None:
         # A cold shutdown sends no worker_shutdown: clear the hand-over here instead.

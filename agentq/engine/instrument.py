@@ -28,12 +28,14 @@ def step(fn: F) -> F:
 
 
 def settle(fn: F) -> F:
-    """``Driver._settle``: the status a node run leaves its thread in is its outcome."""
+    """``Driver._settle``: the status a node run leaves its thread in is its outcome, once
+    the store took it (a worker fenced out by a takeover did not leave it so)."""
 
     @functools.wraps(fn)
     def noted(self: Any, what: str, token: int, status: Status, **fields: Any) -> Any:
+        result = fn(self, what, token, status, **fields)
         tracing.outcome(self.thread_id, status.value)
-        return fn(self, what, token, status, **fields)
+        return result
 
     return noted  # type: ignore[return-value]
 
@@ -45,6 +47,7 @@ def retry(fn: F) -> F:
     def counted(self: Any, token: int, step: int, attempts: int, exc: Exception) -> Any:
         result = fn(self, token, step, attempts, exc)
         metrics.retried(exc)
+        tracing.raised(self.thread_id, exc)
         return result
 
     return counted  # type: ignore[return-value]

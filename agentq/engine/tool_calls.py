@@ -171,6 +171,7 @@ class ToolCalls:
             )
         with tracing.tool_span(self.thread_id, self.step, tool_name(fn), self._token) as note:
             call = self._call(fn, args, kwargs, options)
+            note(call.key)  # also on a call that raises: the key is what to look it up by
             held = await offload(
                 self._ready,
                 call,

@@ -5,7 +5,8 @@ is opened: the caller's span if there is one (kept in the thread's send options 
 ``traceparent`` header, so every later message carries it: hand-overs, resumes, and the
 sweeper's re-sends after a crash, which have no caller), else one derived from the thread
 id, which every worker computes alike without asking anyone. Node spans are children of
-that context; tool-call spans are children of their node's span.
+that context; tool-call spans are children of their node's span, and current while the
+call runs.
 
 Without opentelemetry, or with no tracer provider set (spans would record nothing), every
 hook returns at once.
@@ -13,6 +14,7 @@ hook returns at once.
 
 from __future__ import annotations
 
+import contextvars
 import hashlib
 import threading
 from collections.abc import Callable, Iterator, Mapping
@@ -29,8 +31,16 @@ except ImportError:  # the extra is not installed: tracing is off
 TRACEPARENT: Final = "traceparent"
 
 _nodes: dict[str, Any] = {}
-"""The open node span of each thread this process runs (one node per thread at a time)."""
+"""The open node span of each thread this process runs, for tool calls made from threads
+of the node's own (latest first: a drive that lost its lease may still run its node
+beside the drive that took the thread over)."""
 _nodes_lock = threading.Lock()
+
+_own: contextvars.ContextVar[tuple[str, Any] | None] = contextvars.ContextVar(
+    "agentq_node_span", default=None
+)
+"""The thread id and node span of the drive running here (its tool calls on the event loop
+see it too): its own, whichever other drive of the thread this process runs."""
 
 
 def sending_headers() -> dict[str, str]:
@@ -57,13 +67,30 @@ def _thread_context(thread_id: str, options: Mapping[str, Any]) -> Any:
     if isinstance(headers, Mapping) and headers.get(TRACEPARENT):
         return TraceContextTextMapPropagator().extract(dict(headers))
     digest = hashlib.sha256(thread_id.encode()).digest()
+    trace_id = int.from_bytes(digest[:16], "big")
     parent = trace.SpanContext(
-        trace_id=int.from_bytes(digest[:16], "big"),
+        trace_id=trace_id,
         span_id=int.from_bytes(digest[16:24], "big") or 1,
         is_remote=True,
-        trace_flags=trace.TraceFlags(trace.TraceFlags.SAMPLED),
+        trace_flags=trace.TraceFlags(
+            trace.TraceFlags.SAMPLED if _sampled(trace_id) else trace.TraceFlags.DEFAULT
+        ),
     )
     return trace.set_span_in_context(trace.NonRecordingSpan(parent))
+
+
+def _sampled(trace_id: int) -> bool:
+    """Whether the tracer provider's sampler keeps a trace that starts at the thread. The
+    parent made up for it is no caller's to have decided, and a sampled one would make a
+    parent-based sampler keep every such thread, whatever ratio it was given for roots.
+    Asked as for a root with the thread's trace id, which a ratio sampler decides by
+    alone: alike on every worker, at every step."""
+    sampler = getattr(trace.get_tracer_provider(), "sampler", None)
+    if sampler is None:  # not the SDK's provider: no sampler to ask
+        return True
+    # An empty context: a root, not a child of whatever span is current here.
+    result = sampler.should_sample(otel_context.Context(), trace_id, "agentq.thread")
+    return bool(result.decision.is_sampled())
 
 
 def node_span(
@@ -93,47 +120,70 @@ def _node_span(
     )
     with _nodes_lock:
         _nodes[thread_id] = span
+    own = _own.set((thread_id, span))
     attached = otel_context.attach(trace.set_span_in_context(span))
     try:
         yield
     except BaseException as exc:
-        span.record_exception(exc)
+        _failed(span, exc)
         if "agentq.outcome" not in (getattr(span, "attributes", None) or {}):
             span.set_attribute("agentq.outcome", "error")
         raise
     finally:
         otel_context.detach(attached)
+        _own.reset(own)
         with _nodes_lock:
-            _nodes.pop(thread_id, None)
+            if _nodes.get(thread_id) is span:  # not the span of a drive that took over since
+                del _nodes[thread_id]
         span.end()
+
+
+def _node_of(thread_id: str) -> Any:
+    """The node span a hook for ``thread_id`` belongs to: the drive's own, else (a tool
+    called from a thread the node started) the latest open one of the thread."""
+    own = _own.get()
+    if own is not None and own[0] == thread_id:
+        return own[1]
+    if not _nodes:  # nothing traced here: no lock taken on every commit
+        return None
+    with _nodes_lock:
+        return _nodes.get(thread_id)
 
 
 def outcome(thread_id: str, what: str) -> None:
     """Name what became of the thread's node run in flight: committed, waiting, retrying..."""
     if trace is None:
         return
-    with _nodes_lock:
-        span = _nodes.get(thread_id)
+    span = _node_of(thread_id)
     if span is not None:
         span.set_attribute("agentq.outcome", what)
 
 
+def raised(thread_id: str, exc: BaseException) -> None:
+    """The thread's node run in flight raised ``exc``, handled without leaving its span
+    (a retry was scheduled)."""
+    if trace is None:
+        return
+    span = _node_of(thread_id)
+    if span is not None:
+        _failed(span, exc)
+
+
 def tool_span(thread_id: str, step: int, tool: str, token: int) -> AbstractContextManager[Any]:
     """The span of one tool call, a child of its node's span; yields a setter of its
-    effect key and outcome."""
+    effect key and (once known) its outcome."""
     if not _tracing():
         return nullcontext(_ignore)
     return _tool_span(thread_id, step, tool, token)
 
 
-def _ignore(key: str, what: str) -> None:
+def _ignore(key: str, what: str | None = None) -> None:
     pass
 
 
 @contextmanager
 def _tool_span(thread_id: str, step: int, tool: str, token: int) -> Iterator[Callable[..., None]]:
-    with _nodes_lock:
-        node = _nodes.get(thread_id)
+    node = _node_of(thread_id)
     # Set explicitly: an async node's tools run in the event loop's thread, where the
     # node span is not the current one.
     parent = trace.set_span_in_context(node) if node is not None else None
@@ -148,15 +198,26 @@ def _tool_span(thread_id: str, step: int, tool: str, token: int) -> Iterator[Cal
         },
     )
 
-    def note(key: str, what: str) -> None:
+    def note(key: str, what: str | None = None) -> None:
         span.set_attribute("agentq.effect_key", key)
-        span.set_attribute("agentq.outcome", what)
+        if what is not None:
+            span.set_attribute("agentq.outcome", what)
 
+    # Current while the call runs: the spans the tool starts (an instrumented HTTP
+    # client's) are its children, not its siblings under the node.
+    attached = otel_context.attach(trace.set_span_in_context(span))
     try:
         yield note
     except BaseException as exc:
-        span.record_exception(exc)
+        _failed(span, exc)
         span.set_attribute("agentq.outcome", "error")
         raise
     finally:
+        otel_context.detach(attached)
         span.end()
+
+
+def _failed(span: Any, exc: BaseException) -> None:
+    # The status, not only the event: what tracing backends mark and search as failed.
+    span.record_exception(exc)
+    span.set_status(trace.Status(trace.StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))

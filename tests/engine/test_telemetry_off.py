@@ -22,6 +22,7 @@ SCRIPT = textwrap.dedent(
     assert tracing.sending_headers() == {}
     with tracing.node_span("t1", {}, 0, "start", 1, 7):
         tracing.outcome("t1", "committed")
+        tracing.raised("t1", ValueError())
         with tracing.tool_span("t1", 0, "refund", 7) as note:
             note("step0.call1", "called")
     metrics.committed(0.1)

@@ -20,7 +20,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from prometheus_client.parser import text_string_to_metric_families
 from starlette.testclient import TestClient
 
-from agentq import Status
+from agentq import Status, errors
 from agentq.ui.app import create_app
 from tests.support.agents import Ledger, make_app
 from tests.support.redis_server import RedisServer, wait_until
@@ -77,18 +77,22 @@ class Fleet:
         self.tmp = tmp
         self.workers: list[WorkerProcess] = []
 
-    def worker(self, label: str) -> tuple[WorkerProcess, int]:
+    def worker(
+        self, label: str, *, multiprocess: bool = True, **extra_env: str
+    ) -> tuple[WorkerProcess, int]:
         port = free_port()
-        # A prefork worker's tasks count in its child: the main process serves the
-        # counters of all its processes from this directory.
-        counters = self.tmp / f"metrics-{label}"
-        counters.mkdir()
         env = {
             **self.env,
             "AGENTQ_TEST_WORKER_LABEL": label,
             "AGENTQ_TEST_METRICS_PORT": str(port),
-            "PROMETHEUS_MULTIPROC_DIR": str(counters),
+            **extra_env,
         }
+        if multiprocess:
+            # A prefork worker's tasks count in its child: the main process serves the
+            # counters of all its processes from this directory.
+            counters = self.tmp / f"metrics-{label}"
+            counters.mkdir()
+            env["PROMETHEUS_MULTIPROC_DIR"] = str(counters)
         worker = WorkerProcess(
             self.app, env, self.tmp, app_module="tests.support.traced_worker_app"
         ).start()
@@ -258,3 +262,125 @@ def test_async_tools_are_children_of_their_nodes(fleet: Fleet) -> None:
         assert tool["parent_id"] == node["context"]["span_id"]
         assert tool["context"]["trace_id"] == node["context"]["trace_id"]
         assert tool["attributes"]["agentq.outcome"] == "called"
+
+
+def test_spans_a_tool_starts_are_children_of_its_tool_span(fleet: Fleet) -> None:
+    agent = fleet.app.tasks["tests.traced_tool_agent"]
+    fleet.worker("only")
+    agent.delay("t1")
+    assert agent.wait("t1", timeout=60) == "o1"
+    fleet.all_node_spans()
+    tools = {s["attributes"]["agentq.effect_key"]: s for s in fleet.spans_named("agentq.tool")}
+    inside = {s["name"]: s for s in fleet.spans_named("tests.inside")}
+    for key, name in (("lookup", "tests.inside lookup"), ("fetch", "tests.inside fetch")):
+        assert inside[name]["parent_id"] == tools[key]["context"]["span_id"], name
+        assert inside[name]["context"]["trace_id"] == tools[key]["context"]["trace_id"]
+
+
+def test_a_thread_started_outside_a_span_is_sampled_as_the_workers_sampler_says(
+    fleet: Fleet,
+) -> None:
+    agent = fleet.app.tasks["tests.counting_agent"]
+    # A root sampler that keeps no trace: only a sampled caller's threads are traced.
+    fleet.worker(
+        "only", OTEL_TRACES_SAMPLER="parentbased_traceidratio", OTEL_TRACES_SAMPLER_ARG="0"
+    )
+    agent.delay("untraced", n=2)
+    assert agent.wait("untraced", timeout=60) == 2
+    # The worker runs one task at a time: the first thread's spans ended before this one.
+    with trace.get_tracer("tests").start_as_current_span("request"):
+        agent.delay("traced", n=2)
+    assert agent.wait("traced", timeout=60) == 2
+    spans = fleet.all_node_spans()
+    assert {s["attributes"]["agentq.thread_id"] for s in spans} == {"traced"}
+
+
+def test_a_prefork_worker_without_a_multiprocess_directory_warns_that_it_counts_unseen(
+    fleet: Fleet,
+) -> None:
+    agent = fleet.app.tasks["tests.counting_agent"]
+    worker, port = fleet.worker("only", multiprocess=False)
+    agent.delay("t1", n=2)
+    assert agent.wait("t1", timeout=60) == 2
+    # Committed in the pool's child: the main process, which serves them, counted none.
+    assert scrape(port)[("agentq_steps_committed_total", ())] == 0
+    wait_until(
+        lambda: "set PROMETHEUS_MULTIPROC_DIR" in worker.log.read_text(),
+        timeout=10,
+        what="the warning",
+    )
+
+
+def test_a_node_or_tool_that_raised_ends_its_span_in_error(fleet: Fleet) -> None:
+    flaky = fleet.app.tasks["tests.flaky_tool_agent"]
+    broken = fleet.app.tasks["tests.broken_agent"]
+    fleet.worker("only")
+    flaky.delay("retried", mode="rate_limit")
+    assert flaky.wait("retried", timeout=60) == "charged 5"
+    broken.delay("failed", mode="bug")
+    wait_until(lambda: broken.thread("failed").status == Status.FAILED, timeout=60, what="failed")
+
+    def ended() -> list[dict[str, Any]]:
+        spans = fleet.node_spans()
+        return spans if any(s["attributes"]["agentq.node"] == "work" for s in spans) else []
+
+    nodes = wait_until(ended, timeout=10, what="the failed node's span")
+    errors = {
+        (s["attributes"]["agentq.thread_id"], s["attributes"]["agentq.outcome"]): s
+        for s in nodes
+        if s["status"]["status_code"] == "ERROR"
+    }
+    assert set(errors) == {("retried", "retrying"), ("failed", "failed")}
+    assert errors["retried", "retrying"]["events"][0]["attributes"]["exception.type"].endswith(
+        "RateLimitError"
+    )
+    assert errors["failed", "failed"]["events"][0]["attributes"]["exception.type"] == "KeyError"
+    tools = fleet.spans_named("agentq.tool")
+    assert [(s["attributes"]["agentq.outcome"], s["status"]["status_code"]) for s in tools] == [
+        ("error", "ERROR"),
+        ("called", "UNSET"),
+    ]
+
+
+def test_a_tool_call_that_raised_names_its_effect_key(fleet: Fleet) -> None:
+    flaky = fleet.app.tasks["tests.flaky_tool_agent"]
+    fleet.worker("only")
+    flaky.delay("t1", mode="rate_limit")
+    assert flaky.wait("t1", timeout=60) == "charged 5"
+    fleet.all_node_spans()
+    tools = fleet.spans_named("agentq.tool")
+    assert [
+        (s["attributes"]["agentq.outcome"], s["attributes"]["agentq.effect_key"]) for s in tools
+    ] == [
+        ("error", "charge-1"),
+        ("called", "charge-1"),
+    ]
+
+
+def test_a_retry_its_worker_was_fenced_from_is_not_its_spans_outcome(fleet: Fleet) -> None:
+    agent = fleet.app.tasks["tests.stalling_agent"]
+    ledger = fleet.ledger
+    zombie, _ = fleet.worker("zombie")
+    agent.delay("t1")
+    wait_until(
+        lambda: ledger.client.get(ledger.key("stalls", "t1")) == "1", timeout=30, what="a stall"
+    )
+    zombie.signal_group(signal.SIGSTOP)
+    fleet.worker("heir")
+    assert agent.wait("t1", timeout=60) == "finished"
+    zombie.signal_group(signal.SIGCONT)
+    ledger.client.rpush(ledger.key("go", "t1"), "go")  # its node fails now: a retry, refused
+
+    def stalled() -> list[dict[str, Any]]:
+        return [
+            s
+            for s in fleet.node_spans()
+            if s["attributes"]["agentq.node"] == "stall"
+            and s["resource"]["attributes"]["test.worker"] == "zombie"
+        ]
+
+    (span,) = wait_until(stalled, timeout=30, what="the zombie's span")
+    assert span["attributes"]["agentq.outcome"] == "error"
+    raised = span["events"][-1]["attributes"]["exception.type"].rpartition(".")[2]
+    assert issubclass(getattr(errors, raised), errors.FencingError), raised
+    assert agent.thread("t1").status == Status.DONE

@@ -322,6 +322,52 @@ class NappingAgent(AgentTask):
         return nap_span
 
 
+class TracedToolAgent(AgentTask):
+    """A sync and an async tool that each start a span of their own, as an instrumented
+    HTTP client does inside a tool (opentelemetry is imported only when one runs)."""
+
+    name = "tests.traced_tool_agent"
+
+    def start(self, run: Run) -> str:
+        def lookup(order: str) -> str:
+            from opentelemetry import trace
+
+            with trace.get_tracer("tests").start_as_current_span("tests.inside lookup"):
+                return order
+
+        run.tool(lookup, "o1", key="lookup")
+        return "fetch"
+
+    async def fetch(self, run: Run) -> Done:
+        async def fetch(order: str) -> str:
+            from opentelemetry import trace
+
+            with trace.get_tracer("tests").start_as_current_span("tests.inside fetch"):
+                await asyncio.sleep(0)
+                return order
+
+        return Done(await run.atool(fetch, "o1", key="fetch"))
+
+
+class StallingAgent(AgentTask):
+    """Its node's first run waits for the test's go on the ledger, then fails with a rate
+    limit (a retry its worker schedules); every later run finishes at once. A worker
+    frozen in the first run finds, once thawed, that another finished the thread."""
+
+    name = "tests.stalling_agent"
+    retry_on = (RateLimitError,)
+
+    def start(self, run: Run) -> str:
+        return "stall"
+
+    def stall(self, run: Run) -> Done:
+        ledger = ledger_of(self)
+        if ledger.client.incr(ledger.key("stalls", run.thread_id)) == 1:
+            ledger.client.blpop([ledger.key("go", run.thread_id)], timeout=60)
+            raise RateLimitError("0")
+        return Done("finished")
+
+
 class BrokenAgent(AgentTask):
     """Fails with a bug until the ledger says it is fixed; or stores what cannot be stored,
     returns nonsense, or edits its append-only log."""
@@ -640,6 +686,8 @@ AGENTS = (
     FlakyToolAgent,
     CountingAgent,
     NappingAgent,
+    TracedToolAgent,
+    StallingAgent,
     BrokenAgent,
     ReportAgent,
     GatedAgent,

@@ -1,0 +1,141 @@
+"""Shutdowns of a worker holding many threads at once, on real ``celery worker``
+subprocesses: a warm shutdown (SIGTERM) under ``-P threads`` and ``-P gevent``, where one
+process drives every thread, a cold one (SIGQUIT), and a main process stopped and
+continued (SIGSTOP/SIGCONT).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from celery.result import AsyncResult
+
+from agentq import Status
+from tests.recovery.test_crash import Cluster, assert_history_is_whole
+from tests.support.redis_server import RedisServer, wait_until
+from tests.support.workers import WorkerProcess
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+
+THREADS = 20
+STEPS = 8
+SLOW = 0.3
+"""Seconds each counting step blocks on the ledger: SIGTERM lands mid-step."""
+
+
+@pytest.fixture
+def cluster(redis_broker: str, redis_server: RedisServer, tmp_path: Path) -> Iterator[Cluster]:
+    env = Cluster(redis_broker, redis_server, tmp_path)
+    env.env["AGENTQ_TEST_BACKEND"] = env.app.conf.result_backend = redis_server.url[:-1] + "1"
+    try:
+        yield env
+    finally:
+        env.close()
+
+
+def start_worker(env: Cluster, pool: str, concurrency: int) -> WorkerProcess:
+    # The chaos app gives the broker connections enough for every pool slot to ack.
+    worker = WorkerProcess(
+        env.app,
+        {**env.env, "AGENTQ_TEST_CONCURRENCY": str(concurrency)},
+        env.log_dir,
+        pool=pool,
+        concurrency=concurrency,
+        app_module="tests.chaos.worker_app",
+    ).start()
+    env.workers.append(worker)
+    return worker
+
+
+def steps_run(env: Cluster, thread_id: str) -> int:
+    return int(env.ledger.client.get(env.ledger.key("steps", thread_id)) or 0)
+
+
+def start_threads(env: Cluster) -> dict[str, AsyncResult]:
+    agent = env.agent("counting_agent")
+    sent = {f"t{i}": agent.delay(f"t{i}", n=STEPS, slow=SLOW) for i in range(THREADS)}
+    wait_until(
+        lambda: all(steps_run(env, t) >= 1 for t in sent),
+        timeout=60,
+        what="every thread in flight",
+    )
+    return sent
+
+
+def finish_and_check(env: Cluster, sent: dict[str, AsyncResult], *, repeated: int) -> None:
+    """Every thread ends with its count, having run each step once (``repeated`` more:
+    the steps in flight a lost worker may run again), and its first task holds it."""
+    agent = env.agent("counting_agent")
+    for thread_id, first in sent.items():
+        assert agent.wait(thread_id, timeout=90) == STEPS
+        assert STEPS <= steps_run(env, thread_id) <= STEPS + repeated, thread_id
+        assert_history_is_whole(env.store, thread_id)
+        wait_until(lambda r=first: r.state == "SUCCESS", timeout=30, what=f"{thread_id}'s task")
+        assert first.result == STEPS
+
+
+@pytest.mark.parametrize("pool", ["threads", "gevent"])
+def test_sigterm_hands_every_thread_over(cluster: Cluster, pool: str) -> None:
+    old = start_worker(cluster, pool, THREADS)
+    sent = start_threads(cluster)
+    old.terminate()
+    assert old.wait_exit(timeout=60) == 0
+    agent = cluster.agent("counting_agent")
+    for thread_id in sent:
+        meta = agent.thread(thread_id)
+        # Handed over (or, for one that had its last step in flight, finished): none
+        # failed, none left running under a lease for recovery to find.
+        assert meta.status in (Status.QUEUED, Status.DONE), (thread_id, meta)
+        (schedule,) = cluster.store.schedules([thread_id])
+        assert schedule.owner is None, (thread_id, schedule)
+    assert any(agent.thread(t).status == Status.QUEUED for t in sent)
+    start_worker(cluster, pool, THREADS)
+    finish_and_check(cluster, sent, repeated=0)
+    for thread_id in sent:
+        assert agent.thread(thread_id).crashes == 0
+
+
+@pytest.mark.parametrize("pool", ["prefork", "threads"])
+def test_sigquit_loses_no_thread(cluster: Cluster, pool: str) -> None:
+    """A cold shutdown stops the tasks where they are: each thread runs on from its last
+    commit on another worker, having run the step in flight at most once more."""
+    concurrency = 2 if pool == "prefork" else THREADS
+    old = start_worker(cluster, pool, concurrency)
+    sent = start_threads(cluster) if pool != "prefork" else _start_few(cluster, concurrency)
+    os.kill(old.pid, signal.SIGQUIT)
+    old.wait_exit(timeout=60)
+    start_worker(cluster, pool, concurrency)
+    finish_and_check(cluster, sent, repeated=1)
+
+
+def _start_few(env: Cluster, count: int) -> dict[str, AsyncResult]:
+    agent = env.agent("counting_agent")
+    sent = {f"t{i}": agent.delay(f"t{i}", n=STEPS, slow=SLOW) for i in range(count)}
+    wait_until(
+        lambda: all(steps_run(env, t) >= 1 for t in sent), timeout=60, what="threads in flight"
+    )
+    return sent
+
+
+def test_a_stopped_main_process_continued_loses_nothing(cluster: Cluster) -> None:
+    """SIGSTOP of the main process only: its pool child goes on committing, the lease
+    keeper with it, and nobody else takes the thread; the worker answers again after
+    SIGCONT and the thread ends once."""
+    worker = start_worker(cluster, "prefork", 1)
+    agent = cluster.agent("counting_agent")
+    first = agent.delay("t0", n=STEPS, slow=SLOW)
+    wait_until(lambda: steps_run(cluster, "t0") >= 1, timeout=30, what="a step")
+    os.kill(worker.pid, signal.SIGSTOP)
+    try:
+        wait_until(
+            lambda: agent.thread("t0").status == Status.DONE, timeout=60, what="the thread's end"
+        )
+    finally:
+        os.kill(worker.pid, signal.SIGCONT)
+    assert agent.thread("t0").fence == 1
+    assert steps_run(cluster, "t0") == STEPS
+    wait_until(lambda: first.state == "SUCCESS", timeout=30, what="the task's result")

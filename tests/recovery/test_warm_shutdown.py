@@ -128,6 +128,28 @@ def group_alive(worker: WorkerProcess) -> bool:
     return True
 
 
+@pytest.mark.parametrize("pool", ["prefork", "threads"])
+def test_sigquit_with_a_soft_shutdown_hands_threads_over(cluster: Cluster, pool: str) -> None:
+    """``worker_soft_shutdown_timeout`` gives running tasks time before a cold shutdown
+    cancels them: the agents hand their threads over in it, as on SIGTERM, rather than
+    run on until they are cut off mid-step and taken for lost workers."""
+    cluster.env["AGENTQ_TEST_SOFT_SHUTDOWN"] = "2"
+    concurrency = 2 if pool == "prefork" else THREADS
+    old = start_worker(cluster, pool, concurrency)
+    # Runs far longer than the soft shutdown's wait: none ends in it by itself.
+    sent = start_threads(cluster, concurrency, LONG)
+    os.kill(old.pid, signal.SIGQUIT)
+    old.wait_exit(timeout=60)
+    agent = cluster.agent("counting_agent")
+    for thread_id in sent:
+        meta = agent.thread(thread_id)
+        assert meta.status == Status.QUEUED, (thread_id, meta)
+        (schedule,) = cluster.store.schedules([thread_id])
+        assert schedule.owner is None, (thread_id, schedule)
+    start_worker(cluster, pool, concurrency)
+    finish_and_check(cluster, sent, repeated=0, n=LONG)
+
+
 def test_a_stopped_main_process_continued_loses_nothing(cluster: Cluster) -> None:
     """SIGSTOP of the main process only: its pool child goes on committing, the lease
     keeper with it, and nobody else takes the thread; the worker answers again after

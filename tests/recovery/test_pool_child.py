@@ -139,4 +139,11 @@ def test_children_recycled_after_every_task_lose_nothing(
         assert agent.thread(thread_id).fence == 1
     for result in results.values():
         assert result.get(timeout=10) == 4
+    # A run split over tasks (a 429 retried after its Retry-After) goes on in the next
+    # child from the checkpoint the recycled one committed.
+    support = cluster.agent("support_agent")
+    support.delay("r1", question="refund", refunds=1, rate_limits=1, retry_after=0)
+    assert support.wait("r1", timeout=60) == "Refunded 10 EUR."
+    assert cluster.ledger.model_calls("r1") == 3  # the 429, then two
+    assert cluster.ledger.tool_calls("r1") == cluster.ledger.as_sent("r1", {"call-refund-1": 1})
     assert worker.running

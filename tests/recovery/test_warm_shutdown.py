@@ -182,3 +182,27 @@ def test_sigterm_to_the_whole_group_loses_no_thread(cluster: Cluster) -> None:
         assert agent.thread(thread_id).status != Status.FAILED, agent.thread(thread_id)
     start_worker(cluster, "prefork", 2)
     finish_and_check(cluster, sent, repeated=1)
+
+
+def test_sigterm_hands_async_threads_over_on_gevent(cluster: Cluster) -> None:
+    """``async def`` nodes on agentq's event loop, each awaiting a tool under its claim:
+    a warm shutdown lets each node and its call finish before the thread is handed over."""
+    old = start_worker(cluster, "gevent", THREADS)
+    agent = cluster.agent("napping_agent")
+    sent = {f"n{i}": agent.delay(f"n{i}", seconds=1.0) for i in range(THREADS)}
+    wait_until(
+        lambda: all(cluster.store.effect(t, "first") is not None for t in sent),
+        timeout=60,
+        what="every first nap claimed",
+    )
+    old.terminate()
+    assert old.wait_exit(timeout=60) == 0
+    for thread_id in sent:
+        meta = agent.thread(thread_id)
+        assert meta.status in (Status.QUEUED, Status.DONE), (thread_id, meta)
+    start_worker(cluster, "gevent", THREADS)
+    for thread_id, first in sent.items():
+        result = agent.wait(thread_id, timeout=90)
+        assert len(result["naps"]) == 2
+        assert_history_is_whole(cluster.store, thread_id)
+        wait_until(lambda r=first: r.state == "SUCCESS", timeout=30, what=f"{thread_id}'s task")

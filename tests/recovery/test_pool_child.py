@@ -147,3 +147,22 @@ def test_children_recycled_after_every_task_lose_nothing(
     assert cluster.ledger.model_calls("r1") == 3  # the 429, then two
     assert cluster.ledger.tool_calls("r1") == cluster.ledger.as_sent("r1", {"call-refund-1": 1})
     assert worker.running
+
+
+def test_a_killed_main_process_loses_nothing(cluster: Cluster) -> None:
+    """The OOM killer's other choice: the worker's main process alone. Its pool child
+    dies with it (billiard's parent-death signal) or runs on orphaned under its lease;
+    either way the worker started in its place ends the thread once, the step in flight
+    run at most once more."""
+    agent = cluster.agent("counting_agent")
+    worker = cluster.worker()
+    agent.delay("t1", n=12, slow=0.3)
+    wait_until(lambda: agent.thread("t1").step >= 1, timeout=30, what="a step")
+    child = lease_holder_pid(cluster, "t1")
+    assert child is not None and child != worker.pid
+    os.kill(worker.pid, signal.SIGKILL)
+    worker.wait_exit(timeout=10)
+    cluster.worker()
+    assert agent.wait("t1", timeout=60) == 12
+    assert 12 <= int(cluster.ledger.client.get(cluster.ledger.key("steps", "t1"))) <= 13
+    assert_history_is_whole(cluster.store, "t1")

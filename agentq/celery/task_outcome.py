@@ -224,6 +224,11 @@ def _for_origin(task: Task, meta: ThreadMeta, write: Any) -> None:
 
 
 def _fail_unless_ready(backend: Any, task_id: str, *, exc: BaseException) -> None:
+    # An rpc:// result lives on its caller's queue: no state to read here, and reading it
+    # would declare a reply queue for this worker (Celery skips it for the same reason).
+    as_uri = getattr(backend, "as_uri", None)
+    if callable(as_uri) and as_uri() == "rpc://":
+        return
     if backend.get_state(task_id) not in states.READY_STATES:
         backend.mark_as_failure(task_id, exc)
 

@@ -21,15 +21,19 @@ import pytest
 from celery.result import AsyncResult
 
 from agentq import Status
-from tests.recovery.test_crash import Cluster, assert_history_is_whole, reached
+from tests.recovery.test_crash import BROKERS, Cluster, assert_history_is_whole, reached
 from tests.support.redis_server import RedisServer, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
 
 
-@pytest.fixture
-def cluster(redis_broker: str, redis_server: RedisServer, tmp_path: Path) -> Iterator[Cluster]:
-    env = Cluster(redis_broker, redis_server, tmp_path)
+@pytest.fixture(params=list(BROKERS))
+def cluster(
+    request: pytest.FixtureRequest, redis_server: RedisServer, tmp_path: Path
+) -> Iterator[Cluster]:
+    # Each broker requeues the lost child's message its own way.
+    broker: str = request.getfixturevalue(BROKERS[request.param])
+    env = Cluster(broker, redis_server, tmp_path)
     # The tasks' states, which a test reads for what the caller of delay() sees.
     env.env["AGENTQ_TEST_BACKEND"] = env.app.conf.result_backend = redis_server.url[:-1] + "1"
     try:

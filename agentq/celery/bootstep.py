@@ -78,6 +78,7 @@ class AgentqWorkerStep(bootsteps.StartStopStep):  # type: ignore[misc]
         self.sweeper: Sweeper | None = None
         self._on_signal: Any = None
         self._stop_metrics: Callable[[], None] | None = None
+        self._soft_wait: Any = None
 
     def start(self, worker: Any) -> None:
         draining.clear()  # a worker started again in the same process works normally
@@ -105,6 +106,24 @@ class AgentqWorkerStep(bootsteps.StartStopStep):  # type: ignore[misc]
 
         self._on_signal = on_signal
         worker_shutting_down.connect(on_signal, weak=False)
+        self._relay_on_soft_shutdown(worker)
+
+    def _relay_on_soft_shutdown(self, worker: Any) -> None:
+        """A cold shutdown (SIGQUIT) sends ``worker_shutting_down`` only after its soft
+        shutdown's wait (``worker_soft_shutdown_timeout``), the time Celery gives running
+        tasks before it cancels them: relayed as that wait begins, the hand-over lets each
+        agent hand its thread over in it, rather than run on until it is cut off mid-step
+        and taken for a lost worker."""
+        waiting = getattr(worker, "wait_for_soft_shutdown", None)
+        if waiting is None:  # a Celery without soft shutdowns
+            return
+
+        def wait_for_soft_shutdown() -> Any:
+            relay_drain(worker)
+            return waiting()
+
+        worker.wait_for_soft_shutdown = wait_for_soft_shutdown
+        self._soft_wait = wait_for_soft_shutdown
 
     def close(self, worker: Any) -> None:
         # Every shutdown passes here (also one not started by a signal), before the pool
@@ -117,6 +136,10 @@ class AgentqWorkerStep(bootsteps.StartStopStep):  # type: ignore[misc]
     def stop(self, worker: Any) -> None:
         if self._on_signal is not None:
             worker_shutting_down.disconnect(self._on_signal)
+        if self._soft_wait is not None and vars(worker).get("wait_for_soft_shutdown") is (
+            self._soft_wait
+        ):
+            del worker.wait_for_soft_shutdown  # a worker started again wraps Celery's own
         if self.sweeper is not None:
             self.sweeper.stop()
         if self._stop_metrics is not None:

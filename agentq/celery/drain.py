@@ -43,9 +43,22 @@ def _drained(**_: Any) -> None:
 def relay_drain(worker: Any) -> int:
     """Ask this process's running agents and the pool's processes to hand over."""
     draining.set()
-    processes = (worker.pool.info or {}).get("processes", []) if worker.pool else []
+    processes = _pool_processes(worker)
     for pid in processes:
         if pid != os.getpid():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, DRAIN_SIGNAL)
     return len(processes)
+
+
+def _pool_processes(worker: Any) -> list[int]:
+    """The pool's processes; none once the pool is stopped: a cold shutdown stops it
+    before it sends ``worker_shutting_down`` and closes the bootsteps, and a prefork
+    pool's ``info`` then raises, which would break off the rest of the shutdown."""
+    if not worker.pool:
+        return []
+    try:
+        info = worker.pool.info
+    except AttributeError:  # prefork's, its processes gone with it
+        return []
+    return list((info or {}).get("processes", []))

@@ -20,7 +20,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any, Final, NoReturn
 
-from celery import Task
+from celery import Task, states
 from celery.app.task import Context, get_actual_ignore_result
 from celery.backends.base import DisabledBackend
 from celery.exceptions import Ignore, Retry
@@ -105,15 +105,7 @@ def finish(
         cancelled(task, meta, retried=True)
         raise Ignore()
     if status == Status.FAILED:  # failed for lost workers, or before this message came
-        stopped = ThreadStopped(
-            "thread is failed" + (f": {meta.error.splitlines()[0]}" if meta.error else ""),
-            thread_id=meta.thread_id,
-            status=status.value,
-            error=meta.error,
-        )
-        if request := _first_request(task, meta, carries):
-            canvas.failed(task, request, stopped, store_result=stores_results(task))
-        raise stopped
+        raise _stopped(task, meta, carries)
     event, state = _EVENTS.get(status, ("task-handed-over", HANDED_OVER))
     if status == Status.WAITING:
         fields["interrupt"] = meta.interrupt
@@ -123,6 +115,27 @@ def finish(
     _event(task, event, **fields)
     _store(task, lambda backend, id: backend.store_result(id, fields, state, request=task.request))
     raise Ignore()
+
+
+def _stopped(task: Task, meta: ThreadMeta, carries: bool) -> ThreadStopped:
+    """The error that ends a task finding its thread failed, once the first task's canvas
+    (or, without one, its state) says the thread failed."""
+    stopped = ThreadStopped(
+        "thread is failed" + (f": {meta.error.splitlines()[0]}" if meta.error else ""),
+        thread_id=meta.thread_id,
+        status=meta.status.value,
+        error=meta.error,
+    )
+    if request := _first_request(task, meta, carries):
+        canvas.failed(task, request, stopped, store_result=stores_results(task))
+    elif meta.canvas is None:
+        # Failed here for its lost workers, the first task's message long gone (a killed
+        # worker, or a requeued one that found the lease held and ended HANDED_OVER):
+        # without this its get() would wait forever. A failure the first task already
+        # holds keeps its own error.
+        fail = functools.partial(_fail_unless_ready, exc=stopped)
+        _reported(task, "failing its first task", lambda: _for_origin(task, meta, fail))
+    return stopped
 
 
 def given_back(task: Task, thread_id: str, exc: BaseException, requeued: bool) -> NoReturn:
@@ -225,6 +238,16 @@ def _store(task: Task, write: Any) -> None:
 def _for_origin(task: Task, meta: ThreadMeta, write: Any) -> None:
     if stores_results(task) and meta.origin and meta.origin != task.request.id:
         write(task.backend, meta.origin)
+
+
+def _fail_unless_ready(backend: Any, task_id: str, *, exc: BaseException) -> None:
+    # An rpc:// result lives on its caller's queue: no state to read here, and reading it
+    # would declare a reply queue for this worker (Celery skips it for the same reason).
+    as_uri = getattr(backend, "as_uri", None)
+    if callable(as_uri) and as_uri() == "rpc://":
+        return
+    if backend.get_state(task_id) not in states.READY_STATES:
+        backend.mark_as_failure(task_id, exc)
 
 
 def _carries_canvas(task: Task, meta: ThreadMeta) -> bool:

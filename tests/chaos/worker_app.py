@@ -25,6 +25,10 @@ app = make_app(
     keep_last=int(os.environ.get("AGENTQ_TEST_KEEP_LAST", "1000")),
 )
 app.conf.worker_prefetch_multiplier = 1
+if os.environ.get("AGENTQ_TEST_SOFT_SHUTDOWN"):
+    app.conf.worker_soft_shutdown_timeout = float(os.environ["AGENTQ_TEST_SOFT_SHUTDOWN"])
+if os.environ.get("AGENTQ_TEST_BACKEND"):
+    app.conf.result_backend = os.environ["AGENTQ_TEST_BACKEND"]
 # Every pool slot acks its own message, as the README tells users of many slots to allow.
 slots = int(os.environ.get("AGENTQ_TEST_CONCURRENCY", "0"))
 app.conf.broker_transport_options = {"max_connections": slots + 10}

@@ -23,6 +23,10 @@ app = make_app(
     max_crashes=int(os.environ.get("AGENTQ_TEST_MAX_CRASHES", "3")),
 )
 app.conf.worker_prefetch_multiplier = 1
+if os.environ.get("AGENTQ_TEST_BACKEND"):
+    app.conf.result_backend = os.environ["AGENTQ_TEST_BACKEND"]
+if os.environ.get("AGENTQ_TEST_MAX_TASKS_PER_CHILD"):
+    app.conf.worker_max_tasks_per_child = int(os.environ["AGENTQ_TEST_MAX_TASKS_PER_CHILD"])
 
 if os.environ.get("AGENTQ_TEST_LOOP_BEFORE_FORK"):
     # The main process starts agentq's loop, so that prefork's children inherit it forked.

@@ -7,6 +7,7 @@ import time
 import traceback
 from typing import Any
 
+from agentq.codec import check_shape
 from agentq.engine.run import Run
 from agentq.errors import CheckpointLost, UnknownNode
 from agentq.outcomes import Done, Interrupt, wait_seconds
@@ -21,7 +22,8 @@ def checkpoint_after(
     with it: ``due_in`` (a running thread's follows its lease, a wait's is its timeout)
     and the ``result`` or ``interrupt``; :class:`~agentq.errors.UnknownNode` for a return
     value that names no next step, :class:`~agentq.errors.InvalidArgument` for a bad
-    timeout."""
+    timeout, :class:`~agentq.errors.UnserializableState` for a state, pending list or
+    cursors replaced by another type."""
     extra: dict[str, Any] = {"due_in": None}
     if isinstance(outcome, Done):
         next_node, status, extra["result"] = None, Status.DONE, outcome.result
@@ -60,6 +62,8 @@ def checkpoint_after(
         token=token,
         created_at=time.time(),
     )
+    # Before the append-only check, which reads the state as a dict.
+    check_shape(run.thread_id, checkpoint)
     return checkpoint, status, extra
 
 

@@ -1,0 +1,145 @@
+"""Mistakes a node can make with its run, on an in-process worker (Redis broker and result
+backend, private Redis store): each fails the thread with an agentq error naming the
+thread, the step and the fix, the task ends ``FAILURE`` with that error, and the step
+before it stays the latest checkpoint, from which the thread runs on once fixed."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from celery import Celery
+from celery.contrib.testing.worker import start_worker
+
+import agentq
+from agentq import AgentTask, Done, Run, Status
+from agentq.errors import UnserializableState
+from tests.support.redis_server import RedisServer
+
+FIXED: set[str] = set()
+"""Threads whose mistake was fixed: their next run of ``act`` finishes."""
+KEPT: dict[str, Run] = {}
+"""Runs a node kept beyond its return, by thread."""
+CHARGED: list[str] = []
+"""The threads whose charge tool ran."""
+_charged = threading.Lock()
+
+
+def charge(thread_id: str) -> str:
+    with _charged:
+        CHARGED.append(thread_id)
+    return "charged"
+
+
+class MistakesAgent(AgentTask):  # type: ignore[misc]
+    name = "tests.node_mistakes_agent"
+
+    def start(self, run: Run, mistake: str, node: str = "act") -> str:
+        run.state["mistake"] = mistake
+        run.pending = [{"id": "call-1"}]
+        run.cursors["page"] = 1
+        KEPT[run.thread_id] = run
+        return node
+
+    def act(self, run: Run) -> Any:
+        if run.thread_id in FIXED:
+            return Done("fixed")
+        mistake = run.state["mistake"]
+        if mistake == "state=None":
+            run.state = None  # type: ignore[assignment]
+        elif mistake == "state=list":
+            run.state = [run.state]  # type: ignore[assignment]
+        elif mistake == "pending=None":
+            run.pending = None  # type: ignore[assignment]
+        elif mistake == "cursors=list":
+            run.cursors = [1]  # type: ignore[assignment]
+        elif mistake == "tool=None":
+            run.tool(None, key="call-1")  # type: ignore[call-overload]
+        elif mistake == "tool=name":
+            run.tool("charge", run.thread_id, key="call-1")  # type: ignore[call-overload]
+        elif mistake == "artifact=str":
+            run.state["ref"] = run.artifacts.put("a report")  # type: ignore[arg-type]
+        elif mistake == "artifact=None":
+            run.state["ref"] = run.artifacts.put(None)  # type: ignore[arg-type]
+        elif mistake == "get=digest":
+            ref = run.artifacts.put(b"%PDF")
+            run.artifacts.get(ref["artifact"])
+        elif mistake == "kept run":
+            KEPT[run.thread_id].tool(charge, run.thread_id, key="late")
+        return Done("not refused")
+
+    async def aact(self, run: Run) -> Any:
+        if run.thread_id in FIXED:
+            return Done("fixed")
+        await run.atool(None, key="call-1")  # type: ignore[call-overload]
+        return Done("not refused")
+
+
+class CommaAgent(AgentTask):  # type: ignore[misc]
+    """Declares its append-only field without the tuple's comma."""
+
+    name = "tests.comma_agent"
+    append_only = "messages"  # type: ignore[assignment]
+
+    def start(self, run: Run) -> Done:
+        run.state["messages"] = ["hi"]
+        return Done("not refused")
+
+
+@pytest.fixture
+def app(redis_broker: str, result_backend: str, redis_server: RedisServer) -> Iterator[Celery]:
+    prefix = f"nm{uuid.uuid4().hex[:8]}:"
+    app = Celery("agentq-node-mistakes", broker=redis_broker, set_as_current=False)
+    app.conf.update(
+        task_default_queue=f"agentq-test-{prefix}",
+        result_backend=result_backend,
+        worker_hijack_root_logger=False,
+        broker_connection_retry_on_startup=True,
+    )
+    agentq.init_app(app, store=redis_server.url, prefix=prefix, lease_ttl=3, sweep_interval=0.2)
+    app.register_task(MistakesAgent())
+    app.register_task(CommaAgent())
+    with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False):
+        yield app
+    app._agentq_runtime.store.close()
+    app.close()
+
+
+# Celery's Redis result backend still calls redis-py's deprecated setex.
+pytestmark = pytest.mark.filterwarnings("ignore:Call to deprecated setex:DeprecationWarning")
+
+
+@pytest.mark.parametrize(
+    ("mistake", "node", "error", "fix"),
+    [
+        ("state=None", "act", UnserializableState, "run.state was set to NoneType"),
+        ("state=list", "act", UnserializableState, "run.state was set to list"),
+        ("pending=None", "act", UnserializableState, "run.pending = [] when none is"),
+        ("cursors=list", "act", UnserializableState, "run.cursors['name'] = position"),
+    ],
+)
+def test_a_mistake_fails_the_step_and_the_thread_runs_on_from_the_step_before(
+    app: Celery, mistake: str, node: str, error: type[Exception], fix: str
+) -> None:
+    agent: Any = app.tasks["tests.node_mistakes_agent"]
+    store = app._agentq_runtime.store
+    thread_id = f"t-{uuid.uuid4().hex[:8]}"
+    result = agent.delay(thread_id, mistake=mistake, node=node)
+    with pytest.raises(error) as raised:
+        result.get(timeout=20)
+    message = str(raised.value)
+    assert message.startswith(f"thread {thread_id!r}, step 1: "), message
+    assert fix in message
+    assert result.state == "FAILURE"
+    meta = agent.thread(thread_id)
+    assert (meta.status, meta.step) == (Status.FAILED, 0)
+    latest = store.latest(thread_id)
+    assert latest is not None and latest.step == 0
+    assert (latest.node, latest.pending, latest.cursors) == (node, [{"id": "call-1"}], {"page": 1})
+    assert store.effect(thread_id, "call-1") is None  # no tool call was claimed
+    FIXED.add(thread_id)
+    agent.retry_thread(thread_id)
+    assert agent.wait(thread_id, timeout=20) == "fixed"

@@ -88,6 +88,7 @@ class ToolCalls:
         options: Options,
     ) -> Any:
         """A plain function's call, made in the node's thread."""
+        self._callable(fn, "tool")
         # An object with ``async def __call__`` is one too, which iscoroutinefunction
         # (3.11) does not see on the object itself.
         if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(type(fn).__call__):
@@ -119,6 +120,20 @@ class ToolCalls:
                 self._plain_running -= 1
                 self._plain_ended.notify_all()
 
+    def _callable(self, fn: object, method: str) -> None:
+        """Refuse a tool that is no function before anything is claimed: a model's tool
+        name looked up in a dict that lacks it (``None``), or the name itself."""
+        if not callable(fn):
+            shown = repr(fn)
+            shown = shown if len(shown) <= 80 else shown[:79] + "…"
+            raise InvalidArgument(
+                f"run.{method}() was given {type(fn).__name__} {shown}, not a function to "
+                "call; pass the tool itself (e.g. TOOLS[call['name']]), and answer the model "
+                "when it names a tool that does not exist; nothing was claimed nor run",
+                thread_id=self.thread_id,
+                step=self.step,
+            )
+
     def wait_for_plain(self) -> None:
         """Block until no plain call of this run is under way in any thread."""
         with self._plain_ended:
@@ -134,6 +149,7 @@ class ToolCalls:
         """A call awaited in the node's event loop, the store's round trips (claim, record)
         off it, in the pool slot waiting for the node, so a slow store never stalls the
         other nodes sharing the loop."""
+        self._callable(fn, "atool")
         return await self._effect(fn, args, kwargs, options, _to_its_end, _called_awaited)
 
     async def _effect(

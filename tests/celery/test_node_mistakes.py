@@ -16,7 +16,7 @@ from celery.contrib.testing.worker import start_worker
 
 import agentq
 from agentq import AgentTask, Done, Run, Status
-from agentq.errors import UnserializableState
+from agentq.errors import InvalidArgument, UnserializableState
 from tests.support.redis_server import RedisServer
 
 FIXED: set[str] = set()
@@ -119,6 +119,9 @@ pytestmark = pytest.mark.filterwarnings("ignore:Call to deprecated setex:Depreca
         ("state=list", "act", UnserializableState, "run.state was set to list"),
         ("pending=None", "act", UnserializableState, "run.pending = [] when none is"),
         ("cursors=list", "act", UnserializableState, "run.cursors['name'] = position"),
+        ("tool=None", "act", InvalidArgument, "run.tool() was given NoneType None"),
+        ("tool=name", "act", InvalidArgument, "str 'charge', not a function to call"),
+        ("tool=None", "aact", InvalidArgument, "run.atool() was given NoneType None"),
     ],
 )
 def test_a_mistake_fails_the_step_and_the_thread_runs_on_from_the_step_before(

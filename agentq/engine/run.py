@@ -78,7 +78,7 @@ class Run:
         self.lost_workers = lost_workers
         """How many workers were lost running this step before this run; its commit
         clears it, and at ``max_crashes`` the thread fails."""
-        self.artifacts = Artifacts(store, calls, thread_id, max_artifact_bytes)
+        self.artifacts = Artifacts(store, calls, thread_id, max_artifact_bytes, step)
         self._token = token
         self._tools = ToolCalls(
             store=store,

@@ -122,6 +122,9 @@ pytestmark = pytest.mark.filterwarnings("ignore:Call to deprecated setex:Depreca
         ("tool=None", "act", InvalidArgument, "run.tool() was given NoneType None"),
         ("tool=name", "act", InvalidArgument, "str 'charge', not a function to call"),
         ("tool=None", "aact", InvalidArgument, "run.atool() was given NoneType None"),
+        ("artifact=str", "act", InvalidArgument, "pass data.encode()"),
+        ("artifact=None", "act", InvalidArgument, "stores bytes, not NoneType"),
+        ("get=digest", "act", InvalidArgument, "the reference run.artifacts.put() returned"),
     ],
 )
 def test_a_mistake_fails_the_step_and_the_thread_runs_on_from_the_step_before(

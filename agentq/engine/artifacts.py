@@ -28,6 +28,8 @@ class Artifacts:
         self._thread_id = thread_id
         self._max_bytes = max_bytes
         self._step = step
+        self.ended: str | None = None
+        """The node, once it returned: an artifact stored since would be in no step."""
 
     def put(self, data: bytes, content_type: str = "application/octet-stream") -> dict[str, Any]:
         if self._on_loop("put"):
@@ -48,6 +50,12 @@ class Artifacts:
         return await aio.blocking(self._get, ref)
 
     def _put(self, data: bytes, content_type: str) -> dict[str, Any]:
+        if self.ended is not None:
+            raise self._invalid(
+                f"run.artifacts.put() was called after node {self.ended!r} returned, on the "
+                "run of its step, which is committed without it; store artifacts within the "
+                "node, with the run it is given"
+            )
         if isinstance(data, (bytearray, memoryview)):
             data = bytes(data)  # a memoryview's len() counts its items, not its bytes
         if not isinstance(data, bytes):

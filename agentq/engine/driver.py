@@ -379,7 +379,10 @@ class Driver:
         thread_id, store, step = self.thread_id, self.store, pos.step
         run = self._run(token, meta, pos)
         try:
-            outcome = self._call(pos.node, run, meta.input if step == 0 else None)
+            try:
+                outcome = self._call(pos.node, run, meta.input if step == 0 else None)
+            finally:
+                run.end()
         except Interrupted as pause:
             return self._pause(token, step, pause)
         except LimitWait as wait:  # not a failure: no attempt is counted

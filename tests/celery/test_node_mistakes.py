@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -16,7 +16,7 @@ from celery.contrib.testing.worker import start_worker
 
 import agentq
 from agentq import AgentTask, Done, Run, Status
-from agentq.errors import InvalidArgument, UnserializableState
+from agentq.errors import InvalidArgument, ThreadStopped, UnserializableState
 from tests.support.redis_server import RedisServer
 
 FIXED: set[str] = set()
@@ -34,6 +34,31 @@ def charge(thread_id: str) -> str:
     return "charged"
 
 
+def _get_by_digest(run: Run) -> None:
+    run.artifacts.get(run.artifacts.put(b"%PDF")["artifact"])  # type: ignore[arg-type]
+
+
+def _set(field: str, value: Any) -> Callable[[Run], None]:
+    return lambda run: setattr(run, field, value)
+
+
+MISTAKES: dict[str, Callable[[Run], Any]] = {
+    "state=None": _set("state", None),
+    "state=list": _set("state", ["a"]),
+    "pending=None": _set("pending", None),
+    "cursors=list": _set("cursors", [1]),
+    "tool=None": lambda run: run.tool(None, key="call-1"),
+    "tool=name": lambda run: run.tool("charge", run.thread_id, key="call-1"),
+    "artifact=str": lambda run: run.artifacts.put("a report"),
+    "artifact=None": lambda run: run.artifacts.put(None),
+    "get=digest": _get_by_digest,
+    "kept run: tool": lambda run: KEPT[run.thread_id].tool(charge, run.thread_id, key="late"),
+    "kept run: artifacts.put": lambda run: KEPT[run.thread_id].artifacts.put(b"%PDF"),
+    "kept run: interrupt": lambda run: KEPT[run.thread_id].interrupt({"question": "ok?"}),
+}
+"""What ``act`` does wrong, by the name a test sends it with."""
+
+
 class MistakesAgent(AgentTask):  # type: ignore[misc]
     name = "tests.node_mistakes_agent"
 
@@ -47,28 +72,7 @@ class MistakesAgent(AgentTask):  # type: ignore[misc]
     def act(self, run: Run) -> Any:
         if run.thread_id in FIXED:
             return Done("fixed")
-        mistake = run.state["mistake"]
-        if mistake == "state=None":
-            run.state = None  # type: ignore[assignment]
-        elif mistake == "state=list":
-            run.state = [run.state]  # type: ignore[assignment]
-        elif mistake == "pending=None":
-            run.pending = None  # type: ignore[assignment]
-        elif mistake == "cursors=list":
-            run.cursors = [1]  # type: ignore[assignment]
-        elif mistake == "tool=None":
-            run.tool(None, key="call-1")  # type: ignore[call-overload]
-        elif mistake == "tool=name":
-            run.tool("charge", run.thread_id, key="call-1")  # type: ignore[call-overload]
-        elif mistake == "artifact=str":
-            run.state["ref"] = run.artifacts.put("a report")  # type: ignore[arg-type]
-        elif mistake == "artifact=None":
-            run.state["ref"] = run.artifacts.put(None)  # type: ignore[arg-type]
-        elif mistake == "get=digest":
-            ref = run.artifacts.put(b"%PDF")
-            run.artifacts.get(ref["artifact"])
-        elif mistake == "kept run":
-            KEPT[run.thread_id].tool(charge, run.thread_id, key="late")
+        MISTAKES[run.state["mistake"]](run)
         return Done("not refused")
 
     async def aact(self, run: Run) -> Any:
@@ -149,3 +153,22 @@ def test_a_mistake_fails_the_step_and_the_thread_runs_on_from_the_step_before(
     FIXED.add(thread_id)
     agent.retry_thread(thread_id)
     assert agent.wait(thread_id, timeout=20) == "fixed"
+
+
+@pytest.mark.parametrize("call", ["tool", "artifacts.put", "interrupt"])
+def test_a_run_kept_beyond_its_node_refuses_what_would_belong_to_no_step(
+    app: Celery, call: str
+) -> None:
+    """Its step is committed without it: a tool call claimed under it would be in no
+    step, under a key a later call of that step's numbering could meet."""
+    agent: Any = app.tasks["tests.node_mistakes_agent"]
+    store = app._agentq_runtime.store
+    thread_id = f"t-{uuid.uuid4().hex[:8]}"
+    agent.delay(thread_id, mistake=f"kept run: {call}")
+    with pytest.raises(ThreadStopped) as stopped:
+        agent.wait(thread_id, timeout=20)
+    error = stopped.value.error or ""
+    assert error.startswith(f"InvalidArgument: thread {thread_id!r}, step 0: "), error
+    assert f"run.{call}() was called after node 'start' returned" in error
+    assert thread_id not in CHARGED and store.effect(thread_id, "late") is None
+    assert (agent.thread(thread_id).step, store.latest(thread_id).step) == (0, 0)

@@ -172,3 +172,15 @@ def test_a_run_kept_beyond_its_node_refuses_what_would_belong_to_no_step(
     assert f"run.{call}() was called after node 'start' returned" in error
     assert thread_id not in CHARGED and store.effect(thread_id, "late") is None
     assert (agent.thread(thread_id).step, store.latest(thread_id).step) == (0, 0)
+
+
+def test_an_append_only_declaration_without_its_comma_says_so(app: Celery) -> None:
+    """``("messages")`` is a string, whose letters would each be taken for a field."""
+    agent: Any = app.tasks["tests.comma_agent"]
+    agent.delay("t1")
+    with pytest.raises(ThreadStopped) as stopped:
+        agent.wait("t1", timeout=20)
+    error = stopped.value.error or ""
+    assert error.startswith("InvalidArgument: thread 't1': append_only is 'messages'"), error
+    assert "('messages',)" in error
+    assert app._agentq_runtime.store.latest("t1") is None

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final, NoReturn
 
+from agentq.codec import encode_value
 from agentq.engine import instrument, metrics
 from agentq.engine.agent import Agent
 from agentq.engine.aio import run_coroutine
@@ -384,7 +385,7 @@ class Driver:
             finally:
                 run.end()
         except Interrupted as pause:
-            return self._pause(token, step, pause)
+            return self._pause(token, step, pause, run.retries)
         except LimitWait as wait:  # not a failure: no attempt is counted
             self._settle("waiting for a limit", token, Status.RETRYING, due_in=wait.seconds)
             report = functools.partial(
@@ -446,8 +447,13 @@ class Driver:
         pos.state, pos.pending, pos.cursors = run.state, run.pending, run.cursors
         return _CONTINUE
 
-    def _pause(self, token: int, step: int, pause: Interrupted) -> None:
+    def _pause(self, token: int, step: int, pause: Interrupted, attempts: int) -> None:
         """Wait for a human, as the node asked with ``run.interrupt()``."""
+        try:
+            # Here, where the step is known; the store's write of the question knows none.
+            encode_value(pause.payload, what="interrupt", thread_id=self.thread_id, step=step)
+        except CodecError as exc:
+            return self._fail_or_retry(token, step, attempts, exc)
         self._settle(
             "pausing", token, Status.WAITING, interrupt=pause.payload, due_in=pause.timeout
         )

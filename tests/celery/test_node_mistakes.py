@@ -52,6 +52,7 @@ MISTAKES: dict[str, Callable[[Run], Any]] = {
     "artifact=str": lambda run: run.artifacts.put("a report"),
     "artifact=None": lambda run: run.artifacts.put(None),
     "get=digest": _get_by_digest,
+    "question=lock": lambda run: run.interrupt({"approve": threading.Lock()}),
     "kept run: tool": lambda run: KEPT[run.thread_id].tool(charge, run.thread_id, key="late"),
     "kept run: artifacts.put": lambda run: KEPT[run.thread_id].artifacts.put(b"%PDF"),
     "kept run: interrupt": lambda run: KEPT[run.thread_id].interrupt({"question": "ok?"}),
@@ -129,6 +130,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:Call to deprecated setex:Depreca
         ("artifact=str", "act", InvalidArgument, "pass data.encode()"),
         ("artifact=None", "act", InvalidArgument, "stores bytes, not NoneType"),
         ("get=digest", "act", InvalidArgument, "the reference run.artifacts.put() returned"),
+        ("question=lock", "act", UnserializableState, "interrupt.approve: lock cannot be"),
     ],
 )
 def test_a_mistake_fails_the_step_and_the_thread_runs_on_from_the_step_before(

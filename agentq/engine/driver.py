@@ -18,6 +18,7 @@ from agentq.engine.backoff import retry_delay
 from agentq.engine.lease import Lease, confirm, keeper_for
 from agentq.engine.limits import limiter
 from agentq.engine.run import NO_VALUE, Run, TimedOut
+from agentq.engine.signatures import misfit
 from agentq.engine.store_retry import RetriedCalls, give_back, raised_in_store
 from agentq.engine.thread_keys import KeyRefused, KeySeat, KeyWait, leave, seated
 from agentq.engine.transition import checkpoint_after, checkpoint_lost, error_text, meta_after
@@ -28,6 +29,7 @@ from agentq.errors import (
     CodecError,
     FencingError,
     InvalidArgument,
+    InvalidInput,
     LeaseHeld,
     LogConflict,
     NeedsAttention,
@@ -518,10 +520,42 @@ class Driver:
                 step=run.step,
             )
         kwargs = input if isinstance(input, dict) else {}
-        result = fn(run, **kwargs)
+        try:
+            result = fn(run, **kwargs)
+        except TypeError as exc:
+            unfit = self._unfit(node, fn, run, kwargs)
+            if unfit is None:
+                raise  # raised in the node's body
+            raise unfit from exc
         if inspect.isawaitable(result):
             return run_coroutine(_awaited(result))
         return result
+
+    def _unfit(
+        self, node: str, fn: Callable[..., Any], run: Run, kwargs: dict[str, Any]
+    ) -> InvalidInput | None:
+        """Why ``fn`` cannot be called with its run (and at step 0 the thread's input),
+        or ``None`` when it can: then the ``TypeError`` came from the node's body, and is
+        the node's own. Asked only on that error, so a step pays nothing for it."""
+        try:
+            # The wrapper's own, not the function a decorator wraps, which may take an
+            # argument the wrapper supplies.
+            signature = inspect.signature(fn, follow_wrapped=False)
+        except (TypeError, ValueError):
+            return None
+        try:
+            signature.bind(run, **kwargs)
+        except TypeError as exc:
+            shown = signature.replace(return_annotation=inspect.Signature.empty)
+            given = "its run and the thread's input" if kwargs else "its run"
+            return InvalidInput(
+                f"node {node}{shown} cannot be called with {given} "
+                f"({misfit(signature, kwargs, exc)}); a node takes its run as its first "
+                "argument (after self), and the entry node the keyword arguments of delay()",
+                thread_id=self.thread_id,
+                step=run.step,
+            )
+        return None
 
     @instrument.retry
     def _fail_or_retry(self, token: int, step: int, attempts: int, exc: Exception) -> None:

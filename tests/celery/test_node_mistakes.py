@@ -53,6 +53,7 @@ MISTAKES: dict[str, Callable[[Run], Any]] = {
     "artifact=None": lambda run: run.artifacts.put(None),
     "get=digest": _get_by_digest,
     "question=lock": lambda run: run.interrupt({"approve": threading.Lock()}),
+    "TypeError": lambda run: len(None),  # type: ignore[arg-type]
     "kept run: tool": lambda run: KEPT[run.thread_id].tool(charge, run.thread_id, key="late"),
     "kept run: artifacts.put": lambda run: KEPT[run.thread_id].artifacts.put(b"%PDF"),
     "kept run: interrupt": lambda run: KEPT[run.thread_id].interrupt({"question": "ok?"}),
@@ -74,6 +75,9 @@ class MistakesAgent(AgentTask):  # type: ignore[misc]
         if run.thread_id in FIXED:
             return Done("fixed")
         MISTAKES[run.state["mistake"]](run)
+        return Done("not refused")
+
+    def forgot_the_run(self) -> Done:
         return Done("not refused")
 
     async def aact(self, run: Run) -> Any:
@@ -155,6 +159,31 @@ def test_a_mistake_fails_the_step_and_the_thread_runs_on_from_the_step_before(
     FIXED.add(thread_id)
     agent.retry_thread(thread_id)
     assert agent.wait(thread_id, timeout=20) == "fixed"
+
+
+def test_a_node_that_cannot_take_its_run_or_input_says_so(app: Celery) -> None:
+    """Python's TypeError would name no thread, step or fix; one the node's body raises
+    stays the node's own."""
+    agent: Any = app.tasks["tests.node_mistakes_agent"]
+    agent.delay("t1", mistake="none", node="forgot_the_run")
+    agent.delay("t2")  # a new thread sent without its input: not checked by delay()
+    agent.delay("t3", mistake="TypeError")
+    errors = {}
+    for thread_id in ("t1", "t2", "t3"):
+        with pytest.raises(ThreadStopped) as stopped:
+            agent.wait(thread_id, timeout=20)
+        errors[thread_id] = stopped.value.error or ""
+    assert errors["t1"].startswith(
+        "InvalidInput: thread 't1', step 1: node forgot_the_run() cannot be called with its "
+        "run (too many positional arguments); a node takes its run as its first argument"
+    ), errors["t1"]
+    assert errors["t2"].startswith(
+        "InvalidInput: thread 't2', step 0: node start(run: 'Run', mistake: 'str', node: "
+        "'str' = 'act') cannot be called with its run (missing a required argument: "
+        "'mistake')"
+    ), errors["t2"]
+    assert errors["t3"].startswith("TypeError: object of type 'NoneType' has no len()")
+    assert agent.thread("t1").step == 0 and agent.thread("t2").step == -1
 
 
 @pytest.mark.parametrize("call", ["tool", "artifacts.put", "interrupt"])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import time
 import traceback
 from typing import Any
@@ -41,6 +42,15 @@ def checkpoint_after(
         extra["due_in"] = wait_seconds(outcome.timeout, thread_id=run.thread_id, step=run.step)
     elif isinstance(outcome, str):
         next_node, status, extra["due_in"] = outcome, Status.RUNNING, UNSET
+    elif inspect.isawaitable(outcome):
+        if inspect.iscoroutine(outcome):
+            outcome.close()  # else Python warns, far from here, that it was never awaited
+        raise UnknownNode(
+            f"node {run.node!r} returned a {type(outcome).__name__} it did not await; "
+            "await it (return await ...) to return what it gives",
+            thread_id=run.thread_id,
+            step=run.step,
+        )
     else:
         raise UnknownNode(
             f"node {run.node!r} returned {type(outcome).__name__}; return the next node's "

@@ -80,6 +80,9 @@ class MistakesAgent(AgentTask):  # type: ignore[misc]
     def forgot_the_run(self) -> Done:
         return Done("not refused")
 
+    async def forgot_await(self, run: Run) -> Any:
+        return self.aact(run)
+
     async def aact(self, run: Run) -> Any:
         if run.thread_id in FIXED:
             return Done("fixed")
@@ -184,6 +187,19 @@ def test_a_node_that_cannot_take_its_run_or_input_says_so(app: Celery) -> None:
     ), errors["t2"]
     assert errors["t3"].startswith("TypeError: object of type 'NoneType' has no len()")
     assert agent.thread("t1").step == 0 and agent.thread("t2").step == -1
+
+
+def test_an_async_node_that_returns_what_it_did_not_await_says_so(app: Celery) -> None:
+    agent: Any = app.tasks["tests.node_mistakes_agent"]
+    agent.delay("t1", mistake="none", node="forgot_await")
+    with pytest.raises(ThreadStopped) as stopped:
+        agent.wait("t1", timeout=20)
+    error = stopped.value.error or ""
+    assert error.startswith(
+        "UnknownNode: thread 't1', step 1: node 'forgot_await' returned a coroutine it did "
+        "not await; await it (return await ...)"
+    ), error
+    assert agent.thread("t1").step == 0
 
 
 @pytest.mark.parametrize("call", ["tool", "artifacts.put", "interrupt"])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -24,6 +25,27 @@ class FunctionAgent(AgentTask):
                 f"agent {self.name}: a node must be a function with a public name, got "
                 f"{fn!r}; define it with def"
             )
+        if inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn):
+            raise InvalidArgument(
+                f"agent {self.name}: node {name} is a generator (it yields); a node returns "
+                "the next node's name, Done(result) or Interrupt(...): return instead of yield"
+            )
+        try:
+            # The wrapper's own: a decorator may supply what the function it wraps takes.
+            signature: inspect.Signature | None = inspect.signature(fn, follow_wrapped=False)
+        except ValueError:
+            signature = None  # none to read (a builtin): it fails when called, if it does
+        if signature is not None:
+            try:
+                signature.bind_partial(None)
+            except TypeError:
+                # Else every thread fails at this node with Python's TypeError, naming no
+                # thread nor step.
+                params = signature.replace(return_annotation=inspect.Signature.empty)
+                raise InvalidArgument(
+                    f"agent {self.name}: node {name}{params} takes no run; a node is "
+                    f"called with its run first: def {name}(run, ...)"
+                ) from None
         if hasattr(AgentTask, name):
             raise InvalidArgument(
                 f"agent {self.name}: a node cannot be named {name!r}, a Celery or agentq "
@@ -53,6 +75,11 @@ def agent(app: Any, name: str, **options: Any) -> FunctionAgent:
     if not isinstance(name, str) or not name:
         raise InvalidArgument(
             f"an agent needs a task name, got {name!r}; e.g. agent(app, 'support_agent')"
+        )
+    if isinstance(options.get("append_only"), str):
+        raise InvalidArgument(
+            f"agent {name}: append_only={options['append_only']!r} is one string; name the "
+            "fields in a tuple, e.g. append_only=('messages',)"
         )
     cls = type(f"FunctionAgent[{name}]", (FunctionAgent,), {"name": name, **options})
     task: FunctionAgent = app.register_task(cls())

@@ -138,6 +138,31 @@ _ENVELOPE_PATHS = (
 )
 
 
+# Each field, the types it may hold (a tuple of pending calls round-trips, and was always
+# taken), the one it is said to be, and how to keep it so.
+_SHAPES: tuple[tuple[str, tuple[type, ...], str, str], ...] = (
+    ("state", (dict,), "dict", "set its keys (run.state['name'] = value), or .clear() it"),
+    ("pending", (list, tuple), "list", "assign the calls left, run.pending = [] when none is"),
+    ("cursors", (dict,), "dict", "set its keys (run.cursors['name'] = position)"),
+)
+
+
+def check_shape(thread_id: str, checkpoint: Checkpoint) -> None:
+    """Raise :class:`UnserializableState` unless the checkpoint's state and cursors are
+    dicts and its pending calls a list. Stored otherwise, the checkpoint would decode,
+    but every node after it (and the inspector, ``agentq show``) would fail on it, and a
+    retry would start from it again: only a fork from an older step would get past it."""
+    for field, kinds, kind, fix in _SHAPES:
+        value = getattr(checkpoint, field)
+        if not isinstance(value, kinds):
+            raise UnserializableState(
+                f"run.{field} was set to {type(value).__name__}, but it must stay a {kind}: {fix}",
+                path=field,
+                thread_id=thread_id,
+                step=checkpoint.step,
+            )
+
+
 def encode_checkpoint(
     thread_id: str,
     checkpoint: Checkpoint,
@@ -152,6 +177,7 @@ def encode_checkpoint(
     that cannot be stored and :class:`CheckpointTooLarge` when the encoded size exceeds
     ``limit`` bytes; both before any write, so nothing stored is touched.
     """
+    check_shape(thread_id, checkpoint)
     logs = logs or {}
     state = checkpoint.state
     for field in logs:

@@ -6,7 +6,7 @@ import copy
 from collections.abc import Collection, Iterable
 from typing import Any
 
-from agentq.errors import AppendOnlyViolation
+from agentq.errors import AppendOnlyViolation, InvalidArgument
 
 _ATOMS = frozenset({str, int, float, bool, bytes, type(None)})
 
@@ -47,8 +47,16 @@ class AppendOnlyFields:
         logged: Collection[str],
     ) -> None:
         self.thread_id = thread_id
+        # ("messages") is the string, whose letters would each be taken for a field.
+        names = None if isinstance(fields, str) else tuple(fields)
+        if names is None or not all(isinstance(field, str) for field in names):
+            raise InvalidArgument(
+                f"append_only is {fields!r}; it names state fields in a tuple, e.g. "
+                "append_only = ('messages',) (mind the comma)",
+                thread_id=thread_id,
+            )
         self._committed = {
-            field: _private(state.get(field, [])) if field in logged else [] for field in fields
+            field: _private(state.get(field, [])) if field in logged else [] for field in names
         }
 
     def lengths(self, step: int, state: dict[str, Any]) -> dict[str, int]:

@@ -6,7 +6,7 @@ from typing import Any
 
 from agentq.engine import aio
 from agentq.engine.store_retry import RetriedCalls
-from agentq.errors import ArtifactTooLarge
+from agentq.errors import ArtifactTooLarge, InvalidArgument
 from agentq.store.contract import Store
 
 
@@ -15,11 +15,21 @@ class Artifacts:
     returns (``{"artifact": sha256, "size": n, "content_type": ...}``). An async node
     awaits :meth:`aput` and :meth:`aget`, which make the store's round trip off its loop."""
 
-    def __init__(self, store: Store, calls: RetriedCalls, thread_id: str, max_bytes: int) -> None:
+    def __init__(
+        self,
+        store: Store,
+        calls: RetriedCalls,
+        thread_id: str,
+        max_bytes: int,
+        step: int | None = None,
+    ) -> None:
         self._store = store
         self._store_calls = calls
         self._thread_id = thread_id
         self._max_bytes = max_bytes
+        self._step = step
+        self.ended: str | None = None
+        """The node, once it returned: an artifact stored since would be in no step."""
 
     def put(self, data: bytes, content_type: str = "application/octet-stream") -> dict[str, Any]:
         if self._on_loop("put"):
@@ -40,12 +50,26 @@ class Artifacts:
         return await aio.blocking(self._get, ref)
 
     def _put(self, data: bytes, content_type: str) -> dict[str, Any]:
+        if self.ended is not None:
+            raise self._invalid(
+                f"run.artifacts.put() was called after node {self.ended!r} returned, on the "
+                "run of its step, which is committed without it; store artifacts within the "
+                "node, with the run it is given"
+            )
+        if isinstance(data, (bytearray, memoryview)):
+            data = bytes(data)  # a memoryview's len() counts its items, not its bytes
+        if not isinstance(data, bytes):
+            fix = "data.encode()" if isinstance(data, str) else "bytes, e.g. json.dumps(x).encode()"
+            raise self._invalid(
+                f"run.artifacts.put() stores bytes, not {type(data).__name__}; pass {fix}"
+            )
         if len(data) > self._max_bytes:
             raise ArtifactTooLarge(
                 f"artifact of {len(data)} bytes is over max_artifact_bytes "
                 f"({self._max_bytes}); store it in object storage and keep its URL, or "
                 "raise the setting",
                 thread_id=self._thread_id,
+                step=self._step,
             )
         digest = self._store_calls(
             "storing an artifact", self._store.put_artifact, self._thread_id, data
@@ -53,9 +77,21 @@ class Artifacts:
         return {"artifact": digest, "size": len(data), "content_type": content_type}
 
     def _get(self, ref: dict[str, Any]) -> bytes:
+        digest = ref.get("artifact") if isinstance(ref, dict) else None
+        if not isinstance(digest, str):
+            shown = repr(ref)
+            shown = shown if len(shown) <= 80 else shown[:79] + "…"
+            raise self._invalid(
+                f"run.artifacts.get() takes the reference run.artifacts.put() returned "
+                f"(a dict with its 'artifact'), not {type(ref).__name__} {shown}; pass "
+                "that dict as the state keeps it"
+            )
         return self._store_calls(
-            "reading an artifact", self._store.get_artifact, self._thread_id, ref["artifact"]
+            "reading an artifact", self._store.get_artifact, self._thread_id, digest
         )
+
+    def _invalid(self, message: str) -> InvalidArgument:
+        return InvalidArgument(message, thread_id=self._thread_id, step=self._step)
 
     def _on_loop(self, name: str) -> bool:
         """Whether the caller is an async node, warned that it blocks the loop."""

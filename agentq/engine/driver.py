@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final, NoReturn
 
+from agentq.codec import encode_value
 from agentq.engine import instrument, metrics
 from agentq.engine.agent import Agent
 from agentq.engine.aio import run_coroutine
@@ -17,6 +18,7 @@ from agentq.engine.backoff import retry_delay
 from agentq.engine.lease import Lease, confirm, keeper_for
 from agentq.engine.limits import limiter
 from agentq.engine.run import NO_VALUE, Run, TimedOut
+from agentq.engine.signatures import misfit
 from agentq.engine.store_retry import RetriedCalls, give_back, raised_in_store
 from agentq.engine.thread_keys import KeyRefused, KeySeat, KeyWait, leave, seated
 from agentq.engine.transition import checkpoint_after, checkpoint_lost, error_text, meta_after
@@ -27,6 +29,7 @@ from agentq.errors import (
     CodecError,
     FencingError,
     InvalidArgument,
+    InvalidInput,
     LeaseHeld,
     LogConflict,
     NeedsAttention,
@@ -380,9 +383,12 @@ class Driver:
         thread_id, step = self.thread_id, pos.step
         run = self._run(token, meta, pos)
         try:
-            outcome = self._call(pos.node, run, meta.input if step == 0 else None)
+            try:
+                outcome = self._call(pos.node, run, meta.input if step == 0 else None)
+            finally:
+                run.end()
         except Interrupted as pause:
-            return self._pause(token, step, pause)
+            return self._pause(token, step, pause, run.retries)
         except LimitWait as wait:  # not a failure: no attempt is counted
             self._settle("waiting for a limit", token, Status.RETRYING, due_in=wait.seconds)
             report = functools.partial(
@@ -444,8 +450,13 @@ class Driver:
         pos.state, pos.pending, pos.cursors = run.state, run.pending, run.cursors
         return _CONTINUE
 
-    def _pause(self, token: int, step: int, pause: Interrupted) -> None:
+    def _pause(self, token: int, step: int, pause: Interrupted, attempts: int) -> None:
         """Wait for a human, as the node asked with ``run.interrupt()``."""
+        try:
+            # Here, where the step is known; the store's write of the question knows none.
+            encode_value(pause.payload, what="interrupt", thread_id=self.thread_id, step=step)
+        except CodecError as exc:
+            return self._fail_or_retry(token, step, attempts, exc)
         self._settle(
             "pausing", token, Status.WAITING, interrupt=pause.payload, due_in=pause.timeout
         )
@@ -510,10 +521,42 @@ class Driver:
                 step=run.step,
             )
         kwargs = input if isinstance(input, dict) else {}
-        result = fn(run, **kwargs)
+        try:
+            result = fn(run, **kwargs)
+        except TypeError as exc:
+            unfit = self._unfit(node, fn, run, kwargs)
+            if unfit is None:
+                raise  # raised in the node's body
+            raise unfit from exc
         if inspect.isawaitable(result):
             return run_coroutine(_awaited(result))
         return result
+
+    def _unfit(
+        self, node: str, fn: Callable[..., Any], run: Run, kwargs: dict[str, Any]
+    ) -> InvalidInput | None:
+        """Why ``fn`` cannot be called with its run (and at step 0 the thread's input),
+        or ``None`` when it can: then the ``TypeError`` came from the node's body, and is
+        the node's own. Asked only on that error, so a step pays nothing for it."""
+        try:
+            # The wrapper's own, not the function a decorator wraps, which may take an
+            # argument the wrapper supplies.
+            signature = inspect.signature(fn, follow_wrapped=False)
+        except (TypeError, ValueError):
+            return None
+        try:
+            signature.bind(run, **kwargs)
+        except TypeError as exc:
+            shown = signature.replace(return_annotation=inspect.Signature.empty)
+            given = "its run and the thread's input" if kwargs else "its run"
+            return InvalidInput(
+                f"node {node}{shown} cannot be called with {given} "
+                f"({misfit(signature, kwargs, exc)}); a node takes its run as its first "
+                "argument (after self), and the entry node the keyword arguments of delay()",
+                thread_id=self.thread_id,
+                step=run.step,
+            )
+        return None
 
     @instrument.retry
     def _fail_or_retry(self, token: int, step: int, attempts: int, exc: Exception) -> None:

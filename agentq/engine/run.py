@@ -78,7 +78,7 @@ class Run:
         self.lost_workers = lost_workers
         """How many workers were lost running this step before this run; its commit
         clears it, and at ``max_crashes`` the thread fails."""
-        self.artifacts = Artifacts(store, calls, thread_id, max_artifact_bytes)
+        self.artifacts = Artifacts(store, calls, thread_id, max_artifact_bytes, step)
         self._token = token
         self._tools = ToolCalls(
             store=store,
@@ -92,9 +92,27 @@ class Run:
             take_limits=take_limits,
         )
         self._answered = False
+        self._ended = False
         self.limit_waits: list[dict[str, Any]] = self._tools.limit_waits
         """This step's waits for its limits: ``keys`` and ``waited`` seconds in place, or
         ``due_at`` (Unix time) for the wait that ended the step."""
+
+    def end(self) -> None:
+        """Note that the node returned (or raised): its step is being committed, and a
+        tool call, artifact or question from here on would belong to no step."""
+        self._ended = True
+        self.artifacts.ended = self.node
+
+    def _in_node(self, what: str) -> None:
+        if self._ended:
+            raise InvalidArgument(
+                f"run.{what}() was called after node {self.node!r} returned, on the run of "
+                "its step, which is committed without it; call it within the node, and "
+                "keep no run beyond it (in self, a global, a thread or task the node "
+                "does not wait for): each node gets its own run",
+                thread_id=self.thread_id,
+                step=self.step,
+            )
 
     def got_past(self) -> None:
         """Note that the store cleared this step's failed attempts and lost workers with
@@ -130,6 +148,7 @@ class Run:
         again and this call raises :class:`~agentq.errors.InterruptTimedOut`; catch it to
         take another path. A resume and the timeout are decided by the store, one of them:
         a resume in time wins and the timeout never fires; a later one is refused."""
+        self._in_node("interrupt")
         seconds = wait_seconds(timeout, thread_id=self.thread_id, step=self.step)
         if self._answered:
             # Its answer would reach the first question when the node runs again.
@@ -258,6 +277,7 @@ class Run:
         since the effect may have happened; the tool's policy decides when the node runs
         again. ``async def`` tools go through :meth:`atool`.
         """
+        self._in_node("tool")
         options = Options(key, idempotent, reconcile, shared, limit, cost, actual_cost)
         result: Any = self._tools.plain(fn, args, kwargs, options)
         return result
@@ -357,6 +377,7 @@ class Run:
 
         The store's round trips (claim, record) run off the loop, in the pool slot waiting
         for the node, so a slow store never stalls the other nodes sharing the loop."""
+        self._in_node("atool")
         options = Options(key, idempotent, reconcile, shared, limit, cost, actual_cost)
         return await self._tools.awaited(fn, args, kwargs, options)
 

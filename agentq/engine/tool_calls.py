@@ -88,6 +88,7 @@ class ToolCalls:
         options: Options,
     ) -> Any:
         """A plain function's call, made in the node's thread."""
+        self._callable(fn, "tool")
         # An object with ``async def __call__`` is one too, which iscoroutinefunction
         # (3.11) does not see on the object itself.
         if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(type(fn).__call__):
@@ -119,6 +120,20 @@ class ToolCalls:
                 self._plain_running -= 1
                 self._plain_ended.notify_all()
 
+    def _callable(self, fn: object, method: str) -> None:
+        """Refuse a tool that is no function before anything is claimed: a model's tool
+        name looked up in a dict that lacks it (``None``), or the name itself."""
+        if not callable(fn):
+            shown = repr(fn)
+            shown = shown if len(shown) <= 80 else shown[:79] + "…"
+            raise InvalidArgument(
+                f"run.{method}() was given {type(fn).__name__} {shown}, not a function to "
+                "call; pass the tool itself (e.g. TOOLS[call['name']]), and answer the model "
+                "when it names a tool that does not exist; nothing was claimed nor run",
+                thread_id=self.thread_id,
+                step=self.step,
+            )
+
     def wait_for_plain(self) -> None:
         """Block until no plain call of this run is under way in any thread."""
         with self._plain_ended:
@@ -134,6 +149,7 @@ class ToolCalls:
         """A call awaited in the node's event loop, the store's round trips (claim, record)
         off it, in the pool slot waiting for the node, so a slow store never stalls the
         other nodes sharing the loop."""
+        self._callable(fn, "atool")
         return await self._effect(fn, args, kwargs, options, _to_its_end, _called_awaited)
 
     async def _effect(
@@ -185,7 +201,7 @@ class ToolCalls:
                 if held is not None:
                     await offload(held.release)
                 note(call.key, "replayed")
-                self._returned[call.key, call.policy.shared] = _Made(call.tool, args, kwargs)
+                self._returned[call.key, call.policy.shared] = call.made(args, kwargs)
                 return call.recorded
             try:
                 result = await invoke(call, fn, args)
@@ -206,7 +222,7 @@ class ToolCalls:
             note(call.key, "called")
             with _cancel_wins(call):
                 recorded = await offload(self._settle_result, call, held, result, options)
-            self._returned[call.key, call.policy.shared] = _Made(call.tool, args, kwargs)
+            self._returned[call.key, call.policy.shared] = call.made(args, kwargs)
             if call.cancelled:
                 raise asyncio.CancelledError
             return recorded
@@ -263,6 +279,7 @@ class ToolCalls:
         )
         # Names this call, so that a claim resent after a lost reply is known as ours.
         call = _Call(key, downstream, uuid.uuid4().hex, policy, dict(kwargs), tool_name(fn))
+        call.callee = _callee(fn)
         signature = inspect.signature(fn)
         if "idempotency_key" in signature.parameters:
             call.kwargs["idempotency_key"] = downstream
@@ -282,9 +299,14 @@ class ToolCalls:
                 step=self.step,
             ) from exc
         made = self._returned.get((key, policy.shared))
-        if made is not None and not made.same(call.tool, args, kwargs):
+        if made is not None and not made.same(call.tool, args, kwargs, call.callee):
             # Its claim would answer with that call's result: this one would never run.
-            differs = "other arguments" if made.tool == call.tool else "another tool"
+            if made.tool != call.tool:
+                differs = "another tool"
+            elif made.same(call.tool, args, kwargs, made.callee):
+                differs = "another function or partial of that name"
+            else:
+                differs = "other arguments"
             raise InvalidArgument(
                 f"key {key!r} names two different calls in this node: {made.tool} returned "
                 f"under it already, and this call of {call.tool} ({differs}) would get "
@@ -585,6 +607,12 @@ class _Call:
     never_started: bool = False
     """Whether the tool's call gave a coroutine, closed before it ever ran (``run.tool`` on
     a lambda around an ``async def``): nothing can have happened, so its claim goes."""
+    callee: tuple[Any, ...] = ()
+    """What tells the tool from another of its name (:func:`_callee`)."""
+
+    def made(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Made:
+        """The call, once it returned, with the arguments the node passed."""
+        return _Made(self.tool, args, kwargs, self.callee)
 
 
 @dataclass(frozen=True)
@@ -594,15 +622,43 @@ class _Made:
     tool: str
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
+    callee: tuple[Any, ...] = ()
+    """What tells the tool from another of its name (:func:`_callee`)."""
 
-    def same(self, tool: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    def same(
+        self, tool: str, args: tuple[Any, ...], kwargs: dict[str, Any], callee: tuple[Any, ...]
+    ) -> bool:
         """Whether a call is this one made again (a retried branch of the node)."""
         try:
-            return tool == self.tool and bool(args == self.args) and bool(kwargs == self.kwargs)
+            return (
+                tool == self.tool
+                and bool(args == self.args)
+                and bool(kwargs == self.kwargs)
+                and bool(callee == self.callee)
+            )
         except Exception:
             # Arguments whose == raises or is ambiguous (arrays): not a mistake to refuse
             # on a guess, so the call replays as before.
             return tool == self.tool
+
+
+def _callee(fn: Callable[..., Any]) -> tuple[Any, ...]:
+    """What tells ``fn`` from another tool of its name: a partial's own arguments, a
+    function's code and the values it closes over. Two partials of one function (or two
+    lambdas) under one key are two calls, where the name alone would make the second a
+    replay of the first, its effect never made."""
+    if isinstance(fn, functools.partial):
+        return (_callee(fn.func), fn.args, fn.keywords)
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return ()
+    cells = []
+    for cell in getattr(fn, "__closure__", None) or ():
+        try:
+            cells.append(cell.cell_contents)
+        except ValueError:  # a cell not yet assigned
+            cells.append(None)
+    return (code, tuple(cells), getattr(fn, "__defaults__", None))
 
 
 async def _inline(fn: Callable[..., Any], *args: Any, undo: object = None) -> Any:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import time
 import traceback
 from typing import Any
 
+from agentq.codec import check_shape
 from agentq.engine.run import Run
 from agentq.errors import CheckpointLost, UnknownNode
 from agentq.outcomes import Done, Interrupt, wait_seconds
@@ -21,7 +23,8 @@ def checkpoint_after(
     with it: ``due_in`` (a running thread's follows its lease, a wait's is its timeout)
     and the ``result`` or ``interrupt``; :class:`~agentq.errors.UnknownNode` for a return
     value that names no next step, :class:`~agentq.errors.InvalidArgument` for a bad
-    timeout."""
+    timeout, :class:`~agentq.errors.UnserializableState` for a state, pending list or
+    cursors replaced by another type."""
     extra: dict[str, Any] = {"due_in": None}
     if isinstance(outcome, Done):
         next_node, status, extra["result"] = None, Status.DONE, outcome.result
@@ -39,6 +42,15 @@ def checkpoint_after(
         extra["due_in"] = wait_seconds(outcome.timeout, thread_id=run.thread_id, step=run.step)
     elif isinstance(outcome, str):
         next_node, status, extra["due_in"] = outcome, Status.RUNNING, UNSET
+    elif inspect.isawaitable(outcome):
+        if inspect.iscoroutine(outcome):
+            outcome.close()  # else Python warns, far from here, that it was never awaited
+        raise UnknownNode(
+            f"node {run.node!r} returned a {type(outcome).__name__} it did not await; "
+            "await it (return await ...) to return what it gives",
+            thread_id=run.thread_id,
+            step=run.step,
+        )
     else:
         raise UnknownNode(
             f"node {run.node!r} returned {type(outcome).__name__}; return the next node's "
@@ -60,6 +72,8 @@ def checkpoint_after(
         token=token,
         created_at=time.time(),
     )
+    # Before the append-only check, which reads the state as a dict.
+    check_shape(run.thread_id, checkpoint)
     return checkpoint, status, extra
 
 

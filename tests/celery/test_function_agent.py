@@ -155,3 +155,34 @@ def test_an_agent_needs_a_name() -> None:
     app = Celery("agentq-fn-names", set_as_current=False)
     with pytest.raises(InvalidArgument, match="needs a task name"):
         agentq.agent(app, "")
+
+
+def test_a_node_that_takes_no_run_or_yields_is_refused_where_it_is_defined() -> None:
+    """Added, it would fail every thread that reaches it with Python's TypeError (naming
+    no thread nor step) or return a generator, not a next node."""
+    app = Celery("agentq-fn-signatures", set_as_current=False)
+    notes = agentq.agent(app, "tests.fn_signatures")
+
+    def model() -> str:
+        return "model"
+
+    def tools(*, run: Run) -> str:
+        return "model"
+
+    def stream(run: Run) -> Iterator[str]:
+        yield "model"
+
+    for fn, problem in ((model, r"model\(\) takes no run"), (tools, r"tools\(\*, run")):
+        with pytest.raises(InvalidArgument, match=problem) as raised:
+            notes.node(fn)
+        assert f"def {fn.__name__}(run, ...)" in str(raised.value)
+    with pytest.raises(InvalidArgument, match="node stream is a generator"):
+        notes.node(stream)
+    assert not {"model", "tools", "stream"} & set(vars(type(notes)))
+
+
+def test_append_only_given_as_one_string_is_refused_where_the_agent_is_made() -> None:
+    app = Celery("agentq-fn-append-only", set_as_current=False)
+    with pytest.raises(InvalidArgument, match=r"append_only=\('messages',\)"):
+        agentq.agent(app, "tests.fn_comma", append_only=("messages"))
+    assert "tests.fn_comma" not in app.tasks

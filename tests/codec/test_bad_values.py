@@ -168,6 +168,38 @@ def test_a_refused_result_or_log_item_leaves_the_store_unchanged(
     assert store.latest("t1") == first
 
 
+@pytest.mark.parametrize(
+    ("fields", "path", "fix"),
+    [
+        ({"state": None}, "state", "or .clear() it"),
+        ({"state": ["a"]}, "state", "or .clear() it"),
+        ({"pending": None}, "pending", "run.pending = [] when none"),
+        ({"pending": {"id": "c1"}}, "pending", "run.pending = [] when none"),
+        ({"cursors": [3]}, "cursors", "run.cursors['name']"),
+    ],
+)
+def test_a_state_pending_or_cursors_of_another_type_is_refused_before_any_write(
+    store: SQLiteStore, token: int, fields: dict[str, Any], path: str, fix: str
+) -> None:
+    """Stored, it would decode, but every node after it, ``agentq show`` and the inspector
+    would fail on it, and a retry would start from it again."""
+    first = cp(0, token, total=1)
+    store.commit("t1", token, first)
+    before = snapshot(store)
+    bad = Checkpoint(**{"step": 1, "node": "n", "token": token, "task": "agent", **fields})
+    with pytest.raises(UnserializableState) as info:
+        store.commit("t1", token, bad)
+    assert info.value.path == path and (info.value.thread_id, info.value.step) == ("t1", 1)
+    assert f"run.{path} was set to" in str(info.value) and fix in str(info.value)
+    assert snapshot(store) == before
+    assert store.latest("t1") == first
+
+
+def test_pending_calls_kept_as_a_tuple_are_stored_as_before(store: SQLiteStore, token: int) -> None:
+    store.commit("t1", token, Checkpoint(step=0, node="n", pending=({"id": "c1"},), token=token))
+    assert store.latest("t1").pending == ({"id": "c1"},)  # type: ignore[union-attr]
+
+
 # -- values that would come back as another type or value are refused -----------------------
 
 

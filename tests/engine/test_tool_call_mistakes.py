@@ -333,6 +333,29 @@ def test_one_key_for_two_different_calls_in_a_node_is_refused(store: Store) -> N
     assert agent.calls == ["a", "b"]
 
 
+@pytest.mark.parametrize("form", ["partial", "lambda"])
+def test_one_key_for_two_partials_or_lambdas_of_a_tool_is_refused(store: Store, form: str) -> None:
+    """They share the tool's name and the arguments at the call, and differ in what they
+    bind: the second would get the first one's result back, its mail never sent."""
+
+    def send(to: str) -> str:
+        agent.calls.append(to)
+        return f"sent to {to}"
+
+    def make(to: str) -> Callable[[], str]:
+        return functools.partial(send, to) if form == "partial" else (lambda: send(to))
+
+    def go(agent: Agent, run: Run) -> Done:
+        return Done([run.tool(make(to), key="mail") for to in ("a", "a", "b")])
+
+    agent = Agent(go)
+    store.open_thread("t1", task=agent.name)
+    with pytest.raises(InvalidArgument, match="another function or partial") as refused:
+        drive(agent, store)
+    assert (refused.value.thread_id, refused.value.step) == ("t1", 0)
+    assert agent.calls == ["a"]  # the same call made again got its result back
+
+
 @pytest.mark.parametrize(
     ("key", "problem"),
     [("mail{1}", "brace"), ("", "empty"), ("mail\n1", r"U\+000A"), (7, "must be a str")],

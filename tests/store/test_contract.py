@@ -1164,6 +1164,17 @@ def test_reopen_queues_a_waiting_thread_with_its_resume_value(store: Store) -> N
     assert store.meta("t1").resume_value is None  # type: ignore[union-attr]
 
 
+def test_a_resume_value_that_cannot_be_stored_is_refused_naming_it(store: Store) -> None:
+    """Every backend says the same: what could not be stored, of which thread; and the
+    thread keeps waiting on its question, its fence where it was."""
+    token = started(store)
+    store.set_status("t1", token, Status.WAITING, interrupt={"ask": "refund?"}, release_owner="w1")
+    before = snapshot(store)
+    with pytest.raises(UnserializableState, match=r"^thread 't1': resume value: object cannot"):
+        store.reopen("t1", from_statuses={Status.WAITING}, resume_value=object())
+    assert snapshot(store) == before
+
+
 @pytest.mark.parametrize("control", ["resume", "cancel"])
 def test_a_status_write_sent_again_after_a_resume_or_a_cancel_is_refused(
     store: Store, control: str

@@ -17,11 +17,16 @@ TTL = 30.0
 ASK = {"ask": "approve refund?"}
 
 
-def waiting(store: Store, timeout: float, *, by_commit: bool = False) -> int:
+def waiting(
+    store: Store, timeout: float, *, by_commit: bool = False, cancel_first: bool = False
+) -> int:
     """t1 waiting on ASK with ``timeout``: paused by ``set_status`` (``run.interrupt``) or
-    by committing an ``Interrupt`` step."""
+    by committing an ``Interrupt`` step; with ``cancel_first``, a cancel asked while the
+    node ran."""
     store.open_thread("t1", task="agent")
     token = store.acquire("t1", "w1", TTL)
+    if cancel_first:
+        assert store.request_cancel("t1") == Status.RUNNING
     if by_commit:
         checkpoint = Checkpoint(step=0, node="after", token=token, task="agent")
         store.commit(
@@ -117,3 +122,23 @@ def test_cancelling_a_wait_drops_its_timeout(store: Store) -> None:
     meta = store.meta("t1")
     assert meta is not None and meta.timeout_at is None and not meta.runs_by_itself
     assert store.due() == []
+
+
+@pytest.mark.parametrize("by_commit", [False, True])
+def test_a_cancel_asked_while_the_node_ran_stops_the_thread_at_its_wait(
+    store: Store, by_commit: bool
+) -> None:
+    """The wait is the boundary the cancel stops the thread at, in the driver's own write:
+    a resume sent before the driver could act on the flag finds nothing waiting, rather
+    than clear the cancel and run the thread on with its answer."""
+    token = waiting(store, 30, by_commit=by_commit, cancel_first=True)
+    meta = store.meta("t1")
+    assert meta is not None and meta.status == Status.CANCELLED and meta.cancel_requested
+    assert (meta.fence, meta.timeout_at) == (token, None) and store.due() == []
+    unchanged = snapshot(store)
+    with pytest.raises(ThreadStateError, match="cancelled"):
+        store.reopen("t1", from_statuses={Status.WAITING}, resume_value="yes")
+    assert snapshot(store) == unchanged
+    # The driver's own cancel at the wait, right after, is still under its token.
+    store.set_status("t1", token, Status.CANCELLED, release_owner="w1")
+    assert store.meta("t1").status == Status.CANCELLED  # type: ignore[union-attr]

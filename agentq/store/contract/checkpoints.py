@@ -102,7 +102,10 @@ class CheckpointsContract(ABC):
         acquired before then. A thread set ``waiting`` with ``due_in`` waits with that
         timeout (``timeout``, ``timeout_at`` in its meta): :meth:`acquire` refuses it
         before then and takes it out of the wait after; without ``due_in`` it waits until
-        reopened. ``raise_fence`` refuses every later write under ``token``: for a run
+        reopened. A thread asked to cancel (:meth:`request_cancel`) is set ``cancelled``
+        instead of ``waiting``, here and by :meth:`commit`: the wait is the step boundary
+        the cancel stops it at, and a resume (which clears the request) must never find it
+        waiting. ``raise_fence`` refuses every later write under ``token``: for a run
         stopped from outside, whose process may still write before it dies. Atomic."""
         validate_thread_id(thread_id)
         self._do_set_status(

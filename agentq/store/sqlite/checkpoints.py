@@ -76,6 +76,8 @@ class CheckpointsMixin:
             db.execute(
                 "DELETE FROM checkpoints WHERE thread_id = ? AND step < ?", (thread_id, first)
             )
+            if status == Status.WAITING and row["cancel"]:
+                status, due_in = _cancelled_at_wait()
             if not isinstance(due_in, _Unset):
                 extra["due_at"] = None if due_in is None else now + due_in
             # A step consumed the timeout of an earlier wait; it may start one of its own.
@@ -126,7 +128,9 @@ class CheckpointsMixin:
             if value is not UNSET:
                 values[name] = encode(value, name, thread_id, None)
         with self._conn.write() as db:
-            fenced(db, thread_id, token)
+            if fenced(db, thread_id, token)["cancel"] and status == Status.WAITING:
+                status, due_in = _cancelled_at_wait()
+                values["status"] = status.value
             now = time.time()
             if due_in is not None and values["status"] == Status.RETRYING.value:
                 values["retry_at"] = now + due_in  # acquire() refuses the thread until then
@@ -162,6 +166,13 @@ class CheckpointsMixin:
                 (thread_id, math.inf if before is None else before, limit),
             ).fetchall()
             return [_load(db, thread_id, step, data) for step, data in rows]
+
+
+def _cancelled_at_wait() -> tuple[Status, None]:
+    """The status and due time of a thread that would start to wait for a human while a
+    cancel is asked: its wait is the step boundary the cancel stops it at, in the same
+    write, so no resume ever finds it waiting (a resume clears the request)."""
+    return Status.CANCELLED, None
 
 
 def _wait(status: Status, due_in: float | _Unset | None, now: float) -> dict[str, Any]:

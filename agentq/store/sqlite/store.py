@@ -297,7 +297,7 @@ class SQLiteStore(
             "reopened": 1,
         }
         if resume_value is not UNSET:
-            values["resume"] = encode(resume_value, "resume_value", thread_id, None)
+            values["resume"] = encode(resume_value, "resume value", thread_id, None)
         with self._conn.write() as db:
             status = status_of(db, thread_id)
             if status not in {Status(s) for s in from_statuses}:

@@ -130,6 +130,12 @@ end
 local function update_thread(meta, lock, thread_id, new_status, due_in, release, first_field)
   local now = now_seconds()
   local old_status = redis.call('HGET', meta, 'status')
+  if new_status == STATUS.WAITING and redis.call('HGET', meta, 'cancel') == '1' then
+    -- Asked to stop while the node that asks ran: its wait is the step boundary the
+    -- cancel stops it at, in this same write, so no resume ever finds it waiting (a
+    -- resume clears the request).
+    new_status, due_in = STATUS.CANCELLED, ''
+  end
   redis.call('HSET', meta, 'status', new_status, 'updated_at', tostring(now))
   for i = first_field, #ARGV, 2 do
     if ARGV[i + 1] == '' then

@@ -12,7 +12,8 @@
 -- ARGV[1]: status prefix or '', [2] token, [3] n, [4] status, [5] due in seconds ('' for
 -- none, 'keep' to leave it), [6] '<token>:<owner>' to release or '', [7] keep_last,
 -- [8] node ('' for none), [9] result (msgpack; '' leaves it as it is), [10] interrupt
--- (msgpack; '' removes it; with status 'waiting' and a due time, a wait that times out),
+-- (msgpack; '' removes it; with status 'waiting' and a due time, a wait that times out;
+-- a thread asked to cancel is left 'cancelled' rather than 'waiting'),
 -- [11] the names of the append-only fields (msgpack; '' for none), [12] the snapshot, or
 -- '' when it is staged, [13] how many logs follow, each as (field, length before, count,
 -- count items).
@@ -44,6 +45,11 @@ if fence ~= tonumber(ARGV[2]) then
   return refuse(REFUSAL.STALE_TOKEN, fence)
 end
 local cancel = current[3] == '1' and 1 or 0
+local status, due_in = ARGV[4], ARGV[5]
+if status == STATUS.WAITING and cancel == 1 then
+  -- As update_thread does: a thread asked to stop never waits, so no resume finds it.
+  status, due_in = STATUS.CANCELLED, ''
+end
 local step = tonumber(ARGV[3])
 local latest = tonumber(current[14] or '-1')
 if latest == step then
@@ -137,8 +143,8 @@ local now = now_seconds()
 -- One HSET and at most one HDEL, of the meta fields that change.
 local set = {meta, 'updated_at', tostring(now), 'step', step}
 local del = {meta}
-if current[4] ~= ARGV[4] then
-  set[#set + 1], set[#set + 2] = 'status', ARGV[4]
+if current[4] ~= status then
+  set[#set + 1], set[#set + 2] = 'status', status
 end
 for j = 5, 6 do
   if current[j] and current[j] ~= '0' then
@@ -180,12 +186,12 @@ if #del > 1 then
   redis.call('HDEL', unpack(del))
 end
 local due = 'clear'
-if ARGV[5] == 'keep' then
+if due_in == 'keep' then
   due = 'keep'
-elseif ARGV[5] ~= '' then
-  due = now + tonumber(ARGV[5])
-  if ARGV[4] == STATUS.WAITING then
-    set[#set + 1], set[#set + 2] = 'timeout', ARGV[5]
+elseif due_in ~= '' then
+  due = now + tonumber(due_in)
+  if status == STATUS.WAITING then
+    set[#set + 1], set[#set + 2] = 'timeout', due_in
     set[#set + 1], set[#set + 2] = 'timeout_at', string.format('%.17g', due)
   end
 end
@@ -195,4 +201,4 @@ if ARGV[6] ~= '' and redis.call('GET', KEYS[4]) == ARGV[6] then
   redis.call('DEL', KEYS[4])
 end
 local thread_id = string.match(meta, '{([^}]*)}')
-return {1, cancel, index(meta, thread_id, current[4], ARGV[4], due, now)}
+return {1, cancel, index(meta, thread_id, current[4], status, due, now)}

@@ -86,7 +86,11 @@ def finish(
         if request is not None:
             canvas.succeeded(task, request, meta.result, store_result=stores_results(task))
         elif meta.canvas is None:
-            _for_origin(task, meta, lambda backend, id: backend.mark_as_done(id, meta.result))
+            _for_origin(
+                task,
+                meta,
+                lambda backend, id, first: backend.mark_as_done(id, meta.result, request=first),
+            )
         return meta.result
     if status == Status.RETRYING and retrying is not None:
         exc, delay = retrying
@@ -165,7 +169,11 @@ def failed(task: Task, meta: ThreadMeta | None, exc: BaseException) -> None:
     if meta is None or meta.status != Status.FAILED:
         return
     if meta.canvas is None:
-        _for_origin(task, meta, lambda backend, id: backend.mark_as_failure(id, exc))
+        _for_origin(
+            task,
+            meta,
+            lambda backend, id, first: backend.mark_as_failure(id, exc, request=first),
+        )
         return
     carries = _carries_canvas(task, meta)
     if request := _first_request(task, meta, carries):
@@ -181,11 +189,12 @@ def timed_out(task: Task, meta: ThreadMeta, message_id: str, exc: BaseException)
         return
     own = meta.origin == message_id
     if meta.canvas is not None and _takes_canvas(task, meta, message_id) and not own:
-        request = canvas.request_of(meta, task.app.conf.accept_content)
+        request = canvas.request_of(meta, task.app.conf.accept_content, task.request)
         if request is not None:
             canvas.failed(task, request, exc, store_result=stores_results(task))
     elif meta.canvas is None and not own and stores_results(task):
-        task.backend.mark_as_failure(meta.origin, exc)
+        first = canvas.first_request(meta, task.request)
+        task.backend.mark_as_failure(meta.origin, exc, request=first)
 
 
 def cancelled(task: Task, meta: ThreadMeta, *, retried: bool = False) -> None:
@@ -196,16 +205,20 @@ def cancelled(task: Task, meta: ThreadMeta, *, retried: bool = False) -> None:
     if meta.origin is None:
         return
     reason = f"thread {meta.thread_id} was cancelled"
-    request = None
+    request: Context | None = None
     # A cancel() outside a task is a taker of its own: a second one finds the canvas taken.
     taker = task.request.id or uuid.uuid4().hex
     if meta.canvas is not None and _takes_canvas(task, meta, taker, retried=retried):
         own = meta.origin == task.request.id
-        request = task.request if own else canvas.request_of(meta, task.app.conf.accept_content)
-    if request is not None or stores_results(task):
+        accept = task.app.conf.accept_content
+        request = task.request if own else canvas.request_of(meta, accept, task.request)
+    if request is not None:
         task.backend.mark_as_revoked(
             meta.origin, reason, request=request, store_result=stores_results(task)
         )
+    elif stores_results(task):  # no canvas to carry on: its name and arguments kept
+        first = canvas.first_request(meta, task.request)
+        task.backend.mark_as_revoked(meta.origin, reason, request=first)
 
 
 def stores_results(task: Task) -> bool:
@@ -236,18 +249,19 @@ def _store(task: Task, write: Any) -> None:
 
 
 def _for_origin(task: Task, meta: ThreadMeta, write: Any) -> None:
+    """``write(backend, id, request)`` the first task's state: its id and request."""
     if stores_results(task) and meta.origin and meta.origin != task.request.id:
-        write(task.backend, meta.origin)
+        write(task.backend, meta.origin, canvas.first_request(meta, task.request))
 
 
-def _fail_unless_ready(backend: Any, task_id: str, *, exc: BaseException) -> None:
+def _fail_unless_ready(backend: Any, task_id: str, request: Context, *, exc: BaseException) -> None:
     # An rpc:// result lives on its caller's queue: no state to read here, and reading it
     # would declare a reply queue for this worker (Celery skips it for the same reason).
     as_uri = getattr(backend, "as_uri", None)
     if callable(as_uri) and as_uri() == "rpc://":
         return
     if backend.get_state(task_id) not in states.READY_STATES:
-        backend.mark_as_failure(task_id, exc)
+        backend.mark_as_failure(task_id, exc, request=request)
 
 
 def _carries_canvas(task: Task, meta: ThreadMeta) -> bool:
@@ -282,7 +296,7 @@ def _first_request(task: Task, meta: ThreadMeta, carries: bool) -> Context | Non
     the first task's own is Celery's tracer's to carry on."""
     if not carries or meta.origin == task.request.id:
         return None
-    return canvas.request_of(meta, task.app.conf.accept_content)
+    return canvas.request_of(meta, task.app.conf.accept_content, task.request)
 
 
 def _event(task: Task, type_: str, **fields: Any) -> None:

@@ -308,3 +308,43 @@ def test_a_thread_waiting_for_its_concurrency_key_says_which_until_it_runs(env: 
     env.release.set()
     assert holder.get(timeout=20) == "t7"
     assert parked.get(timeout=20) == "t8"
+
+
+def test_the_first_tasks_result_keeps_its_name_and_arguments_whichever_task_ends_it(
+    env: Env,
+) -> None:
+    """With ``result_extended``, the first task's stored result names its task and
+    arguments, as its ``WAITING`` state did, when a later task (a resume) or a ``cancel()``
+    outside any task ends its thread."""
+    env.app.conf.result_extended = True  # read by the backend at each write
+    answered = env.agent.delay("t-ext", mode="wait")
+    cancelled = env.agent.delay("t-ext-cancelled", mode="wait")
+    wait_until(
+        lambda: answered.state == cancelled.state == WAITING, timeout=20, what="both WAITING"
+    )
+    env.agent.resume("t-ext", True)
+    assert answered.get(timeout=20) == {"approved": True}
+    env.agent.cancel("t-ext-cancelled")
+    wait_until(lambda: cancelled.state == "REVOKED", timeout=20, what="REVOKED")
+    for first, thread_id in ((answered, "t-ext"), (cancelled, "t-ext-cancelled")):
+        stored = AsyncResult(first.id, app=env.app)
+        assert (stored.name, stored.args, stored.kwargs) == ("tests.states", [thread_id], {})
+
+
+def test_cancel_with_an_rpc_backend_cancels_without_an_error(
+    redis_broker: str, redis_server: RedisServer
+) -> None:
+    """``rpc://`` sends a result to the reply queue of the message being run, and a
+    ``cancel()`` outside any task runs none: it has nowhere to send the first task's
+    ``REVOKED``, and must not fail after the store cancelled the thread."""
+    app = Celery("agentq-states-rpc", broker=redis_broker, backend="rpc://", set_as_current=False)
+    app.conf.update(task_default_queue=f"agentq-test-{uuid.uuid4().hex[:8]}")
+    runtime = agentq.init_app(app, store=redis_server.url, prefix=f"sr{uuid.uuid4().hex[:8]}:")
+    agent = define(app, [])
+    try:
+        agent.delay("t-rpc", mode="wait")  # no worker: the thread stays queued
+        assert agent.cancel("t-rpc") == Status.CANCELLED
+        assert agent.thread("t-rpc").status == Status.CANCELLED
+    finally:
+        runtime.store.close()
+        app.close()

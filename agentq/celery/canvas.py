@@ -58,25 +58,40 @@ def captured(options: Mapping[str, Any], serializer: str) -> dict[str, Any] | No
     return {"content_type": content_type, "encoding": encoding, "body": body}
 
 
-def request_of(meta: ThreadMeta, accept: Collection[str]) -> Context | None:
+def request_of(
+    meta: ThreadMeta, accept: Collection[str], running: Context | None = None
+) -> Context | None:
     """The request of the thread's first task as far as its canvas goes, decoded if its
     content type is one the worker ``accept``s; ``None`` without a canvas or a first task
     (a fork keeps its source's canvas but has no first task)."""
     if meta.canvas is None or meta.origin is None:
         return None
     stored = meta.canvas
+    fields = loads(  # type: ignore[no-untyped-call]
+        stored["body"],
+        stored["content_type"],
+        stored["encoding"],
+        accept=prepare_accept_content(accept),  # type: ignore[no-untyped-call]
+    )
+    return first_request(meta, running, fields)
+
+
+def first_request(
+    meta: ThreadMeta, running: Context | None, fields: Mapping[str, Any] | None = None
+) -> Context:
+    """The request of the thread's first task (``fields`` its canvas), as the result
+    stored under its id describes it with ``result_extended``: its name and arguments as
+    the first message had them, the worker and queue those of ``running``, the task that
+    ends the thread. Without it the backend would store the result bare, and the first
+    task would lose the name and arguments its ``WAITING`` state showed."""
     return Context(
-        loads(  # type: ignore[no-untyped-call]
-            stored["body"],
-            stored["content_type"],
-            stored["encoding"],
-            accept=prepare_accept_content(accept),  # type: ignore[no-untyped-call]
-        ),
+        dict(fields or {}),
         id=meta.origin,
         task=meta.task,
         args=[meta.thread_id],
         kwargs={},
-        delivery_info={},
+        hostname=running.hostname if running is not None else None,
+        delivery_info=(running.delivery_info if running is not None else None) or {},
     )
 
 

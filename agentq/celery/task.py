@@ -104,14 +104,23 @@ def _start_delay(options: dict[str, Any]) -> float:
     return max(0.0, (at - datetime.datetime.now(datetime.UTC)).total_seconds())
 
 
+KEPT_FLAGS = ("ignore_result",)
+"""The ``apply_async`` flags a thread keeps for every later send too: a message's
+``ignore_result`` holds for the thread, whose later tasks would otherwise store their
+results, and the thread's under the first task's id, which its caller asked not to keep."""
+
+
 def _routing(options: dict[str, Any]) -> dict[str, Any]:
-    kept = {}
+    kept: dict[str, Any] = {}
     for name in ROUTING_OPTIONS:
         value = options.get(name)
         # A kombu Queue or Exchange object is kept by name, as Celery routes by name.
         value = value if isinstance(value, (str, int)) else getattr(value, "name", None)
         if value is not None:
             kept[name] = value
+    for name in KEPT_FLAGS:
+        if isinstance(options.get(name), bool):
+            kept[name] = options[name]
     return kept
 
 
@@ -296,8 +305,9 @@ class AgentTask(Task):  # type: ignore[misc]
     ) -> AsyncResult:
         """Start thread ``args[0]`` with ``kwargs`` as the entry node's input (kept in the
         store, not the message) and send it with the usual Celery ``options``. Its routing
-        options (``queue``, ``exchange``, ``routing_key``, ``priority``) are kept too, so
-        recovery, hand-overs and resumes send it the same way, and so is its
+        options (``queue``, ``exchange``, ``routing_key``, ``priority``) and
+        ``ignore_result`` are kept too, so recovery, hand-overs and resumes send it the
+        same way, and so is its
         ``concurrency_key`` (else :attr:`concurrency_key`'s), and its canvas (``link``,
         ``link_error``, the chain or chord it is in), which the task that ends the thread
         carries on. An existing thread keeps its first input and options and is only

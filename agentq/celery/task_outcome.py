@@ -74,19 +74,18 @@ def finish(
     if status == Status.QUEUED and waiting_for is not None:
         fields.update(concurrency_key=waiting_for.key, position=waiting_for.position)
         _event(task, "task-waiting-for-key", **fields)
-        _store(
-            task,
-            lambda backend, id: backend.store_result(
-                id, fields, WAITING_FOR_KEY, request=task.request
-            ),
-        )
+        _store_unfinished(task, meta, WAITING_FOR_KEY, fields)
         raise Ignore()
     if status == Status.DONE:
         request = _first_request(task, meta, carries)
         if request is not None:
             canvas.succeeded(task, request, meta.result, store_result=stores_results(task))
         elif meta.canvas is None:
-            _for_origin(task, meta, lambda backend, id: backend.mark_as_done(id, meta.result))
+            _for_origin(
+                task,
+                meta,
+                lambda backend, id, first: backend.mark_as_done(id, meta.result, request=first),
+            )
         return meta.result
     if status == Status.RETRYING and retrying is not None:
         exc, delay = retrying
@@ -113,19 +112,14 @@ def finish(
     elif status == Status.NEEDS_ATTENTION:
         fields["error"] = meta.error
     _event(task, event, **fields)
-    _store(task, lambda backend, id: backend.store_result(id, fields, state, request=task.request))
+    _store_unfinished(task, meta, state, fields)
     raise Ignore()
 
 
 def _stopped(task: Task, meta: ThreadMeta, carries: bool) -> ThreadStopped:
     """The error that ends a task finding its thread failed, once the first task's canvas
     (or, without one, its state) says the thread failed."""
-    stopped = ThreadStopped(
-        "thread is failed" + (f": {meta.error.splitlines()[0]}" if meta.error else ""),
-        thread_id=meta.thread_id,
-        status=meta.status.value,
-        error=meta.error,
-    )
+    stopped = _failure(meta)
     if request := _first_request(task, meta, carries):
         canvas.failed(task, request, stopped, store_result=stores_results(task))
     elif meta.canvas is None:
@@ -165,7 +159,11 @@ def failed(task: Task, meta: ThreadMeta | None, exc: BaseException) -> None:
     if meta is None or meta.status != Status.FAILED:
         return
     if meta.canvas is None:
-        _for_origin(task, meta, lambda backend, id: backend.mark_as_failure(id, exc))
+        _for_origin(
+            task,
+            meta,
+            lambda backend, id, first: backend.mark_as_failure(id, exc, request=first),
+        )
         return
     carries = _carries_canvas(task, meta)
     if request := _first_request(task, meta, carries):
@@ -181,11 +179,12 @@ def timed_out(task: Task, meta: ThreadMeta, message_id: str, exc: BaseException)
         return
     own = meta.origin == message_id
     if meta.canvas is not None and _takes_canvas(task, meta, message_id) and not own:
-        request = canvas.request_of(meta, task.app.conf.accept_content)
+        request = canvas.request_of(meta, task.app.conf.accept_content, task.request)
         if request is not None:
             canvas.failed(task, request, exc, store_result=stores_results(task))
     elif meta.canvas is None and not own and stores_results(task):
-        task.backend.mark_as_failure(meta.origin, exc)
+        first = canvas.first_request(meta, task.request)
+        task.backend.mark_as_failure(meta.origin, exc, request=first)
 
 
 def cancelled(task: Task, meta: ThreadMeta, *, retried: bool = False) -> None:
@@ -196,16 +195,20 @@ def cancelled(task: Task, meta: ThreadMeta, *, retried: bool = False) -> None:
     if meta.origin is None:
         return
     reason = f"thread {meta.thread_id} was cancelled"
-    request = None
+    request: Context | None = None
     # A cancel() outside a task is a taker of its own: a second one finds the canvas taken.
     taker = task.request.id or uuid.uuid4().hex
     if meta.canvas is not None and _takes_canvas(task, meta, taker, retried=retried):
         own = meta.origin == task.request.id
-        request = task.request if own else canvas.request_of(meta, task.app.conf.accept_content)
-    if request is not None or stores_results(task):
+        accept = task.app.conf.accept_content
+        request = task.request if own else canvas.request_of(meta, accept, task.request)
+    if request is not None:
         task.backend.mark_as_revoked(
             meta.origin, reason, request=request, store_result=stores_results(task)
         )
+    elif stores_results(task):  # no canvas to carry on: its name and arguments kept
+        first = canvas.first_request(meta, task.request)
+        task.backend.mark_as_revoked(meta.origin, reason, request=first)
 
 
 def stores_results(task: Task) -> bool:
@@ -235,19 +238,85 @@ def _store(task: Task, write: Any) -> None:
         _reported(task, "storing its state", lambda: write(task.backend, task.request.id))
 
 
+def _store_unfinished(task: Task, meta: ThreadMeta, state: str, fields: dict[str, Any]) -> None:
+    """Store the state of a task that leaves its thread unfinished. Under the thread's
+    first task id it may land after the thread's end: a resume or ``cancel()`` as soon as
+    the thread waits (one that reacts to ``task-waiting``), then a task that fails it,
+    stored the final state first, which this one would hide from ``get()`` for ever
+    (Celery's backends keep only a ``SUCCESS`` from being overwritten). So a final state
+    found there is left alone, and the thread is read again after the write, for an end
+    stored in between."""
+    origin = meta.origin
+    checked = (
+        origin is not None
+        and origin == task.request.id
+        and stores_results(task)
+        and not _is_rpc(task.backend)  # its state is a message to the caller: none to read
+    )
+    if checked and origin is not None and _ready(task, origin):
+        return
+    _store(task, lambda backend, id: backend.store_result(id, fields, state, request=task.request))
+    if checked:
+        _reported(task, "looking at its thread again", lambda: _restore_end(task, meta))
+
+
+def _ready(task: Task, task_id: str) -> bool:
+    """Whether the backend holds a final state for ``task_id``; ``False`` if it cannot
+    say, so that the task's own state is stored (or, the backend out, logged)."""
+    try:
+        return task.backend.get_state(task_id) in states.READY_STATES
+    except Exception:
+        return False
+
+
+def _restore_end(task: Task, meta: ThreadMeta) -> None:
+    """Store the end of the thread under its first task id again, if it has ended since
+    ``meta`` was read and the backend does not hold a final state for it now. Without its
+    canvas, which the task that ended the thread carried on."""
+    backend = task.backend
+    now = task.agentq.store.meta(meta.thread_id)
+    if now is None or now.origin is None or now.origin != meta.origin:
+        return
+    if now.status not in (Status.DONE, Status.FAILED, Status.CANCELLED):
+        return
+    if backend.get_state(now.origin) in states.READY_STATES:
+        return
+    first = canvas.first_request(now, task.request)
+    if now.status == Status.DONE:
+        backend.mark_as_done(now.origin, now.result, request=first)
+    elif now.status == Status.FAILED:
+        backend.mark_as_failure(now.origin, _failure(now), request=first)
+    else:
+        backend.mark_as_revoked(now.origin, f"thread {now.thread_id} was cancelled", first)
+
+
+def _failure(meta: ThreadMeta) -> ThreadStopped:
+    return ThreadStopped(
+        "thread is failed" + (f": {meta.error.splitlines()[0]}" if meta.error else ""),
+        thread_id=meta.thread_id,
+        status=meta.status.value,
+        error=meta.error,
+    )
+
+
+def _is_rpc(backend: Any) -> bool:
+    as_uri = getattr(backend, "as_uri", None)
+    return callable(as_uri) and as_uri() == "rpc://"
+
+
 def _for_origin(task: Task, meta: ThreadMeta, write: Any) -> None:
+    """``write(backend, id, request)`` the first task's state: its id and request."""
     if stores_results(task) and meta.origin and meta.origin != task.request.id:
-        write(task.backend, meta.origin)
+        write(task.backend, meta.origin, canvas.first_request(meta, task.request))
 
 
-def _fail_unless_ready(backend: Any, task_id: str, *, exc: BaseException) -> None:
+def _fail_unless_ready(backend: Any, task_id: str, request: Context, *, exc: BaseException) -> None:
     # An rpc:// result lives on its caller's queue: no state to read here, and reading it
     # would declare a reply queue for this worker (Celery skips it for the same reason).
-    as_uri = getattr(backend, "as_uri", None)
-    if callable(as_uri) and as_uri() == "rpc://":
+    if _is_rpc(backend):
         return
     if backend.get_state(task_id) not in states.READY_STATES:
-        backend.mark_as_failure(task_id, exc)
+        backend.mark_as_failure(task_id, exc, request=request)
 
 
 def _carries_canvas(task: Task, meta: ThreadMeta) -> bool:
@@ -282,7 +351,7 @@ def _first_request(task: Task, meta: ThreadMeta, carries: bool) -> Context | Non
     the first task's own is Celery's tracer's to carry on."""
     if not carries or meta.origin == task.request.id:
         return None
-    return canvas.request_of(meta, task.app.conf.accept_content)
+    return canvas.request_of(meta, task.app.conf.accept_content, task.request)
 
 
 def _event(task: Task, type_: str, **fields: Any) -> None:

@@ -145,6 +145,32 @@ def test_a_chain_whose_thread_ends_in_its_first_task_runs_on_once(env: Env) -> N
     assert env.notified == ["c2"]
 
 
+def test_a_thread_sent_with_ignore_result_stores_no_result_from_its_later_tasks(
+    env: Env,
+) -> None:
+    """``ignore_result`` given to the first message holds for the whole thread: the task
+    that ends it carries the chain on, and stores no result, under its id or the first."""
+    ended: list[str] = []
+
+    def on_postrun(task_id: str | None = None, **_: Any) -> None:
+        ended.append(task_id or "")
+
+    task_postrun.connect(on_postrun, weak=False)
+    try:
+        quiet = env.agent.si("c-quiet", mode="wait").set(ignore_result=True)
+        result = chain(quiet, env.notify.s()).apply_async()
+        first = result.parent
+        wait_until(lambda: first.id in ended, timeout=20, what="the first task ended")
+        resumed = env.agent.resume("c-quiet", "yes")
+        assert result.get(timeout=20) == ["notified", {"answer": "yes"}]
+        wait_until(lambda: resumed.id in ended, timeout=20, what="the resumed task ended")
+    finally:
+        task_postrun.disconnect(on_postrun)
+    assert env.notified == [{"answer": "yes"}]
+    assert AsyncResult(first.id, app=env.app).state == "PENDING"
+    assert AsyncResult(resumed.id, app=env.app).state == "PENDING"
+
+
 def test_a_chord_counts_a_part_resumed_in_a_later_task_and_runs_its_body(env: Env) -> None:
     parts = [env.agent.si("k1", mode="wait"), env.agent.si("k2", mode="fast")]
     result = chord(parts)(env.collect.s())

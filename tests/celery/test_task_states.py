@@ -5,6 +5,7 @@ the first ``delay()`` ends with the thread's, whichever task finished it."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import threading
 import time
@@ -15,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from celery import Celery
+from celery import Celery, Task
 from celery.contrib.testing.worker import start_worker
 from celery.result import AsyncResult
 from celery.signals import task_postrun
@@ -90,6 +91,38 @@ def define_asking_later(app: Celery) -> None:
         return Done(run.interrupt({"question": "refund 10?"}))
 
 
+def define_answered_at_once(app: Celery) -> FunctionAgent:
+    """An agent whose question is answered, or its thread cancelled, as soon as its
+    ``task-waiting`` event is sent (as by a program that listens to the events), and the
+    thread ended, before its first task stores its ``WAITING`` state."""
+
+    def send_event(self: Any, type_: str, **fields: Any) -> Any:
+        thread_id = fields.get("thread_id")
+        if type_ == "task-waiting" and self.request.id == self.thread(thread_id).origin:
+            origin = self.request.id
+            if thread_id.startswith("cancel"):
+                act = functools.partial(self.cancel, thread_id)
+            else:
+                act = functools.partial(self.resume, thread_id, "no")
+            acting = threading.Thread(target=act)  # from outside the task, as a program
+            acting.start()
+            acting.join(20)
+            wait_until(
+                lambda: AsyncResult(origin, app=app).state in ("FAILURE", "REVOKED"),
+                timeout=20,
+                what=f"{thread_id} ended under its first task's id",
+            )
+        return Task.send_event(self, type_, **fields)
+
+    agent = agentq.agent(app, "tests.states.answered_at_once", send_event=send_event)
+
+    @agent.node
+    def start(run: Run) -> Any:
+        raise ValueError(f"refused: {run.interrupt({'question': 'refund 10?'})}")
+
+    return agent
+
+
 def define(app: Celery, retried: list[tuple[str, BaseException]]) -> FunctionAgent:
     def on_retry(self: Any, exc: BaseException, task_id: str, *args: Any) -> None:
         retried.append((task_id, exc))
@@ -146,6 +179,7 @@ def env(redis_broker: str, result_backend: str, redis_server: RedisServer) -> It
     define_keyed(app, env.release)
     define_quiet(app, env.entered, env.release)
     define_asking_later(app)
+    define_answered_at_once(app)
     listening = threading.Event()
     receivers: list[Any] = []
 
@@ -308,3 +342,76 @@ def test_a_thread_waiting_for_its_concurrency_key_says_which_until_it_runs(env: 
     env.release.set()
     assert holder.get(timeout=20) == "t7"
     assert parked.get(timeout=20) == "t8"
+
+
+def test_the_first_tasks_result_keeps_its_name_and_arguments_whichever_task_ends_it(
+    env: Env,
+) -> None:
+    """With ``result_extended``, the first task's stored result names its task and
+    arguments, as its ``WAITING`` state did, when a later task (a resume) or a ``cancel()``
+    outside any task ends its thread."""
+    env.app.conf.result_extended = True  # read by the backend at each write
+    answered = env.agent.delay("t-ext", mode="wait")
+    cancelled = env.agent.delay("t-ext-cancelled", mode="wait")
+    wait_until(
+        lambda: answered.state == cancelled.state == WAITING, timeout=20, what="both WAITING"
+    )
+    env.agent.resume("t-ext", True)
+    assert answered.get(timeout=20) == {"approved": True}
+    env.agent.cancel("t-ext-cancelled")
+    wait_until(lambda: cancelled.state == "REVOKED", timeout=20, what="REVOKED")
+    for first, thread_id in ((answered, "t-ext"), (cancelled, "t-ext-cancelled")):
+        stored = AsyncResult(first.id, app=env.app)
+        assert (stored.name, stored.args, stored.kwargs) == ("tests.states", [thread_id], {})
+
+
+def test_cancel_with_an_rpc_backend_cancels_without_an_error(
+    redis_broker: str, redis_server: RedisServer
+) -> None:
+    """``rpc://`` sends a result to the reply queue of the message being run, and a
+    ``cancel()`` outside any task runs none: it has nowhere to send the first task's
+    ``REVOKED``, and must not fail after the store cancelled the thread."""
+    app = Celery("agentq-states-rpc", broker=redis_broker, backend="rpc://", set_as_current=False)
+    app.conf.update(task_default_queue=f"agentq-test-{uuid.uuid4().hex[:8]}")
+    runtime = agentq.init_app(app, store=redis_server.url, prefix=f"sr{uuid.uuid4().hex[:8]}:")
+    agent = define(app, [])
+    try:
+        agent.delay("t-rpc", mode="wait")  # no worker: the thread stays queued
+        assert agent.cancel("t-rpc") == Status.CANCELLED
+        assert agent.thread("t-rpc").status == Status.CANCELLED
+    finally:
+        runtime.store.close()
+        app.close()
+
+
+def test_a_thread_ended_as_soon_as_it_waits_is_not_hidden_by_its_waiting_state(
+    env: Env,
+) -> None:
+    """A thread failed (after an answer) or cancelled the moment it waits for a human
+    has its end stored under its first task id before that task stores ``WAITING``: the
+    first task's ``get()`` ends with the thread's end, not waits for ever."""
+    agent = env.app.tasks["tests.states.answered_at_once"]
+    ended: set[str] = set()
+
+    def on_postrun(task_id: str | None = None, **_: Any) -> None:
+        ended.add(task_id or "")
+
+    task_postrun.connect(on_postrun, weak=False)
+    try:
+        failed = agent.delay("fail-at-once")
+        cancelled = agent.delay("cancel-at-once")
+        wait_until(lambda: {failed.id, cancelled.id} <= ended, timeout=30, what="both ended")
+    finally:
+        task_postrun.disconnect(on_postrun)
+    assert agent.thread("fail-at-once").status == Status.FAILED
+    assert agent.thread("cancel-at-once").status == Status.CANCELLED
+    # What the first tasks stored last is what a caller that did not send them reads
+    # (the sender's own result may have heard of the end as it was published).
+    reader = Celery("agentq-states-reader", backend=env.app.conf.result_backend)
+    try:
+        assert AsyncResult(failed.id, app=reader).state == "FAILURE"
+        assert AsyncResult(cancelled.id, app=reader).state == "REVOKED"
+        with pytest.raises(ValueError, match="refused: no"):
+            AsyncResult(failed.id, app=reader).get(timeout=20)
+    finally:
+        reader.close()

@@ -387,6 +387,30 @@ def test_a_tool_that_keeps_state_in_its_closure_is_the_same_call_again(store: St
     assert _meta(store).status == Status.DONE
 
 
+def test_pending_set_to_none_by_a_model_with_no_tool_call_is_none_pending(
+    store: Store,
+) -> None:
+    """A chat client's reply names no tool call as ``tool_calls: None``: a node that keeps
+    it as its pending calls (``run.pending = reply["tool_calls"]``) has none, in the step
+    it commits and in the node after it, and the thread goes on."""
+    seen: list[Any] = []
+
+    def go(agent: Agent, run: Run) -> Any:
+        if run.step == 0:
+            run.pending = None  # type: ignore[assignment]  # what the reply held
+            return "go"
+        seen.append(run.pending)
+        return Done(list(run.pending))
+
+    agent = Agent(go)
+    store.open_thread("t1", task=agent.name)
+    assert drive(agent, store) == []
+    assert seen == [[]]
+    assert _meta(store).status == Status.DONE
+    latest = store.latest("t1")
+    assert latest is not None and latest.pending == []
+
+
 @pytest.mark.parametrize(
     ("key", "problem"),
     [("mail{1}", "brace"), ("", "empty"), ("mail\n1", r"U\+000A"), (7, "must be a str")],

@@ -201,7 +201,7 @@ class ToolCalls:
                 if held is not None:
                     await offload(held.release)
                 note(call.key, "replayed")
-                self._returned[call.key, call.policy.shared] = call.made(args, kwargs)
+                self._returned[call.key, call.policy.shared] = call.made(fn, args, kwargs)
                 return call.recorded
             try:
                 result = await invoke(call, fn, args)
@@ -222,7 +222,7 @@ class ToolCalls:
             note(call.key, "called")
             with _cancel_wins(call):
                 recorded = await offload(self._settle_result, call, held, result, options)
-            self._returned[call.key, call.policy.shared] = call.made(args, kwargs)
+            self._returned[call.key, call.policy.shared] = call.made(fn, args, kwargs)
             if call.cancelled:
                 raise asyncio.CancelledError
             return recorded
@@ -610,9 +610,11 @@ class _Call:
     callee: tuple[Any, ...] = ()
     """What tells the tool from another of its name (:func:`_callee`)."""
 
-    def made(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Made:
-        """The call, once it returned, with the arguments the node passed."""
-        return _Made(self.tool, args, kwargs, self.callee)
+    def made(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Made:
+        """The call, once it returned, with the arguments the node passed and what ``fn``
+        closes over now: a tool that keeps state there (a client made on first use)
+        changed it by running, and is the same call when made again."""
+        return _Made(self.tool, args, kwargs, _callee(fn))
 
 
 @dataclass(frozen=True)

@@ -62,6 +62,10 @@ def checkpoint_after(
         # A name given as a str subclass (an enum member) as the plain str it holds: the
         # codec refuses subclasses, and str() of a (str, Enum) member is not its value.
         next_node = str.__str__(next_node)
+    if run.pending is None:
+        # A chat client's reply without a tool call holds ``tool_calls: None``, which a
+        # node keeps as it is (``run.pending = reply["tool_calls"]``): no call is pending.
+        run.pending = []
     checkpoint = Checkpoint(
         step=run.step,
         node=next_node,

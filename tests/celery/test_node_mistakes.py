@@ -45,7 +45,7 @@ def _set(field: str, value: Any) -> Callable[[Run], None]:
 MISTAKES: dict[str, Callable[[Run], Any]] = {
     "state=None": _set("state", None),
     "state=list": _set("state", ["a"]),
-    "pending=None": _set("pending", None),
+    "pending=dict": _set("pending", {"id": "call-2"}),
     "cursors=list": _set("cursors", [1]),
     "tool=None": lambda run: run.tool(None, key="call-1"),
     "tool=name": lambda run: run.tool("charge", run.thread_id, key="call-1"),
@@ -129,7 +129,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:Call to deprecated setex:Depreca
     [
         ("state=None", "act", UnserializableState, "run.state was set to NoneType"),
         ("state=list", "act", UnserializableState, "run.state was set to list"),
-        ("pending=None", "act", UnserializableState, "run.pending = [] when none is"),
+        ("pending=dict", "act", UnserializableState, "run.pending = [] when none is"),
         ("cursors=list", "act", UnserializableState, "run.cursors['name'] = position"),
         ("tool=None", "act", InvalidArgument, "run.tool() was given NoneType None"),
         ("tool=name", "act", InvalidArgument, "str 'charge', not a function to call"),

@@ -356,6 +356,61 @@ def test_one_key_for_two_partials_or_lambdas_of_a_tool_is_refused(store: Store, 
     assert agent.calls == ["a"]  # the same call made again got its result back
 
 
+def test_a_tool_that_keeps_state_in_its_closure_is_the_same_call_again(store: Store) -> None:
+    """A tool that makes its client on first use changes what it closes over when it
+    runs: called again under its key (a retried branch of the node, a graph node its
+    retry policy runs again), it is the same call, and gets its recorded result back."""
+    made: list[str] = []
+
+    def searcher() -> Callable[[str], str]:
+        client: str | None = None
+
+        def search(query: str) -> str:
+            nonlocal client
+            if client is None:
+                client = "client"
+                made.append(client)
+            agent.calls.append(query)
+            return f"hits for {query}"
+
+        return search
+
+    search = searcher()
+
+    def go(agent: Agent, run: Run) -> Done:
+        return Done([run.tool(search, "refunds", key="search-1") for _ in range(2)])
+
+    agent = Agent(go)
+    store.open_thread("t1", task=agent.name)
+    assert drive(agent, store) == ["hits for refunds", "hits for refunds"]
+    assert agent.calls == ["refunds"] and made == ["client"]
+    assert _meta(store).status == Status.DONE
+
+
+def test_pending_set_to_none_by_a_model_with_no_tool_call_is_none_pending(
+    store: Store,
+) -> None:
+    """A chat client's reply names no tool call as ``tool_calls: None``: a node that keeps
+    it as its pending calls (``run.pending = reply["tool_calls"]``) has none, in the step
+    it commits and in the node after it, and the thread goes on."""
+    seen: list[Any] = []
+
+    def go(agent: Agent, run: Run) -> Any:
+        if run.step == 0:
+            run.pending = None  # type: ignore[assignment]  # what the reply held
+            return "go"
+        seen.append(run.pending)
+        return Done(list(run.pending))
+
+    agent = Agent(go)
+    store.open_thread("t1", task=agent.name)
+    assert drive(agent, store) == []
+    assert seen == [[]]
+    assert _meta(store).status == Status.DONE
+    latest = store.latest("t1")
+    assert latest is not None and latest.pending == []
+
+
 @pytest.mark.parametrize(
     ("key", "problem"),
     [("mail{1}", "brace"), ("", "empty"), ("mail\n1", r"U\+000A"), (7, "must be a str")],

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from agentq.engine import aio
@@ -21,15 +22,18 @@ class Artifacts:
         calls: RetriedCalls,
         thread_id: str,
         max_bytes: int,
-        step: int | None = None,
+        step: int | None,
+        *,
+        in_node: Callable[[str], None],
     ) -> None:
         self._store = store
         self._store_calls = calls
         self._thread_id = thread_id
         self._max_bytes = max_bytes
         self._step = step
-        self.ended: str | None = None
-        """The node, once it returned: an artifact stored since would be in no step."""
+        self._in_node = in_node
+        """The run's check that its node has not returned: an artifact stored since would
+        be in no step."""
 
     def put(self, data: bytes, content_type: str = "application/octet-stream") -> dict[str, Any]:
         if self._on_loop("put"):
@@ -50,12 +54,7 @@ class Artifacts:
         return await aio.blocking(self._get, ref)
 
     def _put(self, data: bytes, content_type: str) -> dict[str, Any]:
-        if self.ended is not None:
-            raise self._invalid(
-                f"run.artifacts.put() was called after node {self.ended!r} returned, on the "
-                "run of its step, which is committed without it; store artifacts within the "
-                "node, with the run it is given"
-            )
+        self._in_node("artifacts.put")
         if isinstance(data, (bytearray, memoryview)):
             data = bytes(data)  # a memoryview's len() counts its items, not its bytes
         if not isinstance(data, bytes):

@@ -78,7 +78,9 @@ class Run:
         self.lost_workers = lost_workers
         """How many workers were lost running this step before this run; its commit
         clears it, and at ``max_crashes`` the thread fails."""
-        self.artifacts = Artifacts(store, calls, thread_id, max_artifact_bytes, step)
+        self.artifacts = Artifacts(
+            store, calls, thread_id, max_artifact_bytes, step, in_node=self._in_node
+        )
         self._token = token
         self._tools = ToolCalls(
             store=store,
@@ -101,7 +103,6 @@ class Run:
         """Note that the node returned (or raised): its step is being committed, and a
         tool call, artifact or question from here on would belong to no step."""
         self._ended = True
-        self.artifacts.ended = self.node
 
     def _in_node(self, what: str) -> None:
         if self._ended:

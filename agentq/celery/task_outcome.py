@@ -23,6 +23,7 @@ from typing import Any, Final, NoReturn
 from celery import Task, states
 from celery.app.task import Context, get_actual_ignore_result
 from celery.backends.base import DisabledBackend
+from celery.backends.rpc import RPCBackend
 from celery.exceptions import Ignore, Retry
 
 from agentq.celery import canvas
@@ -300,8 +301,7 @@ def _failure(meta: ThreadMeta) -> ThreadStopped:
 
 
 def _is_rpc(backend: Any) -> bool:
-    as_uri = getattr(backend, "as_uri", None)
-    return callable(as_uri) and as_uri() == "rpc://"
+    return isinstance(backend, RPCBackend)
 
 
 def _for_origin(task: Task, meta: ThreadMeta, write: Any) -> None:

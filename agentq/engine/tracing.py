@@ -32,7 +32,7 @@ TRACEPARENT: Final = "traceparent"
 
 _nodes: dict[str, Any] = {}
 """The open node span of each thread this process runs, for tool calls made from threads
-of the node's own (latest first: a drive that lost its lease may still run its node
+of the node's own (the latest one's: a drive that lost its lease may still run its node
 beside the drive that took the thread over)."""
 _nodes_lock = threading.Lock()
 

@@ -5,7 +5,7 @@ objects in the state read back as themselves."""
 from __future__ import annotations
 
 import operator
-from typing import Annotated, Any, TypedDict
+from typing import Annotated, Any, NamedTuple, TypedDict
 
 import pytest
 from langchain_core.agents import AgentAction, AgentFinish
@@ -208,3 +208,56 @@ def test_a_tasks_pydantic_result_comes_back_on_resume(store: Store) -> None:
         "a": "xfoo",
         "b": "y",
     }
+
+
+class Price(BaseModel):
+    amount: int
+    currency: str
+
+
+class Line(NamedTuple):
+    sku: str
+    price: Price
+
+
+class Point(NamedTuple):
+    x: int
+    y: int
+
+
+class Order(TypedDict, total=False):
+    corner: Point
+    lines: list[Line]
+    total: int
+
+
+def order_graph() -> StateGraph[Order]:
+    def add_lines(state: Order) -> dict[str, Any]:
+        return {"corner": Point(1, 2), "lines": [Line("a", Price(amount=3, currency="EUR"))]}
+
+    def total(state: Order) -> dict[str, Any]:
+        # Attribute access: what a node does with a named tuple it declared.
+        return {"total": state["corner"].x + sum(line.price.amount for line in state["lines"])}
+
+    builder = StateGraph(Order)
+    builder.add_node("add_lines", add_lines)
+    builder.add_node("total", total)
+    builder.add_edge(START, "add_lines")
+    builder.add_edge("add_lines", "total")
+    return builder
+
+
+def test_a_declared_named_tuple_comes_back_as_itself_in_another_process(store: Store) -> None:
+    """The worker that wrote it revives it; so must one that resumes the thread after a
+    crash, whose saver knows only what the graph declares."""
+    config = {"configurable": {"thread_id": "t1"}}
+    order_graph().compile(checkpointer=AgentqSaver(store), interrupt_before=["total"]).invoke(
+        {}, config
+    )
+    fresh = AgentqSaver(store).for_graph(order_graph())
+    resumed = order_graph().compile(checkpointer=fresh)
+    values = resumed.get_state(config).values
+    assert values["corner"] == Point(1, 2) and type(values["corner"]) is Point
+    [line] = values["lines"]
+    assert type(line) is Line and type(line.price) is Price
+    assert resumed.invoke(None, config)["total"] == 4

@@ -124,7 +124,9 @@ class AgentqSaver(BaseCheckpointSaver[str]):
             )
         return token
 
-    def _dumps(self, value: Any, what: str, thread_id: str) -> tuple[str, bytes]:
+    def _dumps(
+        self, value: Any, what: str, thread_id: str, step: int | None = None
+    ) -> tuple[str, bytes]:
         try:
             return self.serde.dumps_typed(value)
         except CodecError:
@@ -135,7 +137,7 @@ class AgentqSaver(BaseCheckpointSaver[str]):
                 f"serde ({exc}); keep plain data, pydantic models or dataclasses in the state",
                 path=what,
                 thread_id=thread_id,
-                step=None,
+                step=step,
             ) from exc
 
     def _loads(self, typed: tuple[str, bytes], what: str, thread_id: str) -> Any:
@@ -262,10 +264,12 @@ class AgentqSaver(BaseCheckpointSaver[str]):
         thread_id, ns = _target(config)
         stored: dict[str, Any] = dict(checkpoint)
         values: dict[str, Any] = stored.pop("channel_values", {})
+        # LangGraph's step of this checkpoint, as get_state_history shows it.
+        step = metadata.get("step")
         blobs = {}
         for channel, version in new_versions.items():
             typed = (
-                self._dumps(values[channel], f"channel {channel!r}", thread_id)
+                self._dumps(values[channel], f"channel {channel!r}", thread_id, step)
                 if channel in values
                 else ("empty", b"")
             )

@@ -5,6 +5,7 @@ objects in the state read back as themselves."""
 from __future__ import annotations
 
 import operator
+import threading
 from typing import Annotated, Any, NamedTuple, TypedDict
 
 import pytest
@@ -15,7 +16,7 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.types import Command, interrupt
 from pydantic import BaseModel
 
-from agentq.errors import LeaseHeld, StaleToken
+from agentq.errors import LeaseHeld, StaleToken, UnserializableState
 from agentq.langgraph import AgentqSaver
 from agentq.store.contract import Store
 
@@ -261,3 +262,25 @@ def test_a_declared_named_tuple_comes_back_as_itself_in_another_process(store: S
     [line] = values["lines"]
     assert type(line) is Line and type(line.price) is Price
     assert resumed.invoke(None, config)["total"] == 4
+
+
+class Loose(TypedDict, total=False):
+    n: int
+    handle: Any
+
+
+def test_a_value_msgpack_cannot_hold_is_refused_naming_the_step(store: Store) -> None:
+    """The step is the one ``get_state_history`` would have shown for the checkpoint."""
+    builder = StateGraph(Loose)
+    builder.add_node("count", lambda state: {"n": 1})
+    builder.add_node("open", lambda state: {"handle": threading.Lock()})
+    builder.add_edge(START, "count")
+    builder.add_edge("count", "open")
+    graph = builder.compile(checkpointer=AgentqSaver(store))
+    config = {"configurable": {"thread_id": "t1"}}
+    with pytest.raises(UnserializableState, match="channel 'handle'") as refused:
+        graph.invoke({"n": 0}, config, durability="sync")
+    assert refused.value.thread_id == "t1" and refused.value.step == 2
+    assert str(refused.value).startswith("thread 't1', step 2: ")
+    # The checkpoints before it: the input's (-1), START's and count's.
+    assert [saved.metadata["step"] for saved in graph.get_state_history(config)] == [1, 0, -1]

@@ -352,8 +352,9 @@ class AgentqSaver(BaseCheckpointSaver[str]):
 
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         """``keep_latest`` keeps each namespace's latest checkpoint with its writes and the
-        blobs it reads; ``delete`` removes the threads' checkpoints altogether. Neither
-        walks back to a ``DeltaChannel`` snapshot: don't prune graphs that use one."""
+        blobs it reads, and the ancestors LangGraph rebuilds its ``DeltaChannel`` values
+        from (back to each one's snapshot); ``delete`` removes the threads' checkpoints
+        altogether."""
         if strategy not in ("keep_latest", "delete"):
             raise InvalidArgument(
                 f"unknown prune strategy {strategy!r}; use 'keep_latest' or 'delete'"
@@ -363,7 +364,33 @@ class AgentqSaver(BaseCheckpointSaver[str]):
             if strategy == "delete":
                 self.backend.delete_thread(thread_id, self._token(thread_id))
             else:
-                self.backend.keep_latest(thread_id)
+                spaces = self.backend.namespaces(thread_id)
+                keep = {ns: self._rebuilt_from(thread_id, ns) for ns in spaces}
+                self.backend.keep_latest(thread_id, keep)
+
+    def _rebuilt_from(self, thread_id: str, ns: str) -> Sequence[str]:
+        """The namespace's latest checkpoint and the ancestors whose writes LangGraph
+        replays to rebuild its ``DeltaChannel`` values, back to one storing a snapshot of
+        each. The latest is named too: should a put land meanwhile, the new latest's chain
+        runs through it."""
+        row = self.backend.get(thread_id, ns, None)
+        if row is None:
+            return []
+        record, metadata = self._decode(thread_id, row)
+        # LangGraph counts the updates since the last snapshot of each delta channel.
+        waiting = set(metadata.get("counters_since_delta_snapshot") or ()) - _stored(row)
+        chain = [row.checkpoint_id]
+        parent = record.parent_id
+        while waiting and parent is not None:
+            found = self.backend.get(thread_id, ns, parent)
+            if found is None:
+                break
+            chain.append(found.checkpoint_id)
+            waiting -= _stored(found)
+            parent = records.decode_record(
+                found.record, thread_id=thread_id, checkpoint_id=found.checkpoint_id
+            ).parent_id
+        return chain
 
     def get_next_version(self, current: str | None, channel: None) -> str:
         # As LangGraph's own savers: a zero-padded counter sorts as text too; the random
@@ -418,6 +445,16 @@ class AgentqSaver(BaseCheckpointSaver[str]):
 
     async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         await aio.blocking(self.prune, thread_ids, strategy=strategy)
+
+
+def _stored(row: Row) -> set[str]:
+    """The channels whose value the checkpoint stores: not one cleared at its version, nor
+    a ``DeltaChannel`` between two snapshots."""
+    return {
+        records.field_channel(field)
+        for field, blob in zip(row.fields, row.blobs, strict=True)
+        if blob is not None and records.decode_blob(blob)[0] != "empty"
+    }
 
 
 def _target(config: RunnableConfig) -> tuple[str, str]:

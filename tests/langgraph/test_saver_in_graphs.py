@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import operator
 import threading
+from collections.abc import Sequence
 from typing import Annotated, Any, NamedTuple, TypedDict
 
 import pytest
 from langchain_core.agents import AgentAction, AgentFinish
+from langgraph.channels.delta import DeltaChannel
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.func import entrypoint, task
 from langgraph.graph import END, START, StateGraph
@@ -284,3 +286,46 @@ def test_a_value_msgpack_cannot_hold_is_refused_naming_the_step(store: Store) ->
     assert str(refused.value).startswith("thread 't1', step 2: ")
     # The checkpoints before it: the input's (-1), START's and count's.
     assert [saved.metadata["step"] for saved in graph.get_state_history(config)] == [1, 0, -1]
+
+
+def extend(items: list[int] | None, batches: Sequence[list[int]]) -> list[int]:
+    return [*(items or []), *(item for batch in batches for item in batch)]
+
+
+class Counted(TypedDict, total=False):
+    items: Annotated[list[int], DeltaChannel(extend, snapshot_frequency=100)]
+    n: int
+
+
+def counting() -> StateGraph[Counted]:
+    def count(state: Counted) -> dict[str, Any]:
+        return {"items": [state["n"] + 1], "n": state["n"] + 1}
+
+    builder = StateGraph(Counted)
+    builder.add_node("count", count)
+    builder.add_edge(START, "count")
+    builder.add_conditional_edges("count", lambda state: END if state["n"] >= 6 else "count")
+    return builder
+
+
+def test_pruning_keeps_what_a_delta_channel_is_rebuilt_from(store: Store) -> None:
+    """A ``DeltaChannel`` stores no value until its snapshot; LangGraph rebuilds it from
+    the ancestors' writes, so keeping only the latest checkpoint would empty it."""
+    saver = AgentqSaver(store)
+    graph = counting().compile(checkpointer=saver, interrupt_before=["count"])
+    config = {"configurable": {"thread_id": "t1"}}
+    graph.invoke({"items": [0], "n": 0}, config)
+    for _ in range(3):
+        graph.invoke(None, config)
+    assert graph.get_state(config).values == {"items": [0, 1, 2, 3], "n": 3}
+    saver.prune(["t1"])
+    assert graph.get_state(config).values == {"items": [0, 1, 2, 3], "n": 3}
+    while graph.get_state(config).next:
+        graph.invoke(None, config)
+    assert graph.get_state(config).values == {"items": [0, 1, 2, 3, 4, 5, 6], "n": 6}
+    # A graph without one keeps only its latest checkpoint, as before.
+    plain = build().compile(checkpointer=saver)
+    plain_config = {"configurable": {"thread_id": "t2"}}
+    plain.invoke({"log": []}, plain_config)
+    saver.prune(["t2"])
+    assert len(list(saver.list(plain_config))) == 2  # the root's and the subgraph's

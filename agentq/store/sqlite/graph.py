@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import sqlite3
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any, Final
 
@@ -189,14 +189,18 @@ class SQLiteGraph(GraphStore):
                 for ns in sorted({ns for ns, _ in gone}):
                     _collect_blobs(db, thread_id, ns)
 
-    def keep_latest(self, thread_id: str) -> None:
+    def keep_latest(self, thread_id: str, keep: Mapping[str, Collection[str]]) -> None:
         with self._write(thread_id, None) as db:
-            stale = db.execute(
-                "SELECT ns, checkpoint_id FROM lg_checkpoints c WHERE thread_id = ? AND "
-                "checkpoint_id < (SELECT MAX(checkpoint_id) FROM lg_checkpoints WHERE "
-                "thread_id = c.thread_id AND ns = c.ns)",
-                (thread_id,),
-            ).fetchall()
+            stale = [
+                (ns, checkpoint_id)
+                for ns, checkpoint_id in db.execute(
+                    "SELECT ns, checkpoint_id FROM lg_checkpoints c WHERE thread_id = ? AND "
+                    "checkpoint_id < (SELECT MAX(checkpoint_id) FROM lg_checkpoints WHERE "
+                    "thread_id = c.thread_id AND ns = c.ns)",
+                    (thread_id,),
+                ).fetchall()
+                if checkpoint_id not in keep.get(ns, ())
+            ]
             for ns, checkpoint_id in stale:
                 _drop(db, thread_id, ns, checkpoint_id)
             for ns in sorted({ns for ns, _ in stale}):

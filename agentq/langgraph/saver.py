@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import heapq
 import random
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from typing import Any, Self, cast
 
 from langchain_core.runnables import RunnableConfig
@@ -16,6 +16,7 @@ from langgraph.checkpoint.base import (
     Checkpoint,
     CheckpointMetadata,
     CheckpointTuple,
+    DeltaChannelHistory,
     PendingWrite,
     get_checkpoint_id,
     get_checkpoint_metadata,
@@ -254,6 +255,56 @@ class AgentqSaver(BaseCheckpointSaver[str]):
                     if left == 0:
                         return
 
+    def get_delta_channel_history(
+        self, *, config: RunnableConfig, channels: Sequence[str]
+    ) -> Mapping[str, DeltaChannelHistory]:
+        """LangGraph's walk up the parent chain, reading of each ancestor only the
+        channels still looking for their snapshot, not its whole state."""
+        if not channels:
+            return {}
+        thread_id, ns = _target(config)
+        collected: dict[str, list[PendingWrite]] = {c: [] for c in channels}
+        seeds: dict[str, Any] = {}
+        waiting = set(channels)
+        row = self.backend.get(thread_id, ns, get_checkpoint_id(config) or None, ())
+        parent = None if row is None else self._parent(thread_id, row)
+        while parent is not None and waiting:
+            row = self.backend.get(thread_id, ns, parent, waiting)
+            if row is None:
+                break
+            writes = []
+            for field, value in row.writes:
+                channel, typed, task_path = records.decode_write(value)
+                if channel in waiting:
+                    task_id, idx = records.decode_write_field(field)
+                    writes.append(
+                        (writes_sort_key(task_path, task_id, idx), task_id, channel, typed)
+                    )
+            writes.sort(key=lambda item: item[0])
+            for _, task_id, channel, typed in reversed(writes):
+                loaded = self._loads(typed, f"pending write to {channel!r}", thread_id)
+                collected[channel].append((task_id, channel, loaded))
+            for field, blob in zip(row.fields, row.blobs, strict=True):
+                typed = records.decode_blob(blob) if blob is not None else ("empty", b"")
+                channel = records.field_channel(field)
+                if typed[0] != "empty" and channel in waiting:
+                    seeds[channel] = self._loads(typed, f"channel {channel!r}", thread_id)
+                    waiting.discard(channel)
+            parent = self._parent(thread_id, row)
+        history: dict[str, DeltaChannelHistory] = {}
+        for channel in channels:
+            entry: DeltaChannelHistory = {"writes": collected[channel][::-1]}
+            if channel in seeds:
+                entry["seed"] = seeds[channel]
+            history[channel] = entry
+        return history
+
+    def _parent(self, thread_id: str, row: Row) -> str | None:
+        record = records.decode_record(
+            row.record, thread_id=thread_id, checkpoint_id=row.checkpoint_id
+        )
+        return record.parent_id
+
     def put(
         self,
         config: RunnableConfig,
@@ -387,9 +438,7 @@ class AgentqSaver(BaseCheckpointSaver[str]):
                 break
             chain.append(found.checkpoint_id)
             waiting -= _stored(found)
-            parent = records.decode_record(
-                found.record, thread_id=thread_id, checkpoint_id=found.checkpoint_id
-            ).parent_id
+            parent = self._parent(thread_id, found)
         return chain
 
     def get_next_version(self, current: str | None, channel: None) -> str:
@@ -433,6 +482,11 @@ class AgentqSaver(BaseCheckpointSaver[str]):
         task_path: str = "",
     ) -> None:
         await aio.blocking(self.put_writes, config, writes, task_id, task_path)
+
+    async def aget_delta_channel_history(
+        self, *, config: RunnableConfig, channels: Sequence[str]
+    ) -> Mapping[str, DeltaChannelHistory]:
+        return await aio.blocking(self.get_delta_channel_history, config=config, channels=channels)
 
     async def adelete_thread(self, thread_id: str) -> None:
         await aio.blocking(self.delete_thread, thread_id)

@@ -44,8 +44,15 @@ class GraphStore(ABC):
         ones last-wins). Atomic."""
 
     @abstractmethod
-    def get(self, thread_id: str, ns: str, checkpoint_id: str | None) -> Row | None:
-        """The checkpoint with that id, or the namespace's latest. One round trip."""
+    def get(
+        self,
+        thread_id: str,
+        ns: str,
+        checkpoint_id: str | None,
+        channels: Collection[str] | None = None,
+    ) -> Row | None:
+        """The checkpoint with that id, or the namespace's latest. One round trip. With
+        ``channels``, only their blobs are read (and ``fields`` lists only theirs)."""
 
     @abstractmethod
     def page(self, thread_id: str, ns: str, *, before: str | None, limit: int) -> list[Row]:

@@ -1,6 +1,7 @@
 """The saver under real LangGraph graphs, without Celery: subgraph namespaces, time travel,
-``update_state``, a stale writer refused from inside LangGraph's own loop, and pydantic
-objects in the state read back as themselves."""
+``update_state``, a stale writer refused from inside LangGraph's own loop, pydantic objects
+and named tuples in the state read back as themselves, and ``DeltaChannel`` rebuilt from
+its ancestors (after a prune too)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Annotated, Any, NamedTuple, TypedDict
 import pytest
 from langchain_core.agents import AgentAction, AgentFinish
 from langgraph.channels.delta import DeltaChannel
+from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.func import entrypoint, task
 from langgraph.graph import END, START, StateGraph
@@ -19,7 +21,7 @@ from langgraph.types import Command, interrupt
 from pydantic import BaseModel
 
 from agentq.errors import LeaseHeld, StaleToken, UnserializableState
-from agentq.langgraph import AgentqSaver
+from agentq.langgraph import AgentqSaver, AgentqSerializer
 from agentq.store.contract import Store
 
 
@@ -329,3 +331,48 @@ def test_pruning_keeps_what_a_delta_channel_is_rebuilt_from(store: Store) -> Non
     plain.invoke({"log": []}, plain_config)
     saver.prune(["t2"])
     assert len(list(saver.list(plain_config))) == 2  # the root's and the subgraph's
+
+
+class Counting(AgentqSerializer):
+    """Counts the values it reads that hold ``marker``."""
+
+    def __init__(self, marker: bytes) -> None:
+        super().__init__()
+        self.marker = marker
+        self.read = 0
+
+    def loads_typed(self, data: tuple[str, bytes]) -> Any:
+        if self.marker in data[1]:
+            self.read += 1
+        return super().loads_typed(data)
+
+
+class Document(TypedDict, total=False):
+    items: Annotated[list[int], DeltaChannel(extend, snapshot_frequency=100)]
+    body: str
+    n: int
+
+
+def test_rebuilding_a_delta_channel_reads_only_that_channel_of_each_ancestor(
+    store: Store,
+) -> None:
+    """LangGraph walks back through every checkpoint since the channel's snapshot: each
+    read of the thread would otherwise load the whole state of each of them."""
+    builder = StateGraph(Document)
+    builder.add_node("count", lambda state: {"items": [state["n"]], "n": state["n"] + 1})
+    builder.add_edge(START, "count")
+    builder.add_conditional_edges("count", lambda state: END if state["n"] >= 10 else "count")
+    serde = Counting(b"large body")
+    graph = builder.compile(checkpointer=AgentqSaver(store, serde=serde))
+    config = {"configurable": {"thread_id": "t1"}}
+    graph.invoke({"items": [], "n": 0, "body": "large body"}, config)
+    serde.read = 0
+    state = graph.get_state(config)
+    assert state.values == {"items": list(range(10)), "n": 10, "body": "large body"}
+    assert serde.read == 1  # the latest checkpoint's, none of its ten ancestors'
+    history = BaseCheckpointSaver.get_delta_channel_history
+    saver = AgentqSaver(store)
+    for saved in graph.get_state_history(config):
+        assert saver.get_delta_channel_history(
+            config=saved.config, channels=["items", "n"]
+        ) == history(saver, config=saved.config, channels=["items", "n"])

@@ -197,10 +197,17 @@ class RedisGraph(GraphStore):
 
     # -- reads ----------------------------------------------------------------------------
 
-    def get(self, thread_id: str, ns: str, checkpoint_id: str | None) -> Row | None:
+    def get(
+        self,
+        thread_id: str,
+        ns: str,
+        checkpoint_id: str | None,
+        channels: Collection[str] | None = None,
+    ) -> Row | None:
+        wanted = "" if channels is None else msgpack.packb(sorted(channels), use_bin_type=False)
         reply = self._scripts["get"](
             keys=[self.keys.ns_key(thread_id, "ids", ns)],
-            args=[self.keys.base(thread_id), escape(ns), checkpoint_id or ""],
+            args=[self.keys.base(thread_id), escape(ns), checkpoint_id or "", wanted],
         )
         return None if reply is None else self._row(ns, reply)
 

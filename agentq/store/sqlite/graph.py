@@ -19,7 +19,7 @@ from typing import Any, Final
 
 from agentq.errors import StoreConfigError
 from agentq.store.graph import GraphStore, lease_held, stale_token, thread_not_found
-from agentq.store.graph_records import Row, StoredCheckpoint, decode_refs
+from agentq.store.graph_records import Row, StoredCheckpoint, decode_refs, field_channel
 
 Connection = Callable[[], AbstractContextManager[sqlite3.Connection]]
 """Hands out the store's connection, held for the duration of the ``with``."""
@@ -117,7 +117,13 @@ class SQLiteGraph(GraphStore):
 
     # -- reads ----------------------------------------------------------------------------
 
-    def get(self, thread_id: str, ns: str, checkpoint_id: str | None) -> Row | None:
+    def get(
+        self,
+        thread_id: str,
+        ns: str,
+        checkpoint_id: str | None,
+        channels: Collection[str] | None = None,
+    ) -> Row | None:
         with self._read() as db:
             if checkpoint_id is None:
                 found = db.execute(
@@ -131,7 +137,7 @@ class SQLiteGraph(GraphStore):
                     "AND ns = ? AND checkpoint_id = ?",
                     (thread_id, ns, checkpoint_id),
                 ).fetchone()
-            return None if found is None else _row(db, thread_id, ns, found)
+            return None if found is None else _row(db, thread_id, ns, found, channels)
 
     def page(self, thread_id: str, ns: str, *, before: str | None, limit: int) -> list[Row]:
         with self._read() as db:
@@ -256,9 +262,17 @@ def _check_fence(db: sqlite3.Connection, thread_id: str, token: int | None) -> N
         raise stale_token(thread_id, token, found[0])
 
 
-def _row(db: sqlite3.Connection, thread_id: str, ns: str, found: Any) -> Row:
+def _row(
+    db: sqlite3.Connection,
+    thread_id: str,
+    ns: str,
+    found: Any,
+    channels: Collection[str] | None = None,
+) -> Row:
     checkpoint_id, record, refs = found
     fields = decode_refs(refs) if refs else []
+    if channels is not None:
+        fields = [f for f in fields if field_channel(f) in channels]
     stored: dict[bytes, bytes] = {}
     if fields:
         marks = ", ".join("?" * len(fields))

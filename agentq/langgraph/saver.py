@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import heapq
 import random
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from typing import Any, Self, cast
 
 from langchain_core.runnables import RunnableConfig
@@ -16,6 +16,7 @@ from langgraph.checkpoint.base import (
     Checkpoint,
     CheckpointMetadata,
     CheckpointTuple,
+    DeltaChannelHistory,
     PendingWrite,
     get_checkpoint_id,
     get_checkpoint_metadata,
@@ -124,7 +125,9 @@ class AgentqSaver(BaseCheckpointSaver[str]):
             )
         return token
 
-    def _dumps(self, value: Any, what: str, thread_id: str) -> tuple[str, bytes]:
+    def _dumps(
+        self, value: Any, what: str, thread_id: str, step: int | None = None
+    ) -> tuple[str, bytes]:
         try:
             return self.serde.dumps_typed(value)
         except CodecError:
@@ -135,7 +138,7 @@ class AgentqSaver(BaseCheckpointSaver[str]):
                 f"serde ({exc}); keep plain data, pydantic models or dataclasses in the state",
                 path=what,
                 thread_id=thread_id,
-                step=None,
+                step=step,
             ) from exc
 
     def _loads(self, typed: tuple[str, bytes], what: str, thread_id: str) -> Any:
@@ -252,6 +255,56 @@ class AgentqSaver(BaseCheckpointSaver[str]):
                     if left == 0:
                         return
 
+    def get_delta_channel_history(
+        self, *, config: RunnableConfig, channels: Sequence[str]
+    ) -> Mapping[str, DeltaChannelHistory]:
+        """LangGraph's walk up the parent chain, reading of each ancestor only the
+        channels still looking for their snapshot, not its whole state."""
+        if not channels:
+            return {}
+        thread_id, ns = _target(config)
+        collected: dict[str, list[PendingWrite]] = {c: [] for c in channels}
+        seeds: dict[str, Any] = {}
+        waiting = set(channels)
+        row = self.backend.get(thread_id, ns, get_checkpoint_id(config) or None, ())
+        parent = None if row is None else self._parent(thread_id, row)
+        while parent is not None and waiting:
+            row = self.backend.get(thread_id, ns, parent, waiting)
+            if row is None:
+                break
+            writes = []
+            for field, value in row.writes:
+                channel, typed, task_path = records.decode_write(value)
+                if channel in waiting:
+                    task_id, idx = records.decode_write_field(field)
+                    writes.append(
+                        (writes_sort_key(task_path, task_id, idx), task_id, channel, typed)
+                    )
+            writes.sort(key=lambda item: item[0])
+            for _, task_id, channel, typed in reversed(writes):
+                loaded = self._loads(typed, f"pending write to {channel!r}", thread_id)
+                collected[channel].append((task_id, channel, loaded))
+            for field, blob in zip(row.fields, row.blobs, strict=True):
+                typed = records.decode_blob(blob) if blob is not None else ("empty", b"")
+                channel = records.field_channel(field)
+                if typed[0] != "empty" and channel in waiting:
+                    seeds[channel] = self._loads(typed, f"channel {channel!r}", thread_id)
+                    waiting.discard(channel)
+            parent = self._parent(thread_id, row)
+        history: dict[str, DeltaChannelHistory] = {}
+        for channel in channels:
+            entry: DeltaChannelHistory = {"writes": collected[channel][::-1]}
+            if channel in seeds:
+                entry["seed"] = seeds[channel]
+            history[channel] = entry
+        return history
+
+    def _parent(self, thread_id: str, row: Row) -> str | None:
+        record = records.decode_record(
+            row.record, thread_id=thread_id, checkpoint_id=row.checkpoint_id
+        )
+        return record.parent_id
+
     def put(
         self,
         config: RunnableConfig,
@@ -262,10 +315,12 @@ class AgentqSaver(BaseCheckpointSaver[str]):
         thread_id, ns = _target(config)
         stored: dict[str, Any] = dict(checkpoint)
         values: dict[str, Any] = stored.pop("channel_values", {})
+        # LangGraph's step of this checkpoint, as get_state_history shows it.
+        step = metadata.get("step")
         blobs = {}
         for channel, version in new_versions.items():
             typed = (
-                self._dumps(values[channel], f"channel {channel!r}", thread_id)
+                self._dumps(values[channel], f"channel {channel!r}", thread_id, step)
                 if channel in values
                 else ("empty", b"")
             )
@@ -348,8 +403,9 @@ class AgentqSaver(BaseCheckpointSaver[str]):
 
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         """``keep_latest`` keeps each namespace's latest checkpoint with its writes and the
-        blobs it reads; ``delete`` removes the threads' checkpoints altogether. Neither
-        walks back to a ``DeltaChannel`` snapshot: don't prune graphs that use one."""
+        blobs it reads, and the ancestors LangGraph rebuilds its ``DeltaChannel`` values
+        from (back to each one's snapshot); ``delete`` removes the threads' checkpoints
+        altogether."""
         if strategy not in ("keep_latest", "delete"):
             raise InvalidArgument(
                 f"unknown prune strategy {strategy!r}; use 'keep_latest' or 'delete'"
@@ -359,7 +415,31 @@ class AgentqSaver(BaseCheckpointSaver[str]):
             if strategy == "delete":
                 self.backend.delete_thread(thread_id, self._token(thread_id))
             else:
-                self.backend.keep_latest(thread_id)
+                spaces = self.backend.namespaces(thread_id)
+                keep = {ns: self._rebuilt_from(thread_id, ns) for ns in spaces}
+                self.backend.keep_latest(thread_id, keep)
+
+    def _rebuilt_from(self, thread_id: str, ns: str) -> Sequence[str]:
+        """The namespace's latest checkpoint and the ancestors whose writes LangGraph
+        replays to rebuild its ``DeltaChannel`` values, back to one storing a snapshot of
+        each. The latest is named too: should a put land meanwhile, the new latest's chain
+        runs through it."""
+        row = self.backend.get(thread_id, ns, None)
+        if row is None:
+            return []
+        record, metadata = self._decode(thread_id, row)
+        # LangGraph counts the updates since the last snapshot of each delta channel.
+        waiting = set(metadata.get("counters_since_delta_snapshot") or ()) - _stored(row)
+        chain = [row.checkpoint_id]
+        parent = record.parent_id
+        while waiting and parent is not None:
+            found = self.backend.get(thread_id, ns, parent)
+            if found is None:
+                break
+            chain.append(found.checkpoint_id)
+            waiting -= _stored(found)
+            parent = self._parent(thread_id, found)
+        return chain
 
     def get_next_version(self, current: str | None, channel: None) -> str:
         # As LangGraph's own savers: a zero-padded counter sorts as text too; the random
@@ -403,6 +483,11 @@ class AgentqSaver(BaseCheckpointSaver[str]):
     ) -> None:
         await aio.blocking(self.put_writes, config, writes, task_id, task_path)
 
+    async def aget_delta_channel_history(
+        self, *, config: RunnableConfig, channels: Sequence[str]
+    ) -> Mapping[str, DeltaChannelHistory]:
+        return await aio.blocking(self.get_delta_channel_history, config=config, channels=channels)
+
     async def adelete_thread(self, thread_id: str) -> None:
         await aio.blocking(self.delete_thread, thread_id)
 
@@ -414,6 +499,16 @@ class AgentqSaver(BaseCheckpointSaver[str]):
 
     async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         await aio.blocking(self.prune, thread_ids, strategy=strategy)
+
+
+def _stored(row: Row) -> set[str]:
+    """The channels whose value the checkpoint stores: not one cleared at its version, nor
+    a ``DeltaChannel`` between two snapshots."""
+    return {
+        records.field_channel(field)
+        for field, blob in zip(row.fields, row.blobs, strict=True)
+        if blob is not None and records.decode_blob(blob)[0] != "empty"
+    }
 
 
 def _target(config: RunnableConfig) -> tuple[str, str]:

@@ -6,13 +6,16 @@ the list of classes comes from the graph's code. It is LangGraph's own rule unde
 ``LANGGRAPH_STRICT_MSGPACK``: the pydantic models, dataclasses and enums reachable from
 the state, input, output and context schemas, the nodes' and branches' input schemas, and
 the channels' value types (through ``list[...]``, ``Optional``, ``Annotated``, TypedDicts
-and nested models), in the graph and in every subgraph.
+and nested models), in the graph and in every subgraph. Named tuples too, which LangGraph's
+walk passes by: the process that wrote one revives it, so a worker resuming the thread
+after a crash must as well, or a node reading ``state["point"].x`` fails there only.
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import Any, get_type_hints
+import dataclasses
+from typing import Any, get_args, get_type_hints, is_typeddict
 
 from langgraph._internal._serde import build_serde_allowlist
 from langgraph.graph import StateGraph
@@ -25,8 +28,47 @@ def graph_types(graph: StateGraph[Any] | Pregel[Any, Any, Any, Any]) -> frozense
     allowed: set[tuple[str, ...]] = set()
     for pregel in (compiled, *(sub for _, sub in compiled.get_subgraphs(recurse=True))):
         channels = getattr(pregel, "channels", None)  # a remote graph has none
-        allowed |= build_serde_allowlist(schemas=_schemas(pregel), channels=channels)
+        schemas = _schemas(pregel)
+        allowed |= build_serde_allowlist(schemas=schemas, channels=channels)
+        for channel in (channels or {}).values():
+            schemas += [getattr(channel, "ValueType", None), getattr(channel, "UpdateType", None)]
+        for named in _named_tuples(schemas):
+            allowed.add((named.__module__, named.__name__))
+            # What a named tuple holds: its models, dataclasses and enums.
+            allowed |= build_serde_allowlist(schemas=list(_hints(named)))
     return frozenset(allowed)
+
+
+def _named_tuples(types: list[Any]) -> set[type]:
+    """The named tuple classes reachable from ``types``, the way LangGraph's walk reaches
+    classes: through generics, unions, ``Annotated``, TypedDicts, models and dataclasses."""
+    found: set[type] = set()
+    seen: set[int] = set()
+    todo = list(types)
+    while todo:
+        typ = todo.pop()
+        if typ is None or id(typ) in seen:
+            continue
+        seen.add(id(typ))
+        if isinstance(typ, type) and issubclass(typ, tuple) and hasattr(typ, "_fields"):
+            found.add(typ)
+        if isinstance(typ, type) and (
+            is_typeddict(typ)
+            or dataclasses.is_dataclass(typ)
+            or hasattr(typ, "model_fields")
+            or typ in found
+        ):
+            todo.extend(_hints(typ))
+        else:
+            todo.extend(get_args(typ))
+            todo.append(getattr(typ, "__supertype__", None))  # a NewType
+    return found
+
+
+def _hints(cls: type) -> list[Any]:
+    with contextlib.suppress(Exception):  # a hint its module cannot resolve is no type
+        return list(get_type_hints(cls).values())
+    return []
 
 
 def _schemas(pregel: Any) -> list[Any]:

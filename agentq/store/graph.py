@@ -16,7 +16,7 @@ task. In the same atomic step as the write, the graph store reads the thread's a
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 from agentq.errors import LeaseHeld, StaleToken, ThreadNotFound
 from agentq.store.graph_records import Row, StoredCheckpoint
@@ -44,8 +44,15 @@ class GraphStore(ABC):
         ones last-wins). Atomic."""
 
     @abstractmethod
-    def get(self, thread_id: str, ns: str, checkpoint_id: str | None) -> Row | None:
-        """The checkpoint with that id, or the namespace's latest. One round trip."""
+    def get(
+        self,
+        thread_id: str,
+        ns: str,
+        checkpoint_id: str | None,
+        channels: Collection[str] | None = None,
+    ) -> Row | None:
+        """The checkpoint with that id, or the namespace's latest. One round trip. With
+        ``channels``, only their blobs are read (and ``fields`` lists only theirs)."""
 
     @abstractmethod
     def page(self, thread_id: str, ns: str, *, before: str | None, limit: int) -> list[Row]:
@@ -70,9 +77,9 @@ class GraphStore(ABC):
         no remaining checkpoint reads. Atomic per thread."""
 
     @abstractmethod
-    def keep_latest(self, thread_id: str) -> None:
-        """Keep only the latest checkpoint of each namespace (with its writes and the blobs
-        it reads). Atomic."""
+    def keep_latest(self, thread_id: str, keep: Mapping[str, Collection[str]]) -> None:
+        """Keep only the latest checkpoint of each namespace and the ones ``keep`` names
+        for it (with their writes and the blobs they read). Atomic."""
 
     @abstractmethod
     def copy_thread(self, source: str, target: str) -> None:

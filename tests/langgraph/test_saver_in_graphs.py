@@ -1,22 +1,27 @@
 """The saver under real LangGraph graphs, without Celery: subgraph namespaces, time travel,
-``update_state``, a stale writer refused from inside LangGraph's own loop, and pydantic
-objects in the state read back as themselves."""
+``update_state``, a stale writer refused from inside LangGraph's own loop, pydantic objects
+and named tuples in the state read back as themselves, and ``DeltaChannel`` rebuilt from
+its ancestors (after a prune too)."""
 
 from __future__ import annotations
 
 import operator
-from typing import Annotated, Any, TypedDict
+import threading
+from collections.abc import Sequence
+from typing import Annotated, Any, NamedTuple, TypedDict
 
 import pytest
 from langchain_core.agents import AgentAction, AgentFinish
+from langgraph.channels.delta import DeltaChannel
+from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.func import entrypoint, task
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import Command, interrupt
 from pydantic import BaseModel
 
-from agentq.errors import LeaseHeld, StaleToken
-from agentq.langgraph import AgentqSaver
+from agentq.errors import LeaseHeld, StaleToken, UnserializableState
+from agentq.langgraph import AgentqSaver, AgentqSerializer
 from agentq.store.contract import Store
 
 
@@ -208,3 +213,166 @@ def test_a_tasks_pydantic_result_comes_back_on_resume(store: Store) -> None:
         "a": "xfoo",
         "b": "y",
     }
+
+
+class Price(BaseModel):
+    amount: int
+    currency: str
+
+
+class Line(NamedTuple):
+    sku: str
+    price: Price
+
+
+class Point(NamedTuple):
+    x: int
+    y: int
+
+
+class Order(TypedDict, total=False):
+    corner: Point
+    lines: list[Line]
+    total: int
+
+
+def order_graph() -> StateGraph[Order]:
+    def add_lines(state: Order) -> dict[str, Any]:
+        return {"corner": Point(1, 2), "lines": [Line("a", Price(amount=3, currency="EUR"))]}
+
+    def total(state: Order) -> dict[str, Any]:
+        # Attribute access: what a node does with a named tuple it declared.
+        return {"total": state["corner"].x + sum(line.price.amount for line in state["lines"])}
+
+    builder = StateGraph(Order)
+    builder.add_node("add_lines", add_lines)
+    builder.add_node("total", total)
+    builder.add_edge(START, "add_lines")
+    builder.add_edge("add_lines", "total")
+    return builder
+
+
+def test_a_declared_named_tuple_comes_back_as_itself_in_another_process(store: Store) -> None:
+    """The worker that wrote it revives it; so must one that resumes the thread after a
+    crash, whose saver knows only what the graph declares."""
+    config = {"configurable": {"thread_id": "t1"}}
+    order_graph().compile(checkpointer=AgentqSaver(store), interrupt_before=["total"]).invoke(
+        {}, config
+    )
+    fresh = AgentqSaver(store).for_graph(order_graph())
+    resumed = order_graph().compile(checkpointer=fresh)
+    values = resumed.get_state(config).values
+    assert values["corner"] == Point(1, 2) and type(values["corner"]) is Point
+    [line] = values["lines"]
+    assert type(line) is Line and type(line.price) is Price
+    assert resumed.invoke(None, config)["total"] == 4
+
+
+class Loose(TypedDict, total=False):
+    n: int
+    handle: Any
+
+
+def test_a_value_msgpack_cannot_hold_is_refused_naming_the_step(store: Store) -> None:
+    """The step is the one ``get_state_history`` would have shown for the checkpoint."""
+    builder = StateGraph(Loose)
+    builder.add_node("count", lambda state: {"n": 1})
+    builder.add_node("open", lambda state: {"handle": threading.Lock()})
+    builder.add_edge(START, "count")
+    builder.add_edge("count", "open")
+    graph = builder.compile(checkpointer=AgentqSaver(store))
+    config = {"configurable": {"thread_id": "t1"}}
+    with pytest.raises(UnserializableState, match="channel 'handle'") as refused:
+        graph.invoke({"n": 0}, config, durability="sync")
+    assert refused.value.thread_id == "t1" and refused.value.step == 2
+    assert str(refused.value).startswith("thread 't1', step 2: ")
+    # The checkpoints before it: the input's (-1), START's and count's.
+    assert [saved.metadata["step"] for saved in graph.get_state_history(config)] == [1, 0, -1]
+
+
+def extend(items: list[int] | None, batches: Sequence[list[int]]) -> list[int]:
+    return [*(items or []), *(item for batch in batches for item in batch)]
+
+
+class Counted(TypedDict, total=False):
+    items: Annotated[list[int], DeltaChannel(extend, snapshot_frequency=100)]
+    n: int
+
+
+def counting() -> StateGraph[Counted]:
+    def count(state: Counted) -> dict[str, Any]:
+        return {"items": [state["n"] + 1], "n": state["n"] + 1}
+
+    builder = StateGraph(Counted)
+    builder.add_node("count", count)
+    builder.add_edge(START, "count")
+    builder.add_conditional_edges("count", lambda state: END if state["n"] >= 6 else "count")
+    return builder
+
+
+def test_pruning_keeps_what_a_delta_channel_is_rebuilt_from(store: Store) -> None:
+    """A ``DeltaChannel`` stores no value until its snapshot; LangGraph rebuilds it from
+    the ancestors' writes, so keeping only the latest checkpoint would empty it."""
+    saver = AgentqSaver(store)
+    graph = counting().compile(checkpointer=saver, interrupt_before=["count"])
+    config = {"configurable": {"thread_id": "t1"}}
+    graph.invoke({"items": [0], "n": 0}, config)
+    for _ in range(3):
+        graph.invoke(None, config)
+    assert graph.get_state(config).values == {"items": [0, 1, 2, 3], "n": 3}
+    saver.prune(["t1"])
+    assert graph.get_state(config).values == {"items": [0, 1, 2, 3], "n": 3}
+    while graph.get_state(config).next:
+        graph.invoke(None, config)
+    assert graph.get_state(config).values == {"items": [0, 1, 2, 3, 4, 5, 6], "n": 6}
+    # A graph without one keeps only its latest checkpoint, as before.
+    plain = build().compile(checkpointer=saver)
+    plain_config = {"configurable": {"thread_id": "t2"}}
+    plain.invoke({"log": []}, plain_config)
+    saver.prune(["t2"])
+    assert len(list(saver.list(plain_config))) == 2  # the root's and the subgraph's
+
+
+class Counting(AgentqSerializer):
+    """Counts the values it reads that hold ``marker``."""
+
+    def __init__(self, marker: bytes) -> None:
+        super().__init__()
+        self.marker = marker
+        self.read = 0
+
+    def loads_typed(self, data: tuple[str, bytes]) -> Any:
+        if self.marker in data[1]:
+            self.read += 1
+        return super().loads_typed(data)
+
+
+class Document(TypedDict, total=False):
+    items: Annotated[list[int], DeltaChannel(extend, snapshot_frequency=100)]
+    body: str
+    n: int
+
+
+def test_rebuilding_a_delta_channel_reads_only_that_channel_of_each_ancestor(
+    store: Store,
+) -> None:
+    """LangGraph walks back through every checkpoint since the channel's snapshot: each
+    read of the thread would otherwise load the whole state of each of them."""
+    builder = StateGraph(Document)
+    builder.add_node("count", lambda state: {"items": [state["n"]], "n": state["n"] + 1})
+    builder.add_edge(START, "count")
+    builder.add_conditional_edges("count", lambda state: END if state["n"] >= 10 else "count")
+    serde = Counting(b"large body")
+    graph = builder.compile(checkpointer=AgentqSaver(store, serde=serde))
+    config = {"configurable": {"thread_id": "t1"}}
+    graph.invoke({"items": [], "n": 0, "body": "large body"}, config)
+    serde.read = 0
+    state = graph.get_state(config)
+    assert state.values == {"items": list(range(10)), "n": 10, "body": "large body"}
+    assert serde.read == 1  # the latest checkpoint's, none of its ten ancestors'
+    history = BaseCheckpointSaver.get_delta_channel_history
+    saver = AgentqSaver(store)
+    for saved in graph.get_state_history(config):
+        assert saver.get_delta_channel_history(
+            config=saved.config, channels=["items", "n"]
+        ) == history(saver, config=saved.config, channels=["items", "n"])

@@ -7,7 +7,7 @@ store's ``_prelude.lua`` (whose fence check they share) and ``_graph_prelude.lua
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -197,10 +197,17 @@ class RedisGraph(GraphStore):
 
     # -- reads ----------------------------------------------------------------------------
 
-    def get(self, thread_id: str, ns: str, checkpoint_id: str | None) -> Row | None:
+    def get(
+        self,
+        thread_id: str,
+        ns: str,
+        checkpoint_id: str | None,
+        channels: Collection[str] | None = None,
+    ) -> Row | None:
+        wanted = "" if channels is None else msgpack.packb(sorted(channels), use_bin_type=False)
         reply = self._scripts["get"](
             keys=[self.keys.ns_key(thread_id, "ids", ns)],
-            args=[self.keys.base(thread_id), escape(ns), checkpoint_id or ""],
+            args=[self.keys.base(thread_id), escape(ns), checkpoint_id or "", wanted],
         )
         return None if reply is None else self._row(ns, reply)
 
@@ -240,13 +247,14 @@ class RedisGraph(GraphStore):
             )
             self._unindex(*((self.keys.run_index(r), thread_id) for r in runs))
 
-    def keep_latest(self, thread_id: str) -> None:
+    def keep_latest(self, thread_id: str, keep: Mapping[str, Collection[str]]) -> None:
+        kept = {escape(ns): sorted(ids) for ns, ids in keep.items() if ids}
         self._fenced(
             "keep_latest",
             thread_id,
             None,
             [self.keys.namespaces(thread_id)],
-            [self.keys.base(thread_id)],
+            [self.keys.base(thread_id), msgpack.packb(kept, use_bin_type=False)],
         )
 
     def copy_thread(self, source: str, target: str) -> None:

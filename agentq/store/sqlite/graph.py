@@ -13,13 +13,13 @@ from __future__ import annotations
 import math
 import sqlite3
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any, Final
 
 from agentq.errors import StoreConfigError
 from agentq.store.graph import GraphStore, lease_held, stale_token, thread_not_found
-from agentq.store.graph_records import Row, StoredCheckpoint, decode_refs
+from agentq.store.graph_records import Row, StoredCheckpoint, decode_refs, field_channel
 
 Connection = Callable[[], AbstractContextManager[sqlite3.Connection]]
 """Hands out the store's connection, held for the duration of the ``with``."""
@@ -117,7 +117,13 @@ class SQLiteGraph(GraphStore):
 
     # -- reads ----------------------------------------------------------------------------
 
-    def get(self, thread_id: str, ns: str, checkpoint_id: str | None) -> Row | None:
+    def get(
+        self,
+        thread_id: str,
+        ns: str,
+        checkpoint_id: str | None,
+        channels: Collection[str] | None = None,
+    ) -> Row | None:
         with self._read() as db:
             if checkpoint_id is None:
                 found = db.execute(
@@ -131,7 +137,7 @@ class SQLiteGraph(GraphStore):
                     "AND ns = ? AND checkpoint_id = ?",
                     (thread_id, ns, checkpoint_id),
                 ).fetchone()
-            return None if found is None else _row(db, thread_id, ns, found)
+            return None if found is None else _row(db, thread_id, ns, found, channels)
 
     def page(self, thread_id: str, ns: str, *, before: str | None, limit: int) -> list[Row]:
         with self._read() as db:
@@ -189,14 +195,18 @@ class SQLiteGraph(GraphStore):
                 for ns in sorted({ns for ns, _ in gone}):
                     _collect_blobs(db, thread_id, ns)
 
-    def keep_latest(self, thread_id: str) -> None:
+    def keep_latest(self, thread_id: str, keep: Mapping[str, Collection[str]]) -> None:
         with self._write(thread_id, None) as db:
-            stale = db.execute(
-                "SELECT ns, checkpoint_id FROM lg_checkpoints c WHERE thread_id = ? AND "
-                "checkpoint_id < (SELECT MAX(checkpoint_id) FROM lg_checkpoints WHERE "
-                "thread_id = c.thread_id AND ns = c.ns)",
-                (thread_id,),
-            ).fetchall()
+            stale = [
+                (ns, checkpoint_id)
+                for ns, checkpoint_id in db.execute(
+                    "SELECT ns, checkpoint_id FROM lg_checkpoints c WHERE thread_id = ? AND "
+                    "checkpoint_id < (SELECT MAX(checkpoint_id) FROM lg_checkpoints WHERE "
+                    "thread_id = c.thread_id AND ns = c.ns)",
+                    (thread_id,),
+                ).fetchall()
+                if checkpoint_id not in keep.get(ns, ())
+            ]
             for ns, checkpoint_id in stale:
                 _drop(db, thread_id, ns, checkpoint_id)
             for ns in sorted({ns for ns, _ in stale}):
@@ -252,9 +262,17 @@ def _check_fence(db: sqlite3.Connection, thread_id: str, token: int | None) -> N
         raise stale_token(thread_id, token, found[0])
 
 
-def _row(db: sqlite3.Connection, thread_id: str, ns: str, found: Any) -> Row:
+def _row(
+    db: sqlite3.Connection,
+    thread_id: str,
+    ns: str,
+    found: Any,
+    channels: Collection[str] | None = None,
+) -> Row:
     checkpoint_id, record, refs = found
     fields = decode_refs(refs) if refs else []
+    if channels is not None:
+        fields = [f for f in fields if field_channel(f) in channels]
     stored: dict[bytes, bytes] = {}
     if fields:
         marks = ", ".join("?" * len(fields))

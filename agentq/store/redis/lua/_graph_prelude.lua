@@ -24,8 +24,9 @@ local function escape(s)
   return (string.gsub(s, '[%%:]', {['%'] = '%25', [':'] = '%3A'}))
 end
 
--- One checkpoint as the client reads it: {id, record, refs, blobs, writes}.
-local function row(base, ens, id)
+-- One checkpoint as the client reads it: {id, record, refs, blobs, writes}. With
+-- ``wanted`` (a set of channel names), only those channels' blobs, and refs naming them.
+local function row(base, ens, id, wanted)
   local record = redis.call('HGET', base .. 'cp:' .. ens, id)
   if not record then
     return false
@@ -34,6 +35,16 @@ local function row(base, ens, id)
   local fields = {}
   if refs ~= '' then
     fields = cmsgpack.unpack(refs)
+  end
+  if wanted then
+    local kept = {}
+    for _, f in ipairs(fields) do
+      if wanted[cmsgpack.unpack(f)[1]] then
+        table.insert(kept, f)
+      end
+    end
+    fields = kept
+    refs = #kept > 0 and cmsgpack.pack(kept) or ''
   end
   local blobs = {}
   if #fields > 0 then

@@ -687,6 +687,18 @@ def test_gc_of_a_graph_thread_leaves_no_entry_in_the_langgraph_indexes(store: St
     assert snapshot(store) == before
 
 
+def test_deleting_every_run_of_a_saver_thread_leaves_nothing_behind(store: Store) -> None:
+    """A plain saver's thread (no agentq thread) whose runs LangGraph deletes one by one:
+    once its last checkpoint goes, no key and no index entry of it may stay for good."""
+    store.graph()  # its tables, on SQLite
+    before = snapshot(store)
+    _graph_put(store, "", "c1", None)
+    _graph_put(store, "sub:task1", "c2", None)
+    store.graph().delete_runs(["run1"])
+    assert store.graph().threads() == []
+    assert snapshot(store) == before
+
+
 def test_delete_thread_removes_everything_it_owns(store: Store) -> None:
     store.open_thread("keep", task="agent")
     before = snapshot(store)

@@ -231,14 +231,18 @@ class RedisGraph(GraphStore):
             for member in self.client.smembers(self.keys.run_index(run_id)):
                 by_thread.setdefault(_text(member), []).append(run_id)
         for thread_id, runs in sorted(by_thread.items()):
-            self._fenced(
+            emptied = self._fenced(
                 "delete_runs",
                 thread_id,
                 None,
                 [],
                 [self.keys.base(thread_id), *(escape(r) for r in runs)],
             )
-            self._unindex(*((self.keys.run_index(r), thread_id) for r in runs))
+            entries = [(self.keys.run_index(r), thread_id) for r in runs]
+            if emptied:
+                # Its last checkpoint went with these runs: list(None) must not name it.
+                entries.append((self.keys.thread_index(), thread_id))
+            self._unindex(*entries)
 
     def keep_latest(self, thread_id: str) -> None:
         self._fenced(

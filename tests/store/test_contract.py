@@ -712,6 +712,48 @@ def test_delete_thread_removes_everything_it_owns(store: Store) -> None:
     assert snapshot(store) == before
 
 
+@pytest.mark.parametrize("removal", ["delete", "gc"])
+def test_a_thread_that_used_every_kind_of_key_leaves_nothing_behind(
+    store: Store, removal: str
+) -> None:
+    """Logs, snapshots inline and staged, artifacts, effect records, LangGraph
+    checkpoints in two namespaces with their writes, a retry timer: deleted or expired,
+    the thread leaves the store as it was before it, indexes included."""
+    store.graph()  # its tables, on SQLite
+    store.open_thread("keep", task="agent")
+    before = snapshot(store)
+    token = started(store)
+    messages: list[object] = []
+    for step in range(7):
+        appended = len(messages)
+        messages = [*messages, {"n": step, "text": "x" * 4000}]
+        big = "y" * (40_000 if step % 2 else 10)  # every other snapshot staged on Redis
+        store.commit(
+            "t1", token, cp(step, token, messages=messages, big=big), logs={"messages": appended}
+        )
+    store.put_artifact("t1", b"bytes" * 1000)
+    store.claim_effect("t1", "charge", token)
+    store.complete_effect("t1", "charge", token, {"ok": True})
+    store.claim_effect("t1", "email", token)
+    _graph_put(store, "", "c1", token)
+    _graph_put(store, "sub:task1", "c2", token)
+    store.set_status("t1", token, Status.RETRYING, due_in=0, release_owner="w1")
+    token = store.acquire("t1", "w2", TTL)
+    store.commit(
+        "t1",
+        token,
+        cp(7, token, messages=messages),
+        status=Status.DONE,
+        logs={"messages": len(messages)},
+    )
+    if removal == "delete":
+        assert store.delete_thread("t1")
+    else:
+        assert store.gc(0) == 1
+    assert store.graph().threads() == []
+    assert snapshot(store) == before
+
+
 def test_gc_deletes_finished_threads_after_their_ttl(store: Store) -> None:
     for name in ("done", "running"):
         token = started(store, name)

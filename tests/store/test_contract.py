@@ -687,6 +687,35 @@ def test_gc_of_a_graph_thread_leaves_no_entry_in_the_langgraph_indexes(store: St
     assert snapshot(store) == before
 
 
+def test_a_langgraph_write_refused_for_a_deleted_thread_leaves_no_index_entry(
+    store: Store,
+) -> None:
+    """A graph task's thread deleted while its node ran: its next LangGraph checkpoint is
+    refused, and the entries the put makes ahead of its data must not outlive it (nothing
+    would ever delete them: the thread is gone)."""
+    store.graph()  # its tables, on SQLite
+    before = snapshot(store)
+    token = started(store)
+    assert store.delete_thread("t1")
+    with pytest.raises(ThreadNotFound):
+        _graph_put(store, "", "c1", token)  # store.graph(): a process that never indexed it
+    assert store.graph().threads() == []
+    assert snapshot(store) == before
+
+
+def test_a_graph_fork_into_a_taken_id_leaves_no_index_entry_for_it(store: Store) -> None:
+    token = started(store)
+    store.commit("t1", token, cp(0, token))
+    _graph_put(store, "", "c1", token)
+    store.commit("t1", token, cp(1, token), status=Status.WAITING, release_owner="w1")
+    store.open_thread("taken", task="agent")
+    before = snapshot(store)
+    with pytest.raises(ThreadExists):
+        store.fork("t1", 1, "taken")
+    assert snapshot(store) == before
+    assert store.graph().threads() == ["t1"]
+
+
 def test_deleting_every_run_of_a_saver_thread_leaves_nothing_behind(store: Store) -> None:
     """A plain saver's thread (no agentq thread) whose runs LangGraph deletes one by one:
     once its last checkpoint goes, no key and no index entry of it may stay for good."""

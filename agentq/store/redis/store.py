@@ -47,6 +47,8 @@ logger = logging.getLogger(__name__)
 
 
 _DRIVEN: Final = ("status", "step", "fence")
+_SYNCED_PAGE: Final = 500
+"""Threads of the Cluster's synced hash each ``gc`` checks for entries left behind."""
 """The meta fields that tell whether a worker has taken a thread since they were read."""
 
 
@@ -369,7 +371,30 @@ class RedisStore(RedisCheckpoints, RedisEffects, RedisLimits, RedisListing, Redi
                     self.sync_index(thread_id)
             if left is not None:
                 left -= len(members)
+        if self.cluster:
+            self._drop_entries_of_gone_threads()
         return removed
+
+    def _drop_entries_of_gone_threads(self) -> None:
+        """On Redis Cluster, index entries can outlive their thread: its delete's second
+        call lost for good, or an earlier change's arriving after it. Those of a thread
+        due somewhere the sweeper puts right when it finds them due; a waiting thread's
+        would stay in its status index (and be counted) for good. Every thread the indexes
+        hold has a field in the synced hash, so each gc looks at the next page of it and
+        takes out the entries of threads that no longer exist."""
+        cursor, page = self.client.hscan(
+            self.keys.synced(), self._synced_cursor, count=_SYNCED_PAGE
+        )
+        self._synced_cursor = int(cursor)
+        ids = [text(thread_id) for thread_id in page]
+        if not ids:
+            return
+        pipe = self.client.pipeline(transaction=False)
+        for thread_id in ids:
+            pipe.exists(self.keys.meta(thread_id))
+        for thread_id, exists in zip(ids, pipe.execute(), strict=True):
+            if not exists:
+                self.sync_index(thread_id)  # reads the meta again: an id created since stays
 
     def _do_acquire(self, thread_id: str, owner: str, ttl: float) -> int:
         return int(self._acquire(thread_id, owner, ttl, only_runnable=False)[1])

@@ -262,6 +262,47 @@ def test_an_older_state_arriving_late_does_not_overwrite_a_newer_one(
     assert index_entries(store, "t1") == ({Status.FAILED}, None)
 
 
+def test_gc_removes_a_waiting_thread_that_a_late_index_call_brought_back(
+    store: RedisStore,
+) -> None:
+    """A waiting thread is due nowhere, so no sweep finds an entry its deletion left: it
+    stayed in the status index (and was counted) for good."""
+    token = running(store, "t1")
+    store.set_status("t1", token, Status.WAITING, release_owner="w1")
+    # The wait's entries, as a slow client would send them ...
+    (older,) = store._scripts["sync_index"](keys=[store.keys.meta("t1")], args=["", "t1"])
+    assert store.delete_thread("t1")
+    # ... after the delete's own.
+    store._scripts["index"](
+        keys=[store.keys.due(), store.keys.synced()],
+        args=[store.keys.status_index_prefix(), *older],
+    )
+    assert store.status_counts()[Status.WAITING] == 1
+    store.open_thread("kept", task="agent", start_grace=60)
+    assert store.gc(3600) == 0
+    assert index_entries(store, "t1") == (set(), None)
+    assert store.client.hget(store.keys.synced(), "t1") is None
+    assert store.status_counts()[Status.WAITING] == 0
+    assert_indexes_follow_meta(store, "kept")
+
+
+def test_gc_removes_what_a_delete_whose_index_call_was_lost_left(
+    store: RedisStore, faults: Faults
+) -> None:
+    token = running(store, "t1")
+    store.set_status("t1", token, Status.WAITING, release_owner="w1")
+    faults.drop(sha(store, "index"))
+    # The operator's client dies here: nothing sends the delete again.
+    with pytest.raises(Exception) as failed:
+        store.delete_thread("t1")
+    assert store.is_transient(failed.value)
+    faults.heal()
+    assert index_entries(store, "t1") == ({Status.WAITING}, None)
+    assert store.gc(3600) == 0
+    assert index_entries(store, "t1") == (set(), None)
+    assert store.client.hget(store.keys.synced(), "t1") is None
+
+
 def test_sync_index_repairs_what_a_lost_index_call_left(store: RedisStore, faults: Faults) -> None:
     token = running(store, "t1")
     faults.drop(sha(store, "index"))

@@ -687,6 +687,47 @@ def test_gc_of_a_graph_thread_leaves_no_entry_in_the_langgraph_indexes(store: St
     assert snapshot(store) == before
 
 
+def test_a_langgraph_write_refused_for_a_deleted_thread_leaves_no_index_entry(
+    store: Store,
+) -> None:
+    """A graph task's thread deleted while its node ran: its next LangGraph checkpoint is
+    refused, and the entries the put makes ahead of its data must not outlive it (nothing
+    would ever delete them: the thread is gone)."""
+    store.graph()  # its tables, on SQLite
+    before = snapshot(store)
+    token = started(store)
+    assert store.delete_thread("t1")
+    with pytest.raises(ThreadNotFound):
+        _graph_put(store, "", "c1", token)  # store.graph(): a process that never indexed it
+    assert store.graph().threads() == []
+    assert snapshot(store) == before
+
+
+def test_a_graph_fork_into_a_taken_id_leaves_no_index_entry_for_it(store: Store) -> None:
+    token = started(store)
+    store.commit("t1", token, cp(0, token))
+    _graph_put(store, "", "c1", token)
+    store.commit("t1", token, cp(1, token), status=Status.WAITING, release_owner="w1")
+    store.open_thread("taken", task="agent")
+    before = snapshot(store)
+    with pytest.raises(ThreadExists):
+        store.fork("t1", 1, "taken")
+    assert snapshot(store) == before
+    assert store.graph().threads() == ["t1"]
+
+
+def test_deleting_every_run_of_a_saver_thread_leaves_nothing_behind(store: Store) -> None:
+    """A plain saver's thread (no agentq thread) whose runs LangGraph deletes one by one:
+    once its last checkpoint goes, no key and no index entry of it may stay for good."""
+    store.graph()  # its tables, on SQLite
+    before = snapshot(store)
+    _graph_put(store, "", "c1", None)
+    _graph_put(store, "sub:task1", "c2", None)
+    store.graph().delete_runs(["run1"])
+    assert store.graph().threads() == []
+    assert snapshot(store) == before
+
+
 def test_delete_thread_removes_everything_it_owns(store: Store) -> None:
     store.open_thread("keep", task="agent")
     before = snapshot(store)
@@ -697,6 +738,48 @@ def test_delete_thread_removes_everything_it_owns(store: Store) -> None:
     assert store.meta("gone") is None and store.latest("gone") is None
     assert store.effect("gone", "charge") is None
     assert not store.delete_thread("gone")
+    assert snapshot(store) == before
+
+
+@pytest.mark.parametrize("removal", ["delete", "gc"])
+def test_a_thread_that_used_every_kind_of_key_leaves_nothing_behind(
+    store: Store, removal: str
+) -> None:
+    """Logs, snapshots inline and staged, artifacts, effect records, LangGraph
+    checkpoints in two namespaces with their writes, a retry timer: deleted or expired,
+    the thread leaves the store as it was before it, indexes included."""
+    store.graph()  # its tables, on SQLite
+    store.open_thread("keep", task="agent")
+    before = snapshot(store)
+    token = started(store)
+    messages: list[object] = []
+    for step in range(7):
+        appended = len(messages)
+        messages = [*messages, {"n": step, "text": "x" * 4000}]
+        big = "y" * (40_000 if step % 2 else 10)  # every other snapshot staged on Redis
+        store.commit(
+            "t1", token, cp(step, token, messages=messages, big=big), logs={"messages": appended}
+        )
+    store.put_artifact("t1", b"bytes" * 1000)
+    store.claim_effect("t1", "charge", token)
+    store.complete_effect("t1", "charge", token, {"ok": True})
+    store.claim_effect("t1", "email", token)
+    _graph_put(store, "", "c1", token)
+    _graph_put(store, "sub:task1", "c2", token)
+    store.set_status("t1", token, Status.RETRYING, due_in=0, release_owner="w1")
+    token = store.acquire("t1", "w2", TTL)
+    store.commit(
+        "t1",
+        token,
+        cp(7, token, messages=messages),
+        status=Status.DONE,
+        logs={"messages": len(messages)},
+    )
+    if removal == "delete":
+        assert store.delete_thread("t1")
+    else:
+        assert store.gc(0) == 1
+    assert store.graph().threads() == []
     assert snapshot(store) == before
 
 

@@ -83,6 +83,8 @@ class RedisBase(Store):
         self._heads: dict[str, tuple[int, tuple[str, ...]]] = {}
         """thread id -> (latest step, append-only fields) as this store last saw them: a
         guess that ``latest()`` checks on the server, never trusts."""
+        self._synced_cursor = 0
+        """Where the next ``gc`` goes on through the synced hash (Redis Cluster)."""
 
     @classmethod
     def from_url(

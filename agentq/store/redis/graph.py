@@ -15,6 +15,7 @@ import msgpack
 import redis
 from redis.cluster import RedisCluster
 
+from agentq.errors import LeaseHeld, StaleToken, ThreadNotFound
 from agentq.store.graph import GraphStore, lease_held, stale_token, thread_not_found
 from agentq.store.graph_records import Row, StoredCheckpoint, decode_refs
 from agentq.store.redis.graph_keys import GraphKeys, escape, unescape
@@ -72,6 +73,8 @@ def index_entries(keys: GraphKeys, thread_id: str, runs: Sequence[str]) -> list[
 
 def unindex(client: redis.Redis | RedisCluster, entries: Sequence[tuple[str, str]]) -> None:
     """Remove ``(index key, thread id)`` entries of a thread whose data is deleted."""
+    if not entries:
+        return
     pipe = client.pipeline(transaction=False)
     for key, thread_id in entries:
         pipe.srem(key, thread_id)
@@ -106,27 +109,31 @@ class RedisGraph(GraphStore):
         refusal(reply[0], reply[1], thread_id, token)
         return reply[1]
 
-    def _index(self, *entries: tuple[str, str]) -> list[tuple[str, str]]:
-        """Add ``(index key, thread id)`` entries not yet known to be there; return those
-        skipped as known."""
+    def _index(self, *entries: tuple[str, str]) -> Indexed:
+        """Add ``(index key, thread id)`` entries not yet known to be there."""
         with self._indexed_lock:
             missing = [e for e in entries if f"{e[0]}\0{e[1]}" not in self._indexed]
         known = [e for e in entries if e not in missing]
         if not missing:
-            return known
+            return Indexed(known, [])
         pipe = self.client.pipeline(transaction=False)
         for key, thread_id in missing:
             pipe.sadd(key, thread_id)
-        pipe.execute()
+        added = pipe.execute()
         with self._indexed_lock:
             if len(self._indexed) > _INDEXED_LIMIT:
                 self._indexed.clear()
             self._indexed.update(f"{key}\0{thread_id}" for key, thread_id in missing)
-        return known
+        return Indexed(known, [e for e, new in zip(missing, added, strict=True) if new])
+
+    def unindex_refused(self, indexed: Indexed) -> None:
+        """Take out the entries ``indexed`` created for a write the store then refused:
+        they name a thread that holds none of that data, and no delete would find them
+        (a thread deleted meanwhile is gone; one that holds no LangGraph data is deleted
+        without looking)."""
+        self._unindex(*indexed.created)
 
     def _unindex(self, *entries: tuple[str, str]) -> None:
-        if not entries:
-            return
         unindex(self.client, entries)
         with self._indexed_lock:
             self._indexed.difference_update(f"{key}\0{tid}" for key, tid in entries)
@@ -157,26 +164,34 @@ class RedisGraph(GraphStore):
         if stored.run_id is not None:
             index.append((k.run_index(stored.run_id), thread_id))
             keys.append(k.run(thread_id, stored.run_id))
-        skipped = self._index(*index)
+        indexed = self._index(*index)
         blobs = [item for pair in stored.blobs.items() for item in pair]
-        first = self._fenced(
-            "put",
-            thread_id,
-            token,
-            keys,
-            [
-                escape(ns),
-                stored.checkpoint_id,
-                stored.record,
-                stored.refs,
-                f"{escape(ns)}:{stored.checkpoint_id}",
-                "1" if stored.clears_failures else "",
-                *blobs,
-            ],
-        )
+        try:
+            first = self._fenced(
+                "put",
+                thread_id,
+                token,
+                keys,
+                [
+                    escape(ns),
+                    stored.checkpoint_id,
+                    stored.record,
+                    stored.refs,
+                    f"{escape(ns)}:{stored.checkpoint_id}",
+                    "1" if stored.clears_failures else "",
+                    *blobs,
+                ],
+            )
+        except (StaleToken, ThreadNotFound, LeaseHeld):
+            self.unindex_refused(indexed)
+            raise
         # An entry this process added once may have gone since with the thread's data,
         # deleted by another process: the put tells when the data starts anew.
-        gone = [entry for entry, new in zip(index, first, strict=False) if new and entry in skipped]
+        gone = [
+            entry
+            for entry, new in zip(index, first, strict=False)
+            if new and entry in indexed.known
+        ]
         if gone:
             with self._indexed_lock:
                 self._indexed.difference_update(f"{key}\0{tid}" for key, tid in gone)
@@ -238,14 +253,18 @@ class RedisGraph(GraphStore):
             for member in self.client.smembers(self.keys.run_index(run_id)):
                 by_thread.setdefault(_text(member), []).append(run_id)
         for thread_id, runs in sorted(by_thread.items()):
-            self._fenced(
+            emptied = self._fenced(
                 "delete_runs",
                 thread_id,
                 None,
                 [],
                 [self.keys.base(thread_id), *(escape(r) for r in runs)],
             )
-            self._unindex(*((self.keys.run_index(r), thread_id) for r in runs))
+            entries = [(self.keys.run_index(r), thread_id) for r in runs]
+            if emptied:
+                # Its last checkpoint went with these runs: list(None) must not name it.
+                entries.append((self.keys.thread_index(), thread_id))
+            self._unindex(*entries)
 
     def keep_latest(self, thread_id: str, keep: Mapping[str, Collection[str]]) -> None:
         kept = {escape(ns): sorted(ids) for ns, ids in keep.items() if ids}
@@ -261,8 +280,12 @@ class RedisGraph(GraphStore):
         copied = self.read_copy(source, target)
         if not copied.commands:
             return
-        self.index_copy(target, copied)
-        self._fenced("restore", target, None, [], [copied.packed()])
+        indexed = self.index_copy(target, copied)
+        try:
+            self._fenced("restore", target, None, [], [copied.packed()])
+        except LeaseHeld:
+            self.unindex_refused(indexed)
+            raise
 
     def holds(self, thread_id: str, owned: Sequence[str]) -> bool:
         """Whether ``owned`` (the thread's owned set) names LangGraph keys."""
@@ -304,11 +327,23 @@ class RedisGraph(GraphStore):
                 runs.append(unescape(suffix[len("run:") :]))
         return GraphCopy(commands, runs)
 
-    def index_copy(self, target: str, copied: GraphCopy) -> None:
+    def index_copy(self, target: str, copied: GraphCopy) -> Indexed:
         """Index ``target`` for a copy about to be written: before, so that the indexes
         never miss a thread holding data (see :mod:`~agentq.store.redis.graph_keys`)."""
         k = self.keys
-        self._index((k.thread_index(), target), *((k.run_index(r), target) for r in copied.runs))
+        return self._index(
+            (k.thread_index(), target), *((k.run_index(r), target) for r in copied.runs)
+        )
+
+
+@dataclass(frozen=True)
+class Indexed:
+    """What adding global index entries ahead of a write did."""
+
+    known: list[tuple[str, str]]
+    """Entries skipped: this process had added them before."""
+    created: list[tuple[str, str]]
+    """Entries this call created, which a refused write must take out again."""
 
 
 @dataclass(frozen=True)

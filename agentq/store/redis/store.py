@@ -47,6 +47,8 @@ logger = logging.getLogger(__name__)
 
 
 _DRIVEN: Final = ("status", "step", "fence")
+_SYNCED_PAGE: Final = 500
+"""Threads of the Cluster's synced hash each ``gc`` checks for entries left behind."""
 """The meta fields that tell whether a worker has taken a thread since they were read."""
 
 
@@ -192,68 +194,78 @@ class RedisStore(RedisCheckpoints, RedisEffects, RedisLimits, RedisListing, Redi
         if source.node is None:
             raise final_checkpoint(thread_id, step)
         owned = sorted(text(key) for key in owned_keys)
-        graph = self._graph_copy(thread_id, step, new_thread_id, owned, driven)
-        _, lengths = decode_envelope(thread_id, blob(data), step=step)
-        log_args: list[Any] = [len(lengths)]
-        for field, length in lengths.items():
-            items = self.client.lrange(self.keys.log(thread_id, field), 0, length - 1)
-            log_args += [field, len(items), *items]
-        artifact_args = self._artifact_args(thread_id, owned)
-        # Read in several round trips, as no script may read the source and write the fork
-        # on Cluster: a source deleted meanwhile (gc) would leave the fork a checkpoint
-        # whose logs or artifacts were never copied.
-        if created is None or self.client.hget(self.keys.meta(thread_id), "created_at") != created:
-            raise ThreadNotFound(
-                "cannot fork: the thread was deleted while its checkpoint was being read; "
-                "nothing was written",
-                thread_id=thread_id,
-                step=step,
+        graph, indexed = self._graph_copy(thread_id, step, new_thread_id, owned, driven)
+        try:
+            _, lengths = decode_envelope(thread_id, blob(data), step=step)
+            log_args: list[Any] = [len(lengths)]
+            for field, length in lengths.items():
+                items = self.client.lrange(self.keys.log(thread_id, field), 0, length - 1)
+                log_args += [field, len(items), *items]
+            artifact_args = self._artifact_args(thread_id, owned)
+            # Read in several round trips, as no script may read the source and write the fork
+            # on Cluster: a source deleted meanwhile (gc) would leave the fork a checkpoint
+            # whose logs or artifacts were never copied.
+            if (
+                created is None
+                or self.client.hget(self.keys.meta(thread_id), "created_at") != created
+            ):
+                raise ThreadNotFound(
+                    "cannot fork: the thread was deleted while its checkpoint was being read; "
+                    "nothing was written",
+                    thread_id=thread_id,
+                    step=step,
+                )
+            made, flat, _ = self._run(
+                "create_fork",
+                [
+                    self.keys.meta(new_thread_id),
+                    self.keys.latest(new_thread_id),
+                    self.keys.checkpoint(new_thread_id, step),
+                    self.keys.owned(new_thread_id),
+                ],
+                [
+                    new_thread_id,
+                    data,
+                    step,
+                    source.node or "",
+                    text(task or source.task),
+                    input_blob or "",
+                    self.keys.thread(new_thread_id),
+                    log_fields(lengths),
+                    options_blob or "",
+                    request_id(),
+                    new_incarnation(),
+                    *log_args,
+                    *artifact_args,
+                    graph.packed() if graph.commands else "",
+                ],
+                indexed=True,
             )
-        made, flat, _ = self._run(
-            "create_fork",
-            [
-                self.keys.meta(new_thread_id),
-                self.keys.latest(new_thread_id),
-                self.keys.checkpoint(new_thread_id, step),
-                self.keys.owned(new_thread_id),
-            ],
-            [
-                new_thread_id,
-                data,
-                step,
-                source.node or "",
-                text(task or source.task),
-                input_blob or "",
-                self.keys.thread(new_thread_id),
-                log_fields(lengths),
-                options_blob or "",
-                request_id(),
-                new_incarnation(),
-                *log_args,
-                *artifact_args,
-                graph.packed() if graph.commands else "",
-            ],
-            indexed=True,
-        )
-        if not made:
-            raise ThreadExists(
-                f"cannot fork step {step} of {thread_id!r} into an existing thread; pick "
-                "another id or delete that thread first",
-                thread_id=new_thread_id,
-            )
-        return self._meta(new_thread_id, hash_to_fields(flat))
+            if not made:
+                raise ThreadExists(
+                    f"cannot fork step {step} of {thread_id!r} into an existing thread; pick "
+                    "another id or delete that thread first",
+                    thread_id=new_thread_id,
+                )
+            return self._meta(new_thread_id, hash_to_fields(flat))
+        except (ThreadNotFound, ThreadExists):
+            # Nothing was written: the entries made ahead of the copy would name a
+            # thread that holds none of it, for good.
+            unindex(self.client, indexed)
+            raise
 
     def _graph_copy(
         self, thread_id: str, step: int, new_thread_id: str, owned: list[str], driven: list[Any]
-    ) -> GraphCopy:
+    ) -> tuple[GraphCopy, list[tuple[str, str]]]:
         """The source's LangGraph keys for the fork, refused unless they stand where
-        ``step`` does (:func:`refuse_graph_fork`). ``driven`` is the source's status, step
-        and fence as read before; they are read again after the keys, since no script can
-        read the source and write the fork on Cluster: a fence that moved means a worker
-        took the thread meanwhile and may have written some of them."""
+        ``step`` does (:func:`refuse_graph_fork`), and the index entries made for the fork
+        ahead of them. ``driven`` is the source's status, step and fence as read before;
+        they are read again after the keys, since no script can read the source and write
+        the fork on Cluster: a fence that moved means a worker took the thread meanwhile
+        and may have written some of them."""
         graph = self.graph()
         if not graph.holds(thread_id, owned):
-            return GraphCopy([], [])
+            return GraphCopy([], []), []
         _refuse_driven(thread_id, step, driven)
         copied = graph.read_copy(thread_id, new_thread_id)
         after = self.client.hmget(self.keys.meta(thread_id), list(_DRIVEN))
@@ -265,8 +277,7 @@ class RedisStore(RedisCheckpoints, RedisEffects, RedisLimits, RedisListing, Redi
                 thread_id=thread_id,
                 step=step,
             )
-        graph.index_copy(new_thread_id, copied)
-        return copied
+        return copied, graph.index_copy(new_thread_id, copied).created
 
     def _artifact_args(self, thread_id: str, owned: list[str]) -> list[Any]:
         """Every artifact of the thread as create_fork takes them: how many, then each as
@@ -360,7 +371,30 @@ class RedisStore(RedisCheckpoints, RedisEffects, RedisLimits, RedisListing, Redi
                     self.sync_index(thread_id)
             if left is not None:
                 left -= len(members)
+        if self.cluster:
+            self._drop_entries_of_gone_threads()
         return removed
+
+    def _drop_entries_of_gone_threads(self) -> None:
+        """On Redis Cluster, index entries can outlive their thread: its delete's second
+        call lost for good, or an earlier change's arriving after it. Those of a thread
+        due somewhere the sweeper puts right when it finds them due; a waiting thread's
+        would stay in its status index (and be counted) for good. Every thread the indexes
+        hold has a field in the synced hash, so each gc looks at the next page of it and
+        takes out the entries of threads that no longer exist."""
+        cursor, page = self.client.hscan(
+            self.keys.synced(), self._synced_cursor, count=_SYNCED_PAGE
+        )
+        self._synced_cursor = int(cursor)
+        ids = [text(thread_id) for thread_id in page]
+        if not ids:
+            return
+        pipe = self.client.pipeline(transaction=False)
+        for thread_id in ids:
+            pipe.exists(self.keys.meta(thread_id))
+        for thread_id, exists in zip(ids, pipe.execute(), strict=True):
+            if not exists:
+                self.sync_index(thread_id)  # reads the meta again: an id created since stays
 
     def _do_acquire(self, thread_id: str, owner: str, ttl: float) -> int:
         return int(self._acquire(thread_id, owner, ttl, only_runnable=False)[1])

@@ -64,7 +64,8 @@ local function drop_checkpoint(base, ens, id, owned)
 end
 
 -- Deletes the namespace's blobs that no remaining checkpoint reads, and the namespace
--- itself once it holds no checkpoint.
+-- itself once it holds no checkpoint; with the last namespace the owned set forgets the
+-- namespace set too, or a saver's thread with no agentq thread would keep it for good.
 local function collect(base, ens, owned)
   if redis.call('ZCARD', base .. 'ids:' .. ens) == 0 then
     for _, kind in ipairs({'ids:', 'cp:', 'refs:', 'blob:'}) do
@@ -72,6 +73,9 @@ local function collect(base, ens, owned)
       redis.call('SREM', owned, base .. kind .. ens)
     end
     redis.call('SREM', base .. 'ns', ens)
+    if redis.call('SCARD', base .. 'ns') == 0 then
+      redis.call('SREM', owned, base .. 'ns')
+    end
     return
   end
   local used = {}

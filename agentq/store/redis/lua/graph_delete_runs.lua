@@ -3,7 +3,8 @@
 -- remaining checkpoint reads.
 -- KEYS[1] meta, [2] lock, [3] owned.
 -- ARGV[1] token or '', [2] thread key base, [3..] escaped run ids.
--- Returns {1, 0}, or a refusal (see _graph_prelude.lua).
+-- Returns {1, 1} if the thread holds no LangGraph checkpoint any more, {1, 0} if it does,
+-- or a refusal (see _graph_prelude.lua).
 local refusal = refuse_graph_write(KEYS[1], KEYS[2], ARGV[1])
 if refusal then
   return refusal
@@ -27,4 +28,4 @@ end
 for _, ens in ipairs(touched) do
   collect(base, ens, KEYS[3])
 end
-return {1, 0}
+return {1, redis.call('SCARD', base .. 'ns') == 0 and 1 or 0}

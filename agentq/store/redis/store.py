@@ -47,9 +47,9 @@ logger = logging.getLogger(__name__)
 
 
 _DRIVEN: Final = ("status", "step", "fence")
+"""The meta fields that tell whether a worker has taken a thread since they were read."""
 _SYNCED_PAGE: Final = 500
 """Threads of the Cluster's synced hash each ``gc`` checks for entries left behind."""
-"""The meta fields that tell whether a worker has taken a thread since they were read."""
 
 
 def _refuse_driven(thread_id: str, step: int, driven: list[Any]) -> None:

@@ -565,6 +565,36 @@ def test_from_url_refuses_other_schemes(url: str) -> None:
         RedisStore.from_url(url)
 
 
+@pytest.mark.parametrize(
+    ("query", "option"),
+    [("socket_timout=2", "socket_timout"), ("ssl_cert_reqs=none", "ssl_cert_reqs")],
+    ids=["misspelt", "tls-option-without-rediss"],
+)
+def test_a_url_option_redis_py_does_not_take_is_refused_when_the_store_is_made(
+    redis_server: RedisServer, query: str, option: str
+) -> None:
+    """redis-py passes it to the connection, which refuses it only on the first command:
+    a worker's first step, or a caller's .delay()."""
+    with pytest.raises(StoreConfigError, match=f"does not take .*'{option}'"):
+        RedisStore.from_url(f"{redis_server.url}?{query}")
+
+
+def test_a_urls_redis_py_options_reach_every_connection_resp3_included(
+    redis_server: RedisServer,
+) -> None:
+    url = f"{redis_server.url[:-2]}/3?protocol=3&health_check_interval=1&client_name=agentq-w"
+    with redis_store(url) as store:
+        info = store.client.client_info()
+        assert (info["name"], info["db"], str(info["resp"])) == ("agentq-w", 3, "3")
+        store.open_thread("t1", task="agent")
+        token = store.acquire("t1", "w1", TTL)
+        store.commit("t1", token, checkpoint(0, token), status=Status.WAITING)
+        assert store.latest("t1") == checkpoint(0, token)
+        assert [m.status for m in store.threads()] == [Status.WAITING]
+    with admin_client(redis_server, db=3) as admin:
+        assert admin.exists("agentq:thread:{t1}:meta")
+
+
 def test_a_client_that_decodes_responses_is_refused(start_redis: StartRedis) -> None:
     server = start_redis()
     with (

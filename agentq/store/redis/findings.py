@@ -9,15 +9,31 @@ from redis.cluster import RedisCluster
 from agentq.errors import StoreConfigError
 from agentq.records import Finding
 from agentq.store.redis.decode import text
+from agentq.store.redis.transient import untrusted_certificate
 
 
 def server_findings(client: redis.Redis | RedisCluster) -> list[Finding]:
     """Read the server's settings and judge them; a managed server may refuse ``CONFIG``.
 
     Raises :class:`~agentq.errors.StoreConfigError` when the server refuses the
-    connection's own setup (the URL's database), which is no finding about settings."""
+    connection's own setup (the URL's credentials, database or TLS trust), which is no
+    finding about settings."""
     try:
         client.ping()
+    except redis.AuthenticationError as exc:
+        raise StoreConfigError(
+            f"the Redis server refused the store URL's credentials ({exc}); put the user "
+            "and password it expects in the URL, redis://user:password@host:6379/1 (or "
+            "redis://:password@host:6379/1 for a server with requirepass alone)"
+        ) from exc
+    except redis.ConnectionError as exc:
+        if not untrusted_certificate(exc):
+            raise
+        raise StoreConfigError(
+            f"the Redis server's TLS certificate is not trusted ({exc}); name the CA that "
+            "signed it in the URL, rediss://host:6380/1?ssl_ca_certs=/path/ca.pem (and "
+            "connect by the host name the certificate holds)"
+        ) from exc
     except redis.ResponseError as exc:
         raise StoreConfigError(
             f"the Redis server refused the connection's setup ({exc}); check the URL's "

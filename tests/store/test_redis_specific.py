@@ -449,6 +449,22 @@ def test_check_reports_what_the_server_is_configured_with(
         assert problem in finding.problem and fix in finding.fix
 
 
+def test_check_refuses_a_replica_whose_writes_would_be_waited_out_as_an_outage(
+    start_redis: StartRedis,
+) -> None:
+    primary = start_redis()
+    replica = start_redis("--replicaof", "127.0.0.1", str(primary.port))
+    with redis_store(replica.url) as store:
+        with pytest.raises(redis.ReadOnlyError) as refused:
+            store.open_thread("t1", task="agent")
+        assert store.is_transient(refused.value)  # as when a failover demotes the primary
+        (finding,) = store.check()
+    assert (finding.setting, finding.value) == ("replicaof", f"127.0.0.1 {primary.port}")
+    assert finding.fatal and "primary" in finding.fix
+    with redis_store(primary.url) as store:
+        assert store.check() == []
+
+
 # -- connecting --------------------------------------------------------------------------
 
 ACL_USER, ACL_PASSWORD = "agent-worker", "w0rker-pass"

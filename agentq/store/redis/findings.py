@@ -1,5 +1,6 @@
 """What ``check()`` reports about a Redis server's settings: persistence and eviction, the
-two that decide whether an acknowledged checkpoint survives."""
+two that decide whether an acknowledged checkpoint survives, and whether it is a replica,
+which takes none."""
 
 from __future__ import annotations
 
@@ -86,6 +87,20 @@ def redis_findings(config: dict[str, str]) -> list[Finding]:
                 "the OS decides when the AOF reaches disk: a power loss can drop acknowledged "
                 "checkpoints.",
                 "set appendfsync always (or everysec to risk at most one second)",
+            )
+        )
+    primary = config.get("replicaof", "")
+    if primary:
+        findings.append(
+            Finding(
+                "replicaof",
+                primary,
+                "the store is a replica: it refuses every write, which agentq would wait out "
+                "as an outage (or, with replica-read-only no, its primary's next sync drops "
+                "them).",
+                "point the store URL at the primary (with Sentinel, pass "
+                "RedisStore(Sentinel(hosts).master_for(name)))",
+                fatal=True,
             )
         )
     policy = config.get("maxmemory-policy", "noeviction")

@@ -552,6 +552,23 @@ def test_check_without_config_permission_reports_that_it_cannot_tell(
     assert "no permissions" in finding.problem and "provider" in finding.fix
 
 
+def test_the_readmes_acl_rule_drives_a_thread_and_lets_check_read_the_settings(
+    start_redis: StartRedis,
+) -> None:
+    server = start_redis()
+    rule = "on >w0rker-pass ~agentq:* +@all -@dangerous +config|get"  # as in the README
+    with admin_client(server) as admin:
+        admin.execute_command("ACL", "SETUSER", "agentq", *rule.split())
+    with redis_store(f"redis://agentq:w0rker-pass@127.0.0.1:{server.port}/0") as store:
+        assert store.check() == []
+        store.open_thread("t1", task="agent")
+        token = store.acquire("t1", "w1", TTL)
+        store.commit("t1", token, checkpoint(0, token), status=Status.DONE, release_owner="w1")
+        assert store.delete_thread("t1")
+    with admin_client(server) as admin:
+        assert admin.acl_log() == []
+
+
 @pytest.mark.parametrize(
     "url",
     [

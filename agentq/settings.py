@@ -31,10 +31,12 @@ def connections_for(tasks_at_once: int) -> int:
 class Settings:
     """Every duration is in seconds.
 
-    ``store`` is a URL (``redis://…``, ``rediss://…``, ``unix://…``, ``sqlite:///…``) or a
-    :class:`~agentq.store.contract.Store`. A worker that dies is noticed when its lease runs
-    out, so ``lease_ttl`` bounds recovery time; it is renewed every ``lease_ttl / 3`` while
-    a step runs, however long that step blocks.
+    ``store`` is a URL (``redis://…``, ``rediss://…``, ``unix://…``, ``sqlite:///…``), a
+    :class:`~agentq.store.contract.Store`, or a redis-py client (``redis.Redis``,
+    ``RedisCluster``) used as it is, its own pool bound in place of ``max_connections``.
+    A worker that dies is noticed when its lease runs out, so ``lease_ttl`` bounds recovery
+    time; it is renewed every ``lease_ttl / 3`` while a step runs, however long that step
+    blocks.
 
     ``max_connections`` bounds each worker process's connections to a Redis store (per
     node on Cluster); a task that finds them all busy waits for one instead of failing.

@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
+from agentq.errors import SettingsError
 from agentq.settings import Settings, connections_for
 from agentq.store import open_store
 from agentq.store.contract import Store
+
+if TYPE_CHECKING:
+    import redis
+    from redis.cluster import RedisCluster
 
 WORKER_STEP: Final = "agentq.celery.bootstep:AgentqWorkerStep"
 """The bootstep that runs recovery and the deploy hand-over, named as Celery loads steps."""
@@ -20,7 +25,7 @@ class Runtime:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self._store = settings.store if isinstance(settings.store, Store) else None
+        self._store = _given_store(settings)
         self._opening = threading.Lock()
         self._pid = os.getpid()
         self.tasks_at_once = 1
@@ -52,8 +57,39 @@ class Runtime:
         )
 
 
-def init_app(app: Any, store: str | Store | None = None, **settings: Any) -> Runtime:
-    """Configure agentq for ``app``: ``store`` is a URL or a store object, ``settings``
+def _given_store(settings: Settings) -> Store | None:
+    """The store the settings hold as an object (a redis-py client becomes a
+    :class:`~agentq.store.redis.store.RedisStore` on it, its own pool and timeouts kept);
+    ``None`` for a URL, opened on first use."""
+    given = settings.store
+    if isinstance(given, str | Store):
+        return given if isinstance(given, Store) else None
+    # Here, not at the top: a SQLite store's processes need not import redis-py.
+    import redis
+    from redis.cluster import RedisCluster
+
+    if isinstance(given, redis.Redis | RedisCluster):
+        from agentq.store.redis.store import RedisStore
+
+        return RedisStore(
+            given,
+            prefix=settings.prefix,
+            keep_last=settings.keep_last,
+            max_checkpoint_bytes=settings.max_checkpoint_bytes,
+        )
+    raise SettingsError(
+        f"agentq setting store is a {type(given).__name__}; give a URL "
+        "(redis://host:6379/1, sqlite:///agentq.db), a redis-py client (redis.Redis or "
+        "RedisCluster; for a connection pool, redis.Redis(connection_pool=pool)) or a store "
+        "(RedisStore, SQLiteStore)"
+    )
+
+
+def init_app(
+    app: Any, store: str | Store | redis.Redis | RedisCluster | None = None, **settings: Any
+) -> Runtime:
+    """Configure agentq for ``app``: ``store`` is a URL, a redis-py client or a store
+    object, ``settings``
     any field of :class:`~agentq.settings.Settings`; ``app.conf.agentq_<name>`` values are
     read first and the arguments override them. Adds the recovery sweeper and the deploy
     handoff to the app's workers."""

@@ -146,6 +146,16 @@ class Driver:
             self._give_back(token)  # unless another worker has it
             return None
         except Exception as exc:
+            if isinstance(exc, ThreadNotFound) and exc.thread_id == thread_id:
+                # Its keys were removed under it (delete_thread, or FLUSHDB, DEL, an
+                # eviction): no status to set, no lease to give back, nothing resumes it.
+                raise ThreadNotFound(
+                    "deleted from the store while a worker drove it (delete_thread, or its "
+                    "keys removed: FLUSHDB, DEL, eviction); its progress is gone, start it "
+                    "again with .delay()",
+                    thread_id=thread_id,
+                    step=exc.step,
+                ) from exc
             if self.store_unreachable(exc):
                 # The task says what became of the thread, in one line.
                 self.requeued = give_back(store, thread_id, token, self.owner)

@@ -9,11 +9,13 @@ free port); none of them is the shared Redis on 6379.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as dt
 import itertools
 import multiprocessing as mp
 import shutil
 import signal
+import subprocess
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
@@ -32,7 +34,7 @@ from agentq.store.redis.base import SOCKET_TIMEOUT
 from agentq.store.redis.checkpoints import INLINE_SNAPSHOT_BYTES
 from agentq.store.redis.store import RedisStore
 from tests.store.raw import snapshot
-from tests.support.redis_server import RedisServer, wait_until
+from tests.support.redis_server import RedisServer, free_port, wait_until
 
 if TYPE_CHECKING:
     from multiprocessing.queues import Queue
@@ -447,6 +449,22 @@ def test_check_reports_what_the_server_is_configured_with(
         assert problem in finding.problem and fix in finding.fix
 
 
+def test_check_refuses_a_replica_whose_writes_would_be_waited_out_as_an_outage(
+    start_redis: StartRedis,
+) -> None:
+    primary = start_redis()
+    replica = start_redis("--replicaof", "127.0.0.1", str(primary.port))
+    with redis_store(replica.url) as store:
+        with pytest.raises(redis.ReadOnlyError) as refused:
+            store.open_thread("t1", task="agent")
+        assert store.is_transient(refused.value)  # as when a failover demotes the primary
+        (finding,) = store.check()
+    assert (finding.setting, finding.value) == ("replicaof", f"127.0.0.1 {primary.port}")
+    assert finding.fatal and "primary" in finding.fix
+    with redis_store(primary.url) as store:
+        assert store.check() == []
+
+
 # -- connecting --------------------------------------------------------------------------
 
 ACL_USER, ACL_PASSWORD = "agent-worker", "w0rker-pass"
@@ -534,6 +552,23 @@ def test_check_without_config_permission_reports_that_it_cannot_tell(
     assert "no permissions" in finding.problem and "provider" in finding.fix
 
 
+def test_the_readmes_acl_rule_drives_a_thread_and_lets_check_read_the_settings(
+    start_redis: StartRedis,
+) -> None:
+    server = start_redis()
+    rule = "on >w0rker-pass ~agentq:* +@all -@dangerous +config|get"  # as in the README
+    with admin_client(server) as admin:
+        admin.execute_command("ACL", "SETUSER", "agentq", *rule.split())
+    with redis_store(f"redis://agentq:w0rker-pass@127.0.0.1:{server.port}/0") as store:
+        assert store.check() == []
+        store.open_thread("t1", task="agent")
+        token = store.acquire("t1", "w1", TTL)
+        store.commit("t1", token, checkpoint(0, token), status=Status.DONE, release_owner="w1")
+        assert store.delete_thread("t1")
+    with admin_client(server) as admin:
+        assert admin.acl_log() == []
+
+
 @pytest.mark.parametrize(
     "url",
     [
@@ -548,13 +583,76 @@ def test_wrong_credentials_raise_authentication_error(
     unix_server: tuple[RedisServer, Path], url: str
 ) -> None:
     server, socket = unix_server
-    with (
-        redis_store(url.format(socket=socket, port=server.port)) as store,
-        pytest.raises(redis.AuthenticationError),
-    ):
-        store.meta("t1")
+    with redis_store(url.format(socket=socket, port=server.port)) as store:
+        with pytest.raises(redis.AuthenticationError):
+            store.meta("t1")
+        # What a worker, the CLI and the UI run first: it names the fix, not HELLO or AUTH.
+        with pytest.raises(StoreConfigError, match=r"credentials .*redis://user:password@"):
+            store.check()
     with redis_store(f"unix://:s3cret@{socket}?db=0") as store:
         assert store.meta("t1") is None  # the server itself answers the right password
+
+
+@dataclasses.dataclass(frozen=True)
+class TlsServer:
+    server: RedisServer
+    tls_port: int
+    ca: Path
+
+
+def _openssl(directory: Path, command: str) -> None:
+    subprocess.run(["openssl", *command.split()], cwd=directory, check=True, capture_output=True)
+
+
+@pytest.fixture
+def tls_server(tmp_path: Path, start_redis: StartRedis) -> TlsServer:
+    """A server that also listens with TLS, its certificate (for localhost and 127.0.0.1)
+    signed by a throwaway CA; clients need no certificate of their own."""
+    certs = tmp_path / "certs"
+    certs.mkdir()
+    new_key = "-newkey rsa:2048 -nodes"
+    _openssl(certs, f"req -x509 {new_key} -days 1 -keyout ca.key -out ca.crt -subj /CN=test-ca")
+    _openssl(certs, f"req {new_key} -keyout server.key -out server.csr -subj /CN=localhost")
+    (certs / "san.cnf").write_text("subjectAltName=DNS:localhost,IP:127.0.0.1\n")
+    _openssl(
+        certs,
+        "x509 -req -in server.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 1 "
+        "-extfile san.cnf -out server.crt",
+    )
+    tls_port = free_port()
+    server = start_redis(
+        *["--tls-port", str(tls_port), "--tls-auth-clients", "no"],
+        *["--tls-ca-cert-file", str(certs / "ca.crt")],
+        *["--tls-cert-file", str(certs / "server.crt")],
+        *["--tls-key-file", str(certs / "server.key")],
+    )
+    return TlsServer(server, tls_port, certs / "ca.crt")
+
+
+@pytest.mark.parametrize(
+    "query", ["ssl_ca_certs={ca}", "ssl_ca_certs={ca}&ssl_cert_reqs=required", "ssl_cert_reqs=none"]
+)
+def test_a_rediss_url_drives_a_thread_over_tls(tls_server: TlsServer, query: str) -> None:
+    url = f"rediss://localhost:{tls_server.tls_port}/2?{query.format(ca=tls_server.ca)}"
+    with redis_store(url) as store:
+        assert store.check() == []
+        store.open_thread("t1", task="agent")
+        token = store.acquire("t1", "w1", TTL)
+        store.commit("t1", token, checkpoint(0, token))
+        assert store.latest("t1") == checkpoint(0, token)
+    with admin_client(tls_server.server, db=2) as admin:
+        assert admin.exists("agentq:thread:{t1}:meta")
+
+
+def test_an_untrusted_certificate_is_set_up_wrong_not_an_outage(tls_server: TlsServer) -> None:
+    """Without ssl_ca_certs the system CAs are asked, which never signed this server's
+    certificate: retried as an outage, every thread would be handed back forever."""
+    with redis_store(f"rediss://localhost:{tls_server.tls_port}/0") as store:
+        with pytest.raises(redis.ConnectionError, match="CERTIFICATE_VERIFY_FAILED") as failed:
+            store.meta("t1")
+        assert not store.is_transient(failed.value)
+        with pytest.raises(StoreConfigError, match=r"not trusted .*\?ssl_ca_certs="):
+            store.check()
 
 
 @pytest.mark.parametrize(
@@ -563,6 +661,36 @@ def test_wrong_credentials_raise_authentication_error(
 def test_from_url_refuses_other_schemes(url: str) -> None:
     with pytest.raises(StoreConfigError, match="unsupported Redis URL"):
         RedisStore.from_url(url)
+
+
+@pytest.mark.parametrize(
+    ("query", "option"),
+    [("socket_timout=2", "socket_timout"), ("ssl_cert_reqs=none", "ssl_cert_reqs")],
+    ids=["misspelt", "tls-option-without-rediss"],
+)
+def test_a_url_option_redis_py_does_not_take_is_refused_when_the_store_is_made(
+    redis_server: RedisServer, query: str, option: str
+) -> None:
+    """redis-py passes it to the connection, which refuses it only on the first command:
+    a worker's first step, or a caller's .delay()."""
+    with pytest.raises(StoreConfigError, match=f"does not take .*'{option}'"):
+        RedisStore.from_url(f"{redis_server.url}?{query}")
+
+
+def test_a_urls_redis_py_options_reach_every_connection_resp3_included(
+    redis_server: RedisServer,
+) -> None:
+    url = f"{redis_server.url[:-2]}/3?protocol=3&health_check_interval=1&client_name=agentq-w"
+    with redis_store(url) as store:
+        info = store.client.client_info()
+        assert (info["name"], info["db"], str(info["resp"])) == ("agentq-w", 3, "3")
+        store.open_thread("t1", task="agent")
+        token = store.acquire("t1", "w1", TTL)
+        store.commit("t1", token, checkpoint(0, token), status=Status.WAITING)
+        assert store.latest("t1") == checkpoint(0, token)
+        assert [m.status for m in store.threads()] == [Status.WAITING]
+    with admin_client(redis_server, db=3) as admin:
+        assert admin.exists("agentq:thread:{t1}:meta")
 
 
 def test_a_client_that_decodes_responses_is_refused(start_redis: StartRedis) -> None:

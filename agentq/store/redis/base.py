@@ -115,15 +115,26 @@ class RedisBase(Store):
         if max_connections is not None:
             pool["max_connections"] = max_connections
         try:
-            client: RedisClient = (
-                RedisCluster.from_url(
+            client: RedisClient
+            if cluster:
+                client = RedisCluster.from_url(
                     url, connection_pool_class=redis.BlockingConnectionPool, **pool
                 )
-                if cluster
-                else redis.Redis.from_pool(redis.BlockingConnectionPool.from_url(url, **pool))
-            )
+            else:
+                blocking = redis.BlockingConnectionPool.from_url(url, **pool)
+                # redis-py hands a query option it does not know to the connection, which
+                # refuses it only when the first command connects: in a worker's first
+                # step, or a caller's .delay(), rather than here.
+                blocking.connection_class(**blocking.connection_kwargs)
+                client = redis.Redis.from_pool(blocking)
         except ValueError as exc:  # the message names the part, never the password
             raise StoreConfigError(f"the Redis URL cannot be used: {exc}") from exc
+        except TypeError as exc:
+            raise StoreConfigError(
+                f"the Redis URL's query has an option redis-py does not take ({exc}); "
+                "check its spelling against redis-py's connection arguments (ssl_* ones "
+                "need rediss://), e.g. ?socket_timeout=5&health_check_interval=30"
+            ) from exc
         return cls(client, **options)
 
     # -- the global indexes --------------------------------------------------------------

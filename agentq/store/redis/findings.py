@@ -1,5 +1,6 @@
 """What ``check()`` reports about a Redis server's settings: persistence and eviction, the
-two that decide whether an acknowledged checkpoint survives."""
+two that decide whether an acknowledged checkpoint survives, and whether it is a replica,
+which takes none."""
 
 from __future__ import annotations
 
@@ -9,15 +10,31 @@ from redis.cluster import RedisCluster
 from agentq.errors import StoreConfigError
 from agentq.records import Finding
 from agentq.store.redis.decode import text
+from agentq.store.redis.transient import untrusted_certificate
 
 
 def server_findings(client: redis.Redis | RedisCluster) -> list[Finding]:
     """Read the server's settings and judge them; a managed server may refuse ``CONFIG``.
 
     Raises :class:`~agentq.errors.StoreConfigError` when the server refuses the
-    connection's own setup (the URL's database), which is no finding about settings."""
+    connection's own setup (the URL's credentials, database or TLS trust), which is no
+    finding about settings."""
     try:
         client.ping()
+    except redis.AuthenticationError as exc:
+        raise StoreConfigError(
+            f"the Redis server refused the store URL's credentials ({exc}); put the user "
+            "and password it expects in the URL, redis://user:password@host:6379/1 (or "
+            "redis://:password@host:6379/1 for a server with requirepass alone)"
+        ) from exc
+    except redis.ConnectionError as exc:
+        if not untrusted_certificate(exc):
+            raise
+        raise StoreConfigError(
+            f"the Redis server's TLS certificate is not trusted ({exc}); name the CA that "
+            "signed it in the URL, rediss://host:6380/1?ssl_ca_certs=/path/ca.pem (and "
+            "connect by the host name the certificate holds)"
+        ) from exc
     except redis.ResponseError as exc:
         raise StoreConfigError(
             f"the Redis server refused the connection's setup ({exc}); check the URL's "
@@ -70,6 +87,20 @@ def redis_findings(config: dict[str, str]) -> list[Finding]:
                 "the OS decides when the AOF reaches disk: a power loss can drop acknowledged "
                 "checkpoints.",
                 "set appendfsync always (or everysec to risk at most one second)",
+            )
+        )
+    primary = config.get("replicaof", "")
+    if primary:
+        findings.append(
+            Finding(
+                "replicaof",
+                primary,
+                "the store is a replica: it refuses every write, which agentq would wait out "
+                "as an outage (or, with replica-read-only no, its primary's next sync drops "
+                "them).",
+                "point the store URL at the primary (with Sentinel, pass "
+                "RedisStore(Sentinel(hosts).master_for(name)))",
+                fatal=True,
             )
         )
     policy = config.get("maxmemory-policy", "noeviction")

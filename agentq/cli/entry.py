@@ -104,12 +104,55 @@ def _late_app(ctx: click.Context, param: click.Parameter, value: str | None) -> 
         session.use_app_path(value)
 
 
-_LATE_APP = click.Option(
-    ["-A", "--app"],
-    metavar="MODULE:APP",
-    expose_value=False,
-    callback=_late_app,
-    help="Your Celery app, as before the command.",
+def _late_store(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    session = ctx.find_object(Session)
+    if value is not None and session is not None:
+        session.store_url = value
+
+
+def _late_prefix(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    session = ctx.find_object(Session)
+    if value is not None and session is not None:
+        session.prefix = value
+
+
+def _late_unsafe(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    session = ctx.find_object(Session)
+    if value and session is not None:
+        session.allow_unsafe_store = True
+
+
+# The group's options after the command too, where people type them from habit
+# ('agentq ui --store URL'). Without an environment variable of their own: given here they
+# win over the one the group read.
+_LATE_OPTIONS = (
+    click.Option(
+        ["-A", "--app"],
+        metavar="MODULE:APP",
+        expose_value=False,
+        callback=_late_app,
+        help="Your Celery app, as before the command.",
+    ),
+    click.Option(
+        ["--store"],
+        metavar="URL",
+        expose_value=False,
+        callback=_late_store,
+        help="The store, as before the command.",
+    ),
+    click.Option(
+        ["--prefix"],
+        expose_value=False,
+        callback=_late_prefix,
+        help="Key prefix of a Redis store, as before the command.",
+    ),
+    click.Option(
+        ["--allow-unsafe-store"],
+        is_flag=True,
+        expose_value=False,
+        callback=_late_unsafe,
+        help="Open a store that would lose checkpoints, as before the command.",
+    ),
 )
 
 for _command in (
@@ -120,8 +163,7 @@ for _command in (
     *LIMIT_COMMANDS,
     ui,
 ):
-    # '-A proj' after the command too, where people type it from habit.
-    _command.params.append(_LATE_APP)
+    _command.params.extend(_LATE_OPTIONS)
     cli.add_command(_command)
     celery_command.add_command(_command)
 cli.add_command(demo)

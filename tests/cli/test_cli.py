@@ -819,6 +819,37 @@ def test_the_app_may_come_after_the_command(threads: Backend) -> None:
     assert twice.returncode == 1 and "write -A before 'agentq'" in twice.stderr, twice.stderr
 
 
+def test_the_store_may_come_after_the_command(threads: Backend) -> None:
+    # As the inspector's section writes it: `agentq ui --store URL`.
+    agentq = str(BIN / "agentq")
+    listed = command([agentq, "threads", "--json", *threads.args])
+    assert listed.returncode == 0, listed.stderr
+    assert len(json.loads(listed.stdout)) == 4
+    # After the command it wins, as a command line wins over the environment.
+    elsewhere = {"AGENTQ_STORE": "redis://127.0.0.1:1/0", "AGENTQ_PREFIX": "elsewhere:"}
+    shown = command([agentq, "show", "t-done", "--json", *threads.args], elsewhere)
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout)["meta"]["status"] == "done"
+    env = demo_app_env(threads)
+    celery = [str(BIN / "celery"), "-A", "agentq.demo.app", "agentq"]
+    through_celery = command([*celery, "threads", "--json", *threads.args], env)
+    assert through_celery.returncode == 0, through_celery.stderr
+    assert len(json.loads(through_celery.stdout)) == 4
+
+
+def test_an_unsafe_store_may_be_allowed_after_the_command(redis_server: RedisServer) -> None:
+    client = redis_server.client()
+    client.config_set("maxmemory-policy", "allkeys-lru")
+    try:
+        allowed = CliRunner().invoke(
+            cli, ["threads", "--store", redis_server.url, "--allow-unsafe-store"]
+        )
+    finally:
+        client.config_set("maxmemory-policy", "noeviction")
+        client.close()
+    assert allowed.exit_code == 0, allowed.stderr
+
+
 def test_a_reader_that_goes_away_ends_the_listing_quietly(threads: Backend) -> None:
     read_end, write_end = os.pipe()
     os.close(read_end)  # as `agentq threads | head` once head has exited

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable
 from typing import Any, Final
 
 from agentq.settings import Settings, connections_for
@@ -18,16 +19,32 @@ class Runtime:
     """agentq's state for one Celery app: its settings and its store, opened on first use
     (so a prefork child opens its own connections)."""
 
-    def __init__(self, settings: Settings) -> None:
-        self.settings = settings
-        self._store = settings.store if isinstance(settings.store, Store) else None
+    def __init__(self, settings: Settings, reread: Callable[[], Settings] | None = None) -> None:
+        self._settings = settings
+        self._reread = reread
+        """Reads the settings again at their first use, once the app's module has run."""
+        self._store: Store | None = None
         self._opening = threading.Lock()
         self._pid = os.getpid()
         self.tasks_at_once = 1
         """How many tasks this process runs at once; the worker's bootstep sets it."""
 
     @property
+    def settings(self) -> Settings:
+        if self._reread is not None:
+            reread, self._reread = self._reread, None
+            if self._store is None:
+                self._settings = reread()
+        return self._settings
+
+    @settings.setter
+    def settings(self, settings: Settings) -> None:
+        self._settings, self._reread = settings, None
+
+    @property
     def store(self) -> Store:
+        if self._store is None and isinstance(given := self.settings.store, Store):
+            self._store = given
         if self._store is None:
             # A threads pool starts its tasks at once: without the lock each would open a
             # store of its own, and a SQLite store's threads would no longer share one
@@ -60,8 +77,14 @@ def init_app(app: Any, store: str | Store | None = None, **settings: Any) -> Run
     overrides = dict(settings)
     if store is not None:
         overrides["store"] = store
-    runtime = Runtime(Settings.from_conf(app.conf, overrides))
-    app._agentq_runtime = runtime
+    # Read now, so that a bad value fails here; and again at first use, so that settings
+    # made after this call count (app.conf.agentq_store = ..., or a config_from_object()
+    # below it as Celery modules and Django's often have), rather than the store silently
+    # being the default SQLite file.
+    app._agentq_runtime = runtime = Runtime(
+        Settings.from_conf(app.conf, overrides),
+        reread=lambda: Settings.from_conf(app.conf, overrides),
+    )
     app.steps["worker"].add(WORKER_STEP)
     return runtime
 

@@ -699,6 +699,18 @@ def test_console_script(threads: Backend) -> None:
     assert "Traceback" not in missing.stderr
 
 
+def test_no_command_prints_the_help_as_help(threads: Backend) -> None:
+    # The first thing people type: the help on its lines, not folded into one error line.
+    env = demo_app_env(threads)
+    for args in ([str(BIN / "agentq")], [str(BIN / "celery"), "-A", "agentq.demo.app", "agentq"]):
+        bare = command(args, env)
+        assert bare.returncode == 2, bare.stderr
+        lines = bare.stderr.splitlines()
+        assert lines[0].startswith("Usage: ") and "agentq [OPTIONS] COMMAND" in lines[0], lines
+        assert "Commands:" in lines and any(line.split()[:1] == ["threads"] for line in lines)
+        assert not bare.stderr.startswith("agentq: ")
+
+
 def test_celery_subcommand_uses_the_apps_settings(threads: Backend) -> None:
     env = demo_app_env(threads)
     celery = [str(BIN / "celery"), "-A", "agentq.demo.app", "agentq"]

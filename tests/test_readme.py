@@ -13,7 +13,9 @@ from celery.contrib.testing.worker import start_worker
 
 import agentq
 from agentq import AgentTask, Done, Run
+from agentq.celery.runtime import runtime_of
 from agentq.errors import ThreadStopped
+from agentq.ops.doctor import celery_findings
 from tests.support.redis_server import RedisServer
 
 README = Path(__file__).resolve().parents[1] / "README.md"
@@ -98,3 +100,16 @@ def test_the_fix_an_actual_cost_error_suggests_reads_a_recorded_result(
     hint = re.search(r"e\.g\. (lambda r: .*?)\)$", str(stopped.value))
     assert hint is not None, stopped.value
     assert eval(hint.group(1))(ChatClient.chat([])) == 42
+
+
+def test_the_first_agent_s_app_passes_doctor() -> None:
+    # `agentq doctor -A proj` on the app as the README writes it: nothing to fix.
+    module = python_block('support_agent.wait("thread-42"')
+    module = module[: module.index("support_agent.delay(")]  # the app, without its calls
+    namespace: dict[str, Any] = {"RateLimitError": type("RateLimitError", (Exception,), {})}
+    exec(compile(module, "README.md", "exec"), namespace)
+    app = namespace["app"]
+    try:
+        assert celery_findings(app, runtime_of(app).settings) == []
+    finally:
+        app.close()

@@ -13,7 +13,7 @@ from agentq.cli.group import AgentqGroup
 from agentq.cli.limit_commands import LIMIT_COMMANDS
 from agentq.cli.ops_commands import OPS_COMMANDS
 from agentq.cli.read_commands import READ_COMMANDS
-from agentq.cli.session import CliError, Session
+from agentq.cli.session import Session
 from agentq.cli.ui_command import ui
 
 _CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -89,8 +89,11 @@ def celery_command(
 ) -> None:
     """Inspect and operate agentq threads of this app (its agentq settings name the store)."""
     app: Any = getattr(ctx.obj, "app", None)
-    if app is None:
-        raise CliError("no Celery app: run this as 'celery -A proj agentq ...'")
+    given = ctx.find_root().params
+    if given.get("app") is None and given.get("config") is None:
+        # Without -A celery hands over its default app, whose default store is a SQLite
+        # file in the working directory: ask for the app or the store, as 'agentq' does.
+        app = None
     session = Session(
         store_url=store_url, prefix=prefix, app=app, allow_unsafe_store=allow_unsafe_store
     )

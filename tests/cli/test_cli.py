@@ -711,6 +711,24 @@ def test_no_command_prints_the_help_as_help(threads: Backend) -> None:
         assert not bare.stderr.startswith("agentq: ")
 
 
+def test_celery_without_an_app_asks_for_one(threads: Backend) -> None:
+    # Without -A, celery hands over its default app, which names no store: the command
+    # must not go looking for ./agentq.db, the default SQLite file.
+    celery = [str(BIN / "celery"), "agentq"]
+    elsewhere = threads.workdir / "elsewhere"
+    elsewhere.mkdir()
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("AGENTQ_")}
+    bare = subprocess.run(
+        [*celery, "threads"], cwd=elsewhere, env=clean, capture_output=True, text=True, timeout=60
+    )
+    assert bare.returncode == 1 and bare.stderr.count("\n") == 1, bare.stderr
+    assert "no store given" in bare.stderr and "-A module:app" in bare.stderr
+    assert "agentq.db" not in bare.stderr
+    listed = command([*celery, "threads", "--json", *threads.args])
+    assert listed.returncode == 0, listed.stderr
+    assert len(json.loads(listed.stdout)) == 4
+
+
 def test_celery_subcommand_uses_the_apps_settings(threads: Backend) -> None:
     env = demo_app_env(threads)
     celery = [str(BIN / "celery"), "-A", "agentq.demo.app", "agentq"]

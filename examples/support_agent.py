@@ -1,7 +1,9 @@
 """The README's support agent, runnable.
 
     AGENTQ_STORE=redis://localhost:6379/1 celery -A examples.support_agent worker -E
-    python -m examples.support_agent thread-1 "Where is my refund for order 42?"
+    AGENTQ_STORE=redis://localhost:6379/1 python -m examples.support_agent t-1 "Refund order 42?"
+
+Both name the store: the caller writes the thread there before it sends the message.
 
 It answers with a scripted fake model and no network, unless OPENAI_API_KEY is set: then
 it asks OpenAI's chat completions API (model from OPENAI_MODEL, default gpt-4o-mini). The

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import ast
 import importlib
 import os
 import re
+import shlex
 import uuid
 from pathlib import Path
 
@@ -44,6 +46,29 @@ def test_support_agent_example_runs_end_to_end_on_the_fake_model(
     assert list(module.REFUNDS) == [store.downstream_key(thread_id, "call-1")]
     messages = app._agentq_runtime.store.latest(thread_id).state["messages"]
     assert [m["role"] for m in messages] == ["system", "user", "assistant", "tool", "assistant"]
+
+
+def test_the_example_s_worker_and_caller_commands_use_one_store(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Each command as its docstring writes it, usually typed in a shell of its own: a
+    # caller that wrote the thread to another store than the worker's would wait forever
+    # for a thread the worker drops as deleted.
+    source = (ROOT / "examples" / "support_agent.py").read_text()
+    docstring = ast.get_docstring(ast.parse(source))
+    assert docstring is not None
+    stores = {}
+    for line in docstring.split("\n\n")[1].splitlines():
+        words = shlex.split(line)
+        for name in ("AGENTQ_STORE", "AGENTQ_BROKER"):
+            monkeypatch.delenv(name, raising=False)
+        while "=" in words[0]:
+            name, _, value = words.pop(0).partition("=")
+            monkeypatch.setenv(name, value)
+        module = importlib.reload(importlib.import_module("examples.support_agent"))
+        stores[words[0]] = runtime_of(module.app).settings.store
+    assert set(stores) == {"celery", "python"}
+    assert stores["celery"] == stores["python"], stores
 
 
 def test_compose_file_runs_redis_with_durable_settings() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
 from agentq.errors import SettingsError
@@ -23,13 +24,31 @@ class Runtime:
     """agentq's state for one Celery app: its settings and its store, opened on first use
     (so a prefork child opens its own connections)."""
 
-    def __init__(self, settings: Settings) -> None:
-        self.settings = settings
+    def __init__(self, settings: Settings, reread: Callable[[], Settings] | None = None) -> None:
+        self._settings = settings
+        self._reread = reread
+        """Reads the settings again at their first use, once the app's module has run."""
+        self._rereading = threading.Lock()
+        # A store given as an object is checked here, and is the store whatever comes after.
         self._store = _given_store(settings)
         self._opening = threading.Lock()
         self._pid = os.getpid()
         self.tasks_at_once = 1
         """How many tasks this process runs at once; the worker's bootstep sets it."""
+
+    @property
+    def settings(self) -> Settings:
+        if self._reread is not None:
+            # Under a threads pool the first tasks get here at once: one reads.
+            with self._rereading:
+                reread, self._reread = self._reread, None
+                if reread is not None and self._store is None:
+                    self._settings = reread()
+        return self._settings
+
+    @settings.setter
+    def settings(self, settings: Settings) -> None:
+        self._settings, self._reread = settings, None
 
     @property
     def store(self) -> Store:
@@ -42,7 +61,7 @@ class Runtime:
                 self._opening, self._pid = threading.Lock(), os.getpid()
             with self._opening:
                 if self._store is None:
-                    self._store = self._open()
+                    self._store = _given_store(self.settings) or self._open()
         return self._store
 
     def _open(self) -> Store:
@@ -96,8 +115,14 @@ def init_app(
     overrides = dict(settings)
     if store is not None:
         overrides["store"] = store
-    runtime = Runtime(Settings.from_conf(app.conf, overrides))
-    app._agentq_runtime = runtime
+    # Read now, so that a bad value fails here; and again at first use, so that settings
+    # made after this call count (app.conf.agentq_store = ..., or a config_from_object()
+    # below it as Celery modules and Django's often have), rather than the store silently
+    # being the default SQLite file.
+    app._agentq_runtime = runtime = Runtime(
+        Settings.from_conf(app.conf, overrides),
+        reread=lambda: Settings.from_conf(app.conf, overrides),
+    )
     app.steps["worker"].add(WORKER_STEP)
     return runtime
 

@@ -13,7 +13,7 @@ from agentq.cli.group import AgentqGroup
 from agentq.cli.limit_commands import LIMIT_COMMANDS
 from agentq.cli.ops_commands import OPS_COMMANDS
 from agentq.cli.read_commands import READ_COMMANDS
-from agentq.cli.session import CliError, Session
+from agentq.cli.session import Session
 from agentq.cli.ui_command import ui
 
 _CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -89,8 +89,11 @@ def celery_command(
 ) -> None:
     """Inspect and operate agentq threads of this app (its agentq settings name the store)."""
     app: Any = getattr(ctx.obj, "app", None)
-    if app is None:
-        raise CliError("no Celery app: run this as 'celery -A proj agentq ...'")
+    given = ctx.find_root().params
+    if given.get("app") is None and given.get("config") is None:
+        # Without -A celery hands over its default app, whose default store is a SQLite
+        # file in the working directory: ask for the app or the store, as 'agentq' does.
+        app = None
     session = Session(
         store_url=store_url, prefix=prefix, app=app, allow_unsafe_store=allow_unsafe_store
     )
@@ -104,12 +107,55 @@ def _late_app(ctx: click.Context, param: click.Parameter, value: str | None) -> 
         session.use_app_path(value)
 
 
-_LATE_APP = click.Option(
-    ["-A", "--app"],
-    metavar="MODULE:APP",
-    expose_value=False,
-    callback=_late_app,
-    help="Your Celery app, as before the command.",
+def _late_store(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    session = ctx.find_object(Session)
+    if value is not None and session is not None:
+        session.store_url = value
+
+
+def _late_prefix(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    session = ctx.find_object(Session)
+    if value is not None and session is not None:
+        session.prefix = value
+
+
+def _late_unsafe(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    session = ctx.find_object(Session)
+    if value and session is not None:
+        session.allow_unsafe_store = True
+
+
+# The group's options after the command too, where people type them from habit
+# ('agentq ui --store URL'). Without an environment variable of their own: given here they
+# win over the one the group read.
+_LATE_OPTIONS = (
+    click.Option(
+        ["-A", "--app"],
+        metavar="MODULE:APP",
+        expose_value=False,
+        callback=_late_app,
+        help="Your Celery app, as before the command.",
+    ),
+    click.Option(
+        ["--store"],
+        metavar="URL",
+        expose_value=False,
+        callback=_late_store,
+        help="The store, as before the command.",
+    ),
+    click.Option(
+        ["--prefix"],
+        expose_value=False,
+        callback=_late_prefix,
+        help="Key prefix of a Redis store, as before the command.",
+    ),
+    click.Option(
+        ["--allow-unsafe-store"],
+        is_flag=True,
+        expose_value=False,
+        callback=_late_unsafe,
+        help="Open a store that would lose checkpoints, as before the command.",
+    ),
 )
 
 for _command in (
@@ -120,8 +166,7 @@ for _command in (
     *LIMIT_COMMANDS,
     ui,
 ):
-    # '-A proj' after the command too, where people type it from habit.
-    _command.params.append(_LATE_APP)
+    _command.params.extend(_LATE_OPTIONS)
     cli.add_command(_command)
     celery_command.add_command(_command)
 cli.add_command(demo)

@@ -18,6 +18,9 @@ EXIT_INTERRUPTED = 130
 EXIT_BROKEN_PIPE = 141
 """128 + SIGPIPE: what a shell reports for a tool its reader (``| head``) went away from."""
 TRACEBACK_ENV = "AGENTQ_TRACEBACK"
+_NO_ARGS_IS_HELP: Any = getattr(click.exceptions, "NoArgsIsHelpError", ())
+"""What click 8.2 and later raise for a group run without a command (earlier ones print
+the help and exit by themselves)."""
 
 
 def describe(exc: BaseException) -> str | None:
@@ -67,6 +70,9 @@ def report(exc: BaseException) -> NoReturn:
         raise exc
     if isinstance(exc, BrokenPipeError):
         stop_writing()
+    if isinstance(exc, _NO_ARGS_IS_HELP):
+        exc.show()  # the help on its lines, not folded into one error line
+        raise click.exceptions.Exit(exc.exit_code)
     if isinstance(exc, click.ClickException):
         fail(_usage_line(exc), exc.exit_code)
     if isinstance(exc, click.Abort | KeyboardInterrupt):

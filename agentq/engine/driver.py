@@ -203,7 +203,9 @@ class Driver:
         except ThreadNotFound:
             if not self.may_open:
                 logger.warning(
-                    "thread %s was deleted after this message was sent: dropped", self.thread_id
+                    "thread %s is not in this worker's store: dropped (deleted since this "
+                    "message was sent, or sent by a caller whose agentq_store is another one)",
+                    self.thread_id,
                 )
                 return None
         # Sent by name (send_task) rather than through apply_async.

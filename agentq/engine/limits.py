@@ -96,7 +96,7 @@ class Held:
         except Exception as exc:
             raise LimitError(
                 f"{self._where}: actual_cost raised {exc!r} on the tool's result; make it "
-                "return the tokens the call used (e.g. lambda r: r.usage.total_tokens)"
+                'return the tokens the call used (e.g. lambda r: r["usage"]["total_tokens"])'
             ) from exc
         if not _tokens(cost):
             raise LimitError(

@@ -267,9 +267,10 @@ class Run:
         ``limit`` names one or more declared limits (:func:`agentq.limit`) the call takes
         one request, ``cost`` tokens and a concurrency slot from, fleet-wide, before it
         runs; a replay takes nothing. ``actual_cost(result)`` (e.g. ``lambda r:
-        r.usage.total_tokens``) gives the tokens the call really used once it returned, and
-        the difference from ``cost`` is charged or refunded (a replay settles nothing). A
-        refusal with ``Retry-After`` pauses those keys for every worker until then.
+        r["usage"]["total_tokens"]``: the result is recorded, so plain data) gives the tokens
+        the call really used once it returned, and the difference from ``cost`` is charged
+        or refunded (a replay settles nothing). A refusal with ``Retry-After`` pauses those
+        keys for every worker until then.
 
         If ``fn`` raises an error the task retries (``retry_on``, ``should_retry``) that
         carries a ``Retry-After`` (a 429 or 503 from the tool's API), the call was refused

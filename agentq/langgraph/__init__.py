@@ -29,10 +29,22 @@ As a durable task (the graph's own checkpointer is replaced by the app's store):
                          idempotent=True)
 """
 
-from agentq.langgraph.saver import AgentqSaver
-from agentq.langgraph.serde import AgentqSerializer
-from agentq.langgraph.task import GraphTask, graph_task
-from agentq.langgraph.tools import atool_call, current_run, tool_call
+_EXTRA = frozenset({"langchain_core", "langgraph", "ormsgpack"})
+"""What the ``langgraph`` extra installs and these modules import."""
+
+try:
+    from agentq.langgraph.saver import AgentqSaver
+    from agentq.langgraph.serde import AgentqSerializer
+    from agentq.langgraph.task import GraphTask, graph_task
+    from agentq.langgraph.tools import atool_call, current_run, tool_call
+except ModuleNotFoundError as exc:
+    if (exc.name or "").partition(".")[0] not in _EXTRA:
+        raise
+    raise ModuleNotFoundError(
+        f"agentq.langgraph needs its extra: pip install 'agentq[langgraph]' "
+        f"({exc.name} is not installed)",
+        name=exc.name,
+    ) from exc
 
 __all__ = [
     "AgentqSaver",

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import contextlib
 import uuid
+from pathlib import Path
 from typing import Any
 
+import pytest
 from celery import Celery
 from celery.contrib.testing.worker import start_worker
 
@@ -43,5 +45,52 @@ def test_a_worker_of_an_app_configured_by_its_conf_alone_sweeps_due_threads(
                 what="the swept thread done",
             )
     assert meta.result == "ran"
+    app._agentq_runtime.store.close()
+    app.close()
+
+
+def test_a_configuration_loaded_after_init_app_names_the_store(
+    redis_broker: str, redis_server: RedisServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)  # where the default SQLite store would be made
+    prefix = f"co{uuid.uuid4().hex[:8]}:"
+    app = Celery("agentq-config-after-init", set_as_current=False)
+    agentq.init_app(app)
+    # The usual Celery module: its config_from_object below the wiring, as with Django's.
+    app.config_from_object(
+        {
+            "broker_url": redis_broker,
+            "task_default_queue": f"agentq-test-{prefix}",
+            "agentq_store": redis_server.url,
+            "agentq_prefix": prefix,
+        }
+    )
+    agent = app.register_task(_ConfOnlyAgent())
+    agent.delay("t1")
+    with contextlib.closing(agentq.open_store(redis_server.url, prefix=prefix)) as store:
+        meta = store.meta("t1")
+    assert meta is not None and meta.status is Status.QUEUED
+    assert not list(tmp_path.iterdir())
+    app._agentq_runtime.store.close()
+    app.close()
+
+
+def test_a_setting_made_after_init_app_names_the_store(
+    redis_broker: str, redis_server: RedisServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)  # where the default SQLite store would be made
+    prefix = f"co{uuid.uuid4().hex[:8]}:"
+    app = Celery("agentq-setting-after-init", broker=redis_broker, set_as_current=False)
+    app.conf.task_default_queue = f"agentq-test-{prefix}"
+    agentq.init_app(app)
+    # As the README's first agent offers it: the store as a setting instead of an argument.
+    app.conf.agentq_store = redis_server.url
+    app.conf.agentq_prefix = prefix
+    agent = app.register_task(_ConfOnlyAgent())
+    agent.delay("t1")
+    with contextlib.closing(agentq.open_store(redis_server.url, prefix=prefix)) as store:
+        meta = store.meta("t1")
+    assert meta is not None and meta.status is Status.QUEUED
+    assert not list(tmp_path.iterdir())
     app._agentq_runtime.store.close()
     app.close()

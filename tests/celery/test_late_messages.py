@@ -3,6 +3,7 @@ in-process worker: neither may run a tool again or hand one question another's a
 
 from __future__ import annotations
 
+import logging
 import threading
 import uuid
 from collections.abc import Iterator
@@ -59,7 +60,10 @@ def env(redis_broker: str, redis_server: RedisServer) -> Iterator[Env]:
     app.close()
 
 
-def test_a_message_for_a_deleted_thread_does_not_start_it_again(env: Env) -> None:
+def test_a_message_for_a_deleted_thread_does_not_start_it_again(
+    env: Env, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="agentq")  # the test worker logs errors only
     env.agent.delay("t1", order="#1")
     assert env.agent.wait("t1", timeout=30) == {"refund": "refunded #1", "answers": []}
     meta = env.agent.thread("t1")
@@ -69,6 +73,10 @@ def test_a_message_for_a_deleted_thread_does_not_start_it_again(env: Env) -> Non
     assert env.agent.wait("t2", timeout=30)["refund"] == "refunded #2"
     assert env.store.meta("t1") is None
     assert env.refunds == ["#1", "#2"]
+    # The same drop meets a caller that wrote the thread to another store than the
+    # worker's: the warning names both causes.
+    (dropped,) = [r.getMessage() for r in caplog.records if "dropped" in r.getMessage()]
+    assert "not in this worker's store" in dropped and "agentq_store" in dropped, dropped
 
 
 def test_a_thread_sent_by_name_is_still_started(env: Env) -> None:

@@ -699,6 +699,36 @@ def test_console_script(threads: Backend) -> None:
     assert "Traceback" not in missing.stderr
 
 
+def test_no_command_prints_the_help_as_help(threads: Backend) -> None:
+    # The first thing people type: the help on its lines, not folded into one error line.
+    env = demo_app_env(threads)
+    for args in ([str(BIN / "agentq")], [str(BIN / "celery"), "-A", "agentq.demo.app", "agentq"]):
+        bare = command(args, env)
+        assert bare.returncode == 2, bare.stderr
+        lines = bare.stderr.splitlines()
+        assert lines[0].startswith("Usage: ") and "agentq [OPTIONS] COMMAND" in lines[0], lines
+        assert "Commands:" in lines and any(line.split()[:1] == ["threads"] for line in lines)
+        assert not bare.stderr.startswith("agentq: ")
+
+
+def test_celery_without_an_app_asks_for_one(threads: Backend) -> None:
+    # Without -A, celery hands over its default app, which names no store: the command
+    # must not go looking for ./agentq.db, the default SQLite file.
+    celery = [str(BIN / "celery"), "agentq"]
+    elsewhere = threads.workdir / "elsewhere"
+    elsewhere.mkdir()
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("AGENTQ_")}
+    bare = subprocess.run(
+        [*celery, "threads"], cwd=elsewhere, env=clean, capture_output=True, text=True, timeout=60
+    )
+    assert bare.returncode == 1 and bare.stderr.count("\n") == 1, bare.stderr
+    assert "no store given" in bare.stderr and "-A module:app" in bare.stderr
+    assert "agentq.db" not in bare.stderr
+    listed = command([*celery, "threads", "--json", *threads.args])
+    assert listed.returncode == 0, listed.stderr
+    assert len(json.loads(listed.stdout)) == 4
+
+
 def test_celery_subcommand_uses_the_apps_settings(threads: Backend) -> None:
     env = demo_app_env(threads)
     celery = [str(BIN / "celery"), "-A", "agentq.demo.app", "agentq"]
@@ -817,6 +847,37 @@ def test_the_app_may_come_after_the_command(threads: Backend) -> None:
     celery = [str(BIN / "celery"), "-A", "agentq.demo.app", "agentq"]
     twice = command([*celery, "threads", "-A", "agentq.demo.app"], env)
     assert twice.returncode == 1 and "write -A before 'agentq'" in twice.stderr, twice.stderr
+
+
+def test_the_store_may_come_after_the_command(threads: Backend) -> None:
+    # As the inspector's section writes it: `agentq ui --store URL`.
+    agentq = str(BIN / "agentq")
+    listed = command([agentq, "threads", "--json", *threads.args])
+    assert listed.returncode == 0, listed.stderr
+    assert len(json.loads(listed.stdout)) == 4
+    # After the command it wins, as a command line wins over the environment.
+    elsewhere = {"AGENTQ_STORE": "redis://127.0.0.1:1/0", "AGENTQ_PREFIX": "elsewhere:"}
+    shown = command([agentq, "show", "t-done", "--json", *threads.args], elsewhere)
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout)["meta"]["status"] == "done"
+    env = demo_app_env(threads)
+    celery = [str(BIN / "celery"), "-A", "agentq.demo.app", "agentq"]
+    through_celery = command([*celery, "threads", "--json", *threads.args], env)
+    assert through_celery.returncode == 0, through_celery.stderr
+    assert len(json.loads(through_celery.stdout)) == 4
+
+
+def test_an_unsafe_store_may_be_allowed_after_the_command(redis_server: RedisServer) -> None:
+    client = redis_server.client()
+    client.config_set("maxmemory-policy", "allkeys-lru")
+    try:
+        allowed = CliRunner().invoke(
+            cli, ["threads", "--store", redis_server.url, "--allow-unsafe-store"]
+        )
+    finally:
+        client.config_set("maxmemory-policy", "noeviction")
+        client.close()
+    assert allowed.exit_code == 0, allowed.stderr
 
 
 def test_a_reader_that_goes_away_ends_the_listing_quietly(threads: Backend) -> None:

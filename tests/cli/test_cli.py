@@ -913,3 +913,22 @@ def test_errors_name_the_command_and_the_method(
     threads: Backend, args: list[str], command_named: str
 ) -> None:
     assert_one_line_error(run(threads, *args), command_named, " in code)", code=1)
+
+
+def test_other_celery_commands_do_not_load_agentq() -> None:
+    # celery loads every celery.commands entry point for each command it runs: the
+    # 'agentq' group it names must not bring agentq's core, its commands or rich along.
+    script = (
+        "import atexit, sys\n"
+        "atexit.register(lambda: print(sorted(m for m in sys.modules"
+        " if m.startswith(('agentq', 'rich'))), file=sys.stderr))\n"
+        "from celery.__main__ import main\n"
+        "sys.argv = ['celery', '--help']\n"
+        "main()\n"
+    )
+    listed = command([sys.executable, "-c", script])
+    assert listed.returncode == 0, listed.stderr
+    assert "agentq" in listed.stdout  # the group is there, its help one line
+    loaded = listed.stderr.strip().splitlines()[-1]
+    heavy = ("agentq.celery", "agentq.store", "agentq.engine", "agentq.cli.session", "rich")
+    assert "agentq.cli" in loaded and not any(f"'{name}" in loaded for name in heavy), loaded

@@ -210,6 +210,19 @@ def test_show_says_when_a_wait_times_out_and_that_it_did(backend: Backend) -> No
     assert "nobody answered within 0s" in run(backend, "show", "t-deadline").stdout
 
 
+def test_show_says_a_thread_waiting_in_its_first_node_has_no_checkpoint(
+    backend: Backend,
+) -> None:
+    store = backend.store
+    store.open_thread("t-first", task=TASK)
+    token = store.acquire("t-first", OWNER, 30)
+    store.set_status("t-first", token, Status.WAITING, interrupt="ok?", release_owner=OWNER)
+    step = next(
+        line for line in run(backend, "show", "t-first").stdout.splitlines() if "step" in line
+    )
+    assert step.split() == ["step", "0", "(node", "-;", "no", "checkpoint", "yet)"], step
+
+
 def test_history_lists_steps_with_what_changed(threads: Backend) -> None:
     assert [c["step"] for c in ok_json(threads, "history", "t-done")] == [3, 2, 1, 0]
     assert [c["step"] for c in ok_json(threads, "history", "t-done", "--limit", "2")] == [3, 2]

@@ -84,10 +84,12 @@ class Checkpoint:
 class ThreadMeta:
     """What a store knows about a thread besides its checkpoints.
 
-    ``step`` is the latest committed step (-1 before the first commit). ``fence`` is the
-    highest fencing token handed out for the thread. ``input``, ``result``, ``interrupt``
-    and ``resume_value`` are decoded values; ``None`` when absent (``resumed`` tells a
-    resume with ``None`` from no resume).
+    ``step`` is the latest committed step (-1 before the first commit) and ``node`` the one
+    that runs next: the task's entry node before the first commit (``None`` for a thread
+    opened without one), ``None`` once finished. ``fence`` is the highest fencing token
+    handed out for the thread. ``input``, ``result``, ``interrupt`` and ``resume_value``
+    are decoded values; ``None`` when absent (``resumed`` tells a resume with ``None``
+    from no resume).
     """
 
     thread_id: str

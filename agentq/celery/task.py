@@ -332,6 +332,7 @@ class AgentTask(Task):  # type: ignore[misc]
             thread_id,
             options,
             task=self.name,
+            node=self.entry_node,
             input=dict(kwargs) if kwargs else None,
             start_grace=delay + self.agentq.settings.start_grace,
             options=kept,

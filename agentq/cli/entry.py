@@ -2,19 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import click
 
-from agentq.cli.control_commands import CONTROL_COMMANDS
-from agentq.cli.demo_command import demo
-from agentq.cli.effect_commands import EFFECT_COMMANDS
-from agentq.cli.group import AgentqGroup
-from agentq.cli.limit_commands import LIMIT_COMMANDS
-from agentq.cli.ops_commands import OPS_COMMANDS
-from agentq.cli.read_commands import READ_COMMANDS
-from agentq.cli.session import Session
-from agentq.cli.ui_command import ui
+from agentq.cli.group import LazyGroup
 
 _CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -40,7 +33,36 @@ unsafe_option = click.option(
 )
 
 
-@click.group(cls=AgentqGroup, context_settings=_CONTEXT)
+@functools.cache
+def _celery_commands() -> tuple[click.Command, ...]:
+    """The commands of both groups, with the late options (added once: they are shared)."""
+    from agentq.cli.control_commands import CONTROL_COMMANDS
+    from agentq.cli.effect_commands import EFFECT_COMMANDS
+    from agentq.cli.limit_commands import LIMIT_COMMANDS
+    from agentq.cli.ops_commands import OPS_COMMANDS
+    from agentq.cli.read_commands import READ_COMMANDS
+    from agentq.cli.ui_command import ui
+
+    commands = (
+        *READ_COMMANDS,
+        *CONTROL_COMMANDS,
+        *EFFECT_COMMANDS,
+        *OPS_COMMANDS,
+        *LIMIT_COMMANDS,
+        ui,
+    )
+    for command in commands:
+        command.params.extend(_LATE_OPTIONS)
+    return commands
+
+
+def _agentq_commands() -> tuple[click.Command, ...]:
+    from agentq.cli.demo_command import demo
+
+    return (*_celery_commands(), demo)
+
+
+@click.group(cls=LazyGroup, context_settings=_CONTEXT, commands=_agentq_commands)
 @click.option(
     "-A",
     "--app",
@@ -69,6 +91,8 @@ def cli(
     Try it first:   agentq demo
     Then:           agentq --store redis://localhost:6379/1 threads
     """
+    from agentq.cli.session import Session
+
     session = Session(
         store_url=store_url,
         prefix=prefix,
@@ -79,7 +103,7 @@ def cli(
     ctx.call_on_close(session.close)
 
 
-@click.group("agentq", cls=AgentqGroup, context_settings=_CONTEXT)
+@click.group("agentq", cls=LazyGroup, context_settings=_CONTEXT, commands=_celery_commands)
 @store_option
 @prefix_option
 @unsafe_option
@@ -88,6 +112,8 @@ def celery_command(
     ctx: click.Context, store_url: str | None, prefix: str | None, allow_unsafe_store: bool
 ) -> None:
     """Inspect and operate agentq threads of this app (its agentq settings name the store)."""
+    from agentq.cli.session import Session
+
     app: Any = getattr(ctx.obj, "app", None)
     given = ctx.find_root().params
     if given.get("app") is None and given.get("config") is None:
@@ -102,24 +128,32 @@ def celery_command(
 
 
 def _late_app(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    from agentq.cli.session import Session
+
     session = ctx.find_object(Session)
     if value is not None and session is not None:
         session.use_app_path(value)
 
 
 def _late_store(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    from agentq.cli.session import Session
+
     session = ctx.find_object(Session)
     if value is not None and session is not None:
         session.store_url = value
 
 
 def _late_prefix(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    from agentq.cli.session import Session
+
     session = ctx.find_object(Session)
     if value is not None and session is not None:
         session.prefix = value
 
 
 def _late_unsafe(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    from agentq.cli.session import Session
+
     session = ctx.find_object(Session)
     if value and session is not None:
         session.allow_unsafe_store = True
@@ -157,19 +191,6 @@ _LATE_OPTIONS = (
         help="Open a store that would lose checkpoints, as before the command.",
     ),
 )
-
-for _command in (
-    *READ_COMMANDS,
-    *CONTROL_COMMANDS,
-    *EFFECT_COMMANDS,
-    *OPS_COMMANDS,
-    *LIMIT_COMMANDS,
-    ui,
-):
-    _command.params.extend(_LATE_OPTIONS)
-    cli.add_command(_command)
-    celery_command.add_command(_command)
-cli.add_command(demo)
 
 
 def main() -> None:

@@ -5,11 +5,11 @@ from __future__ import annotations
 import os
 import sqlite3
 import sys
+from collections.abc import Callable, Iterable
 from typing import Any, NoReturn
 
 import click
 
-from agentq.cli.session import CliError
 from agentq.errors import AgentqError
 
 EXIT_FAILURE = 1
@@ -27,6 +27,8 @@ def describe(exc: BaseException) -> str | None:
     """A one-line account of an expected failure; ``None`` for a bug."""
     import kombu.exceptions
     import redis.exceptions
+
+    from agentq.cli.session import CliError
 
     if isinstance(exc, CliError | AgentqError):
         return str(exc)
@@ -133,3 +135,29 @@ class AgentqGroup(click.Group):
             raise
         except (Exception, KeyboardInterrupt) as exc:
             report(exc)
+
+
+class LazyGroup(AgentqGroup):
+    """A group whose commands are imported when first looked up: ``celery`` loads the
+    ``agentq`` group for every command it runs (``celery -A otherapp worker`` too), which
+    must not import agentq's commands, its stores and rich."""
+
+    def __init__(
+        self, *args: Any, commands: Callable[[], Iterable[click.Command]], **kwargs: Any
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self._commands: Callable[[], Iterable[click.Command]] | None = commands
+
+    def _load(self) -> None:
+        if self._commands is not None:
+            for command in self._commands():
+                self.add_command(command)
+            self._commands = None
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        self._load()
+        return super().list_commands(ctx)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        self._load()
+        return super().get_command(ctx, cmd_name)

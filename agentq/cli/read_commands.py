@@ -93,9 +93,11 @@ def _meta_table(meta: ThreadMeta) -> Table:
     table = Table.grid(padding=(0, 2))
     table.add_column(style="bold")
     table.add_column()
+    # As the inspector says it: a thread that stopped in its first node has no checkpoint.
+    latest = "no checkpoint yet" if meta.step < 0 else f"latest checkpoint {meta.step}"
     rows: list[tuple[str, RenderableType]] = [
         ("status", status_text(meta.status)),
-        ("step", f"{step_at(meta)}  (node {meta.node or '-'}; latest checkpoint {meta.step})"),
+        ("step", f"{step_at(meta)}  (node {meta.node or '-'}; {latest})"),
         ("task", meta.task or "-"),
         ("attempts", f"{meta.attempts} at this step, {meta.crashes} lost workers"),
         ("fencing token", str(meta.fence)),

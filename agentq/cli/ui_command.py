@@ -31,8 +31,11 @@ def ui(session: Session, host: str, port: int, read_only: bool) -> None:
 
         from agentq.ui import create_app
         from agentq.ui.security import TOKEN_ENV, is_loopback, new_secret
-    except ImportError as exc:
-        raise CliError(f"the inspector needs its extra: pip install 'agentq[ui]' ({exc})") from exc
+    except ModuleNotFoundError as exc:
+        missing = (exc.name or "").partition(".")[0] or str(exc)
+        raise CliError(
+            f"the inspector needs its extra: pip install 'agentq[ui]' ({missing} is not installed)"
+        ) from exc
     loopback = is_loopback(host)
     token = os.environ.get(TOKEN_ENV) or None
     printed_token = token is None and not loopback

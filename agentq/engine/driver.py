@@ -210,7 +210,11 @@ class Driver:
                 return None
         # Sent by name (send_task) rather than through apply_async.
         self._calls(
-            "opening the thread", self.store.open_thread, self.thread_id, task=self.task.name
+            "opening the thread",
+            self.store.open_thread,
+            self.thread_id,
+            task=self.task.name,
+            node=self.task.entry_node,
         )
         return self._calls(*take)
 

@@ -26,6 +26,7 @@ from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from agentq.engine import aio
 from agentq.errors import (
+    CheckpointTooLarge,
     CodecError,
     CorruptCheckpoint,
     InvalidArgument,
@@ -332,6 +333,7 @@ class AgentqSaver(BaseCheckpointSaver[str]):
             self._dumps(full_metadata, "metadata", thread_id),
             get_checkpoint_id(config),
         )
+        self._check_size(thread_id, step, record, blobs)
         refs = [records.blob_field(c, v) for c, v in checkpoint["channel_versions"].items()]
         got_past = self._got_past
         clears = got_past is not None and metadata.get("source") == "loop"
@@ -358,6 +360,27 @@ class AgentqSaver(BaseCheckpointSaver[str]):
                 "checkpoint_id": checkpoint["id"],
             }
         }
+
+    def _check_size(
+        self, thread_id: str, step: int | None, record: bytes, blobs: Mapping[bytes, bytes]
+    ) -> None:
+        """Refuse, before anything is written, a checkpoint over the store's
+        ``max_checkpoint_bytes``, as an agent's is: what a super-step stores, its record and
+        the channel values it changed."""
+        size = len(record) + sum(len(blob) for blob in blobs.values())
+        limit = self.store.max_checkpoint_bytes
+        if size > limit:
+            raise CheckpointTooLarge(
+                f"LangGraph checkpoint is {size} bytes (its record and the channel values "
+                f"it writes), over the limit of {limit}; keep large data (documents, files, "
+                "images) out of the graph's state: store it elsewhere (in a graph task, "
+                "current_run().artifacts.put(data)) and keep the returned reference, or "
+                "raise max_checkpoint_bytes",
+                size=size,
+                limit=limit,
+                thread_id=thread_id,
+                step=step,
+            )
 
     def put_writes(
         self,

@@ -210,6 +210,19 @@ def test_show_says_when_a_wait_times_out_and_that_it_did(backend: Backend) -> No
     assert "nobody answered within 0s" in run(backend, "show", "t-deadline").stdout
 
 
+def test_show_says_a_thread_waiting_in_its_first_node_has_no_checkpoint(
+    backend: Backend,
+) -> None:
+    store = backend.store
+    store.open_thread("t-first", task=TASK)
+    token = store.acquire("t-first", OWNER, 30)
+    store.set_status("t-first", token, Status.WAITING, interrupt="ok?", release_owner=OWNER)
+    step = next(
+        line for line in run(backend, "show", "t-first").stdout.splitlines() if "step" in line
+    )
+    assert step.split() == ["step", "0", "(node", "-;", "no", "checkpoint", "yet)"], step
+
+
 def test_history_lists_steps_with_what_changed(threads: Backend) -> None:
     assert [c["step"] for c in ok_json(threads, "history", "t-done")] == [3, 2, 1, 0]
     assert [c["step"] for c in ok_json(threads, "history", "t-done", "--limit", "2")] == [3, 2]
@@ -913,3 +926,22 @@ def test_errors_name_the_command_and_the_method(
     threads: Backend, args: list[str], command_named: str
 ) -> None:
     assert_one_line_error(run(threads, *args), command_named, " in code)", code=1)
+
+
+def test_other_celery_commands_do_not_load_agentq() -> None:
+    # celery loads every celery.commands entry point for each command it runs: the
+    # 'agentq' group it names must not bring agentq's core, its commands or rich along.
+    script = (
+        "import atexit, sys\n"
+        "atexit.register(lambda: print(sorted(m for m in sys.modules"
+        " if m.startswith(('agentq', 'rich'))), file=sys.stderr))\n"
+        "from celery.__main__ import main\n"
+        "sys.argv = ['celery', '--help']\n"
+        "main()\n"
+    )
+    listed = command([sys.executable, "-c", script])
+    assert listed.returncode == 0, listed.stderr
+    assert "agentq" in listed.stdout  # the group is there, its help one line
+    loaded = listed.stderr.strip().splitlines()[-1]
+    heavy = ("agentq.celery", "agentq.store", "agentq.engine", "agentq.cli.session", "rich")
+    assert "agentq.cli" in loaded and not any(f"'{name}" in loaded for name in heavy), loaded

@@ -330,3 +330,14 @@ def test_the_states_models_and_dataclasses_come_back_as_themselves(env: Env) -> 
     assert stored.checkpoint["channel_values"]["refunds"] == [Refund("A-1", 15)]
     task.resume("o1", True)
     assert task.wait("o1", timeout=30)["revived"] == ["Order", "Refund"]
+
+
+def test_an_oversized_super_step_fails_the_thread_naming_the_limit(env: Env) -> None:
+    env.store.max_checkpoint_bytes = 300  # the worker's store: it runs in this process
+    env.task.delay("t-big", question("refund my order " + "x" * 1000, refunds=1))
+    with pytest.raises(ThreadStopped):
+        env.task.wait("t-big", timeout=30)
+    meta = env.store.meta("t-big")
+    assert meta is not None and meta.status == Status.FAILED, meta
+    assert meta.error is not None and meta.error.startswith("CheckpointTooLarge: "), meta.error
+    assert "max_checkpoint_bytes" in meta.error and "gave up" not in meta.error

@@ -20,7 +20,7 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.types import Command, interrupt
 from pydantic import BaseModel
 
-from agentq.errors import LeaseHeld, StaleToken, UnserializableState
+from agentq.errors import CheckpointTooLarge, LeaseHeld, StaleToken, UnserializableState
 from agentq.langgraph import AgentqSaver, AgentqSerializer
 from agentq.store.contract import Store
 
@@ -376,3 +376,40 @@ def test_rebuilding_a_delta_channel_reads_only_that_channel_of_each_ancestor(
         assert saver.get_delta_channel_history(
             config=saved.config, channels=["items", "n"]
         ) == history(saver, config=saved.config, channels=["items", "n"])
+
+
+class Doc(TypedDict, total=False):
+    text: str
+    words: int
+
+
+def test_an_oversized_state_is_refused_and_what_is_stored_stays(store: Store) -> None:
+    # As an agent's checkpoint: the store's bound applies to what a super-step writes.
+    store.max_checkpoint_bytes = 4096
+
+    def fetch(state: Doc) -> dict[str, Any]:
+        return {"text": "x" * 10_000}
+
+    def count(state: Doc) -> dict[str, Any]:
+        return {"words": len(state["text"].split())}
+
+    builder = StateGraph(Doc)
+    builder.add_node("fetch", fetch)
+    builder.add_node("count", count)
+    builder.add_edge(START, "fetch")
+    builder.add_edge("fetch", "count")
+    builder.add_edge("count", END)
+    graph = builder.compile(checkpointer=AgentqSaver(store))
+    config = {"configurable": {"thread_id": "t-big"}}
+    with pytest.raises(CheckpointTooLarge) as refused:
+        graph.invoke({"text": "small"}, config)
+    assert refused.value.thread_id == "t-big" and refused.value.step == 1
+    assert refused.value.limit == 4096 and (refused.value.size or 0) > 10_000
+    assert "max_checkpoint_bytes" in str(refused.value)
+    # Nothing of step 1 was stored: the super-step before is the latest checkpoint, whole
+    # (with fetch's output as its pending write, as LangGraph keeps a finished node's),
+    # and the graph runs on from it.
+    steps = [snapshot.metadata["step"] for snapshot in graph.get_state_history(config)]
+    assert steps == [0, -1]
+    store.max_checkpoint_bytes = 1 << 20
+    assert graph.invoke(None, config) == {"text": "x" * 10_000, "words": 1}

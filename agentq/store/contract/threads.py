@@ -40,6 +40,7 @@ class ThreadsContract(ABC):
         thread_id: str,
         *,
         task: str,
+        node: str | None = None,
         input: Any = None,
         start_grace: float = 30.0,
         options: Mapping[str, Any] | None = None,
@@ -47,7 +48,8 @@ class ThreadsContract(ABC):
         canvas: Mapping[str, Any] | None = None,
     ) -> tuple[ThreadMeta, bool]:
         """Create the thread as ``queued`` unless it exists; return its meta and whether it
-        was created. A new thread is due ``start_grace`` seconds from now, so a lost
+        was created. A new thread is at ``node``, its task's entry node, until its first
+        checkpoint names the next one. It is due ``start_grace`` seconds from now, so a lost
         message is re-sent by recovery, and keeps ``options`` (how to send it),
         ``origin`` (the id of the task sending it) and ``canvas`` (that task's callbacks,
         chain and chord) in its meta. An existing thread is returned unchanged.
@@ -60,6 +62,7 @@ class ThreadsContract(ABC):
         return self._do_open_thread(
             thread_id,
             task=task,
+            node=node,
             input=input,
             start_grace=start_grace,
             options=options,
@@ -72,6 +75,7 @@ class ThreadsContract(ABC):
         thread_id: str,
         *,
         task: str,
+        node: str | None,
         input: Any,
         start_grace: float,
         options: Mapping[str, Any] | None,

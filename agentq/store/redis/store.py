@@ -76,6 +76,7 @@ class RedisStore(RedisCheckpoints, RedisEffects, RedisLimits, RedisListing, Redi
         thread_id: str,
         *,
         task: str,
+        node: str | None,
         input: Any,
         start_grace: float,
         options: Mapping[str, Any] | None,
@@ -88,7 +89,16 @@ class RedisStore(RedisCheckpoints, RedisEffects, RedisLimits, RedisListing, Redi
         created, flat, _ = self._run(
             "open_thread",
             [self.keys.meta(thread_id)],
-            [thread_id, task, blobs[0], start_grace, blobs[1], origin or "", new_incarnation()],
+            [
+                thread_id,
+                task,
+                blobs[0],
+                start_grace,
+                blobs[1],
+                origin or "",
+                new_incarnation(),
+                node or "",
+            ],
             indexed=True,
         )
         return self._meta(thread_id, hash_to_fields(flat)), bool(created)

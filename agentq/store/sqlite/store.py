@@ -126,6 +126,7 @@ class SQLiteStore(
         thread_id: str,
         *,
         task: str,
+        node: str | None,
         input: Any,
         start_grace: float,
         options: Mapping[str, Any] | None,
@@ -136,12 +137,13 @@ class SQLiteStore(
         with self._conn.write() as db:
             now = time.time()
             created = db.execute(
-                "INSERT INTO threads (thread_id, status, step, task, created_at, updated_at, "
-                "input, due_at, options, origin, incarnation) "
-                "VALUES (?, ?, -1, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                "INSERT INTO threads (thread_id, status, step, node, task, created_at, "
+                "updated_at, input, due_at, options, origin, incarnation) "
+                "VALUES (?, ?, -1, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
                 (
                     thread_id,
                     Status.QUEUED.value,
+                    node,
                     task,
                     now,
                     now,

@@ -3,7 +3,8 @@
 -- KEYS[1]: meta, [due index].
 -- ARGV[1]: status prefix or '', [2] thread id, [3] task name, [4] input (msgpack, '' for
 -- none), [5] start grace in seconds, [6] send options (msgpack, '' for none), [7] the id of
--- the task sending it ('' for none), [8] the thread's incarnation.
+-- the task sending it ('' for none), [8] the thread's incarnation, [9] its entry node ('' for
+-- none): where it is until its first checkpoint names the next.
 -- Returns {created 0|1, meta as a flat HGETALL list, index ops}.
 local meta = KEYS[1]
 if redis.call('EXISTS', meta) == 1 then
@@ -21,6 +22,9 @@ if ARGV[6] ~= '' then
 end
 if ARGV[7] ~= '' then
   redis.call('HSET', meta, 'origin', ARGV[7])
+end
+if ARGV[9] ~= '' then
+  redis.call('HSET', meta, 'node', ARGV[9])
 end
 local ops = index(meta, ARGV[2], '', STATUS.QUEUED, now + tonumber(ARGV[5]), now)
 return {1, redis.call('HGETALL', meta), ops}

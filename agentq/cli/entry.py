@@ -115,10 +115,11 @@ def celery_command(
     from agentq.cli.session import Session
 
     app: Any = getattr(ctx.obj, "app", None)
-    given = ctx.find_root().params
-    if given.get("app") is None and given.get("config") is None:
+    root = ctx.find_root()
+    if root is not ctx and root.params.get("app") is None and root.params.get("config") is None:
         # Without -A celery hands over its default app, whose default store is a SQLite
         # file in the working directory: ask for the app or the store, as 'agentq' does.
+        # Called on its own, as a program embedding it does, the app it is given stands.
         app = None
     session = Session(
         store_url=store_url, prefix=prefix, app=app, allow_unsafe_store=allow_unsafe_store

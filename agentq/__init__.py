@@ -7,6 +7,7 @@ step in flight, and tool calls run at most once per idempotency key.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from typing import TYPE_CHECKING, Any, Final
 
 from agentq import _moved
@@ -73,6 +74,10 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     home = _HOMES.get(name)
     if home is None:
+        # A module of the package, as ``import agentq`` once loaded them all:
+        # ``agentq.errors.LeaseLost`` in an ``except`` keeps working.
+        if not name.startswith("_") and importlib.util.find_spec(f"agentq.{name}") is not None:
+            return importlib.import_module(f"agentq.{name}")
         raise AttributeError(f"module 'agentq' has no attribute {name!r}")
     value = getattr(importlib.import_module(home), name)
     globals()[name] = value

@@ -44,7 +44,8 @@ T = TypeVar("T")
 
 ROUTING_OPTIONS = ("queue", "exchange", "routing_key", "priority")
 """The ``apply_async`` options a thread keeps for every later send: where its messages
-go. One-shot options (``countdown``, ``eta``, ``task_id``, ...) apply to one message."""
+go, given in the call or by the task class (``Task.queue``, ...). One-shot options
+(``countdown``, ``eta``, ``expires``, ``task_id``, ...) apply to one message."""
 
 
 STORED_HEADER: Final = "agentq_stored"
@@ -110,10 +111,23 @@ KEPT_FLAGS = ("ignore_result",)
 results, and the thread's under the first task's id, which its caller asked not to keep."""
 
 
-def _routing(options: dict[str, Any]) -> dict[str, Any]:
+KEPT_LIMITS = ("time_limit", "soft_time_limit")
+"""The per-call time limits a thread keeps for every later send: each message runs a part
+of the thread, and a hand-over or a resume must not run the rest without the limits its
+caller set. The task class's own apply on every worker anyway, as they do now."""
+
+
+def _kept(options: dict[str, Any], by_class: dict[str, Any]) -> dict[str, Any]:
+    """What a thread keeps of its first ``apply_async`` options (and of its task class's
+    routing, ``by_class``) for every later send. The class's routing is kept too: a
+    process without the agent's class (``agentq -A proj resume`` where the agents load
+    through ``include``) sends the thread by name, and Celery would route it to the
+    default queue, where no worker for it may listen."""
     kept: dict[str, Any] = {}
     for name in ROUTING_OPTIONS:
         value = options.get(name)
+        if value is None:
+            value = by_class.get(name)
         # A kombu Queue or Exchange object is kept by name, as Celery routes by name.
         value = value if isinstance(value, (str, int)) else getattr(value, "name", None)
         if value is not None:
@@ -121,7 +135,21 @@ def _routing(options: dict[str, Any]) -> dict[str, Any]:
     for name in KEPT_FLAGS:
         if isinstance(options.get(name), bool):
             kept[name] = options[name]
+    for name in KEPT_LIMITS:
+        limit = options.get(name)
+        if isinstance(limit, (int, float)) and not isinstance(limit, bool):
+            kept[name] = limit
     return kept
+
+
+def _with_headers(kept: dict[str, Any], sent: dict[str, Any]) -> dict[str, Any]:
+    """``kept`` options with the ``headers`` of ``sent`` added to their own: a header
+    given for one send adds to the thread's (its caller's custom headers, trace context
+    and concurrency key) rather than drop them from that message."""
+    if not sent.get("headers"):
+        return {**kept, **sent}
+    headers = {**(kept.get("headers") or {}), **sent["headers"]}
+    return {**kept, **sent, "headers": headers}
 
 
 def refuse_autoretry(name: str) -> Never:
@@ -325,9 +353,12 @@ class AgentTask(Task):  # type: ignore[misc]
         task_id = options.setdefault("task_id", uuid())
         delay = _start_delay(options)
         # The caller's trace context, kept with the thread: every later send carries it.
-        traced = tracing.sending_headers()
-        headers = {**traced, KEY_HEADER: key} if key else traced
-        kept = {**_routing(options), "headers": headers} if headers else _routing(options)
+        headers = {**(options.get("headers") or {}), **tracing.sending_headers()}
+        if key:
+            headers[KEY_HEADER] = key
+        kept = _kept(options, self._get_exec_options())
+        if headers:
+            kept["headers"] = headers
         meta, created = self._open(
             thread_id,
             options,
@@ -340,7 +371,7 @@ class AgentTask(Task):  # type: ignore[misc]
         )
         if not created:
             return self.resend(meta, **options)
-        return super().apply_async((thread_id,), None, **_stored({**kept, **options}))
+        return super().apply_async((thread_id,), None, **_stored(_with_headers(kept, options)))
 
     def _open(
         self, thread_id: str, sending: dict[str, Any], /, **opening: Any
@@ -466,7 +497,7 @@ class AgentTask(Task):  # type: ignore[misc]
 
     def resend(self, meta: ThreadMeta, **options: Any) -> AsyncResult:
         """:meth:`enqueue` for a caller that holds the thread's meta already."""
-        sent = _stored({**meta.options, **options}, meta.origin)
+        sent = _stored(_with_headers(meta.options, options), meta.origin)
         return super().apply_async((meta.thread_id,), None, **sent)
 
     # -- hooks -------------------------------------------------------------------------------

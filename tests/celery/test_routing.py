@@ -1,0 +1,153 @@
+"""A thread's later messages go where its user routed its first one, on Redis and
+RabbitMQ: to a worker that consumes only the agents' queue, never to the default queue."""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from celery import Celery
+from celery.contrib.testing.worker import start_worker
+
+import agentq
+from agentq import AgentTask, Done, Interrupt, Run
+from agentq.ops.control import requeue
+from agentq.records import Status
+from tests.support.redis_server import RedisServer, wait_until
+
+
+def seen(task: AgentTask) -> dict[str, Any]:
+    """What a node sees of the message that runs it."""
+    request = task.request
+    info = request.delivery_info or {}
+    return {
+        "routing_key": info.get("routing_key"),
+        "exchange": info.get("exchange") or "",
+        "priority": info.get("priority"),
+        "timelimit": list(request.timelimit or (None, None)),
+        "tenant": request.get("tenant"),
+    }
+
+
+class Recorder(AgentTask):
+    """Records what its message looked like, waits for a person, records it again."""
+
+    name = "tests.routing.recorder"
+
+    def start(self, run: Run) -> Interrupt:
+        run.state["first"] = seen(self)
+        return Interrupt({"question": "go on?"}, resume_at="finish")
+
+    def finish(self, run: Run) -> Done:
+        return Done({"first": run.state["first"], "later": seen(self)})
+
+
+class Env:
+    def __init__(self, app: Celery, queue: str, name: str) -> None:
+        self.app = app
+        self.queue = queue
+        self.agent: Recorder = app.tasks[name]
+
+    def pending(self, queue: str) -> int:
+        """Messages waiting in ``queue`` that no worker took."""
+        with self.app.connection_for_write() as conn, conn.channel() as channel:
+            try:
+                return int(channel.queue_declare(queue, passive=True).message_count)
+            except Exception:  # never declared: nothing was ever sent there
+                return 0
+
+    def run_to_the_end(self, thread_id: str) -> dict[str, Any]:
+        wait_until(
+            lambda: self.agent.thread(thread_id).status == Status.WAITING,
+            timeout=20,
+            what="the thread waiting",
+        )
+        self.agent.resume(thread_id)
+        result: dict[str, Any] = self.agent.wait(thread_id, timeout=20)
+        return result
+
+
+def make_app(broker: str, store: str, prefix: str | None = None, **conf: Any) -> Celery:
+    prefix = prefix or f"rt{uuid.uuid4().hex[:8]}:"
+    app = Celery("agentq-routing-tests", broker=broker, set_as_current=False)
+    app.conf.update(
+        task_default_queue=f"agentq-test-default-{prefix}",
+        broker_connection_retry_on_startup=True,
+        worker_hijack_root_logger=False,
+        **conf,
+    )
+    agentq.init_app(app, store=store, prefix=prefix, sweep_interval=0.2, start_grace=5)
+    return app
+
+
+@contextlib.contextmanager
+def running(app: Celery, queue: str, agent: type[AgentTask] = Recorder) -> Iterator[Env]:
+    app.register_task(agent())
+    with start_worker(
+        app,
+        pool="threads",
+        concurrency=2,
+        perform_ping_check=False,
+        shutdown_timeout=30,
+        queues=[queue],
+    ):
+        yield Env(app, queue, agent.name)
+    app._agentq_runtime.store.close()
+    app.close()
+
+
+@pytest.fixture(params=["redis", "rabbitmq"])
+def broker(request: pytest.FixtureRequest) -> str:
+    fixture = "redis_broker" if request.param == "redis" else "rabbitmq_broker"
+    url: str = request.getfixturevalue(fixture)
+    return url
+
+
+def test_per_call_options_reach_the_resumed_run(broker: str, redis_server: RedisServer) -> None:
+    queue = f"agents-{uuid.uuid4().hex[:8]}"
+    app = make_app(broker, redis_server.url)
+    with running(app, queue) as env:
+        env.agent.apply_async(
+            ("t1",),
+            queue=queue,
+            priority=3,
+            time_limit=120,
+            soft_time_limit=100,
+            headers={"tenant": "acme"},
+        )
+        result = env.run_to_the_end("t1")
+        assert result["later"] == result["first"], result
+        assert env.pending(app.conf.task_default_queue) == 0
+
+
+class QueuedByClass(Recorder):
+    name = "tests.routing.by_class"
+    queue = "agents-by-class"
+    priority = 2
+
+
+def test_a_task_class_queue_is_kept_when_the_app_lacks_the_agent(
+    broker: str, redis_server: RedisServer
+) -> None:
+    """``agentq -A proj resume`` loads the app, not the module of its agents (they load in
+    the workers, through ``include``): the message is sent by the agent's name."""
+    app = make_app(broker, redis_server.url)
+    with running(app, QueuedByClass.queue, QueuedByClass) as env:
+        agent = app.tasks[QueuedByClass.name]
+        agent.delay("t1")
+        wait_until(lambda: agent.thread("t1").status == Status.WAITING, timeout=20, what="waiting")
+        cli_app = make_app(broker, redis_server.url, app._agentq_runtime.settings.prefix)
+        cli_app.conf.task_default_queue = app.conf.task_default_queue
+        requeue(
+            app._agentq_runtime.store,
+            cli_app,
+            "t1",
+            from_statuses={Status.WAITING},
+            start_grace=5,
+        )
+        result = agent.wait("t1", timeout=20)
+        assert result["later"] == result["first"], result
+        assert env.pending(app.conf.task_default_queue) == 0

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from celery import Celery
 from celery.contrib.testing.worker import start_worker
+from kombu import Exchange, Queue
 
 import agentq
 from agentq import AgentTask, Done, Interrupt, Run
@@ -151,3 +152,47 @@ def test_a_task_class_queue_is_kept_when_the_app_lacks_the_agent(
         result = agent.wait("t1", timeout=20)
         assert result["later"] == result["first"], result
         assert env.pending(app.conf.task_default_queue) == 0
+
+
+def test_task_routes_route_every_later_message(broker: str, redis_server: RedisServer) -> None:
+    queue = f"agents-{uuid.uuid4().hex[:8]}"
+    app = make_app(broker, redis_server.url, task_routes={Recorder.name: {"queue": queue}})
+    with running(app, queue) as env:
+        env.agent.delay("t1")
+        result = env.run_to_the_end("t1")
+        assert result["later"] == result["first"], result
+        assert result["first"]["routing_key"] == queue
+        assert env.pending(app.conf.task_default_queue) == 0
+
+
+def test_an_exchange_and_routing_key_stay_with_the_thread(
+    rabbitmq_broker: str, redis_server: RedisServer
+) -> None:
+    """Sent to a topic exchange by routing key alone, as RabbitMQ users route (kombu's
+    Redis transport drops such a message, of any task, even the first)."""
+    queue = f"agents-{uuid.uuid4().hex[:8]}"
+    exchange = Exchange(f"{queue}-topic", type="topic")
+    app = make_app(
+        rabbitmq_broker,
+        redis_server.url,
+        task_queues=[Queue(queue, exchange, routing_key="agents.#")],
+    )
+    with running(app, queue) as env:
+        env.agent.apply_async(("t1",), exchange=exchange.name, routing_key="agents.support")
+        result = env.run_to_the_end("t1")
+        assert result["later"] == result["first"], result
+        assert result["first"]["routing_key"] == "agents.support"
+        assert env.pending(app.conf.task_default_queue) == 0
+
+
+def test_a_queue_object_stays_with_the_thread(broker: str, redis_server: RedisServer) -> None:
+    """A kombu ``Queue`` given per call, bound to an exchange of its own, that the app
+    does not declare."""
+    name = f"agents-{uuid.uuid4().hex[:8]}"
+    queue = Queue(name, Exchange(f"{name}-direct"), routing_key=f"{name}.key")
+    app = make_app(broker, redis_server.url)
+    with running(app, name) as env:
+        env.agent.apply_async(("t1",), queue=queue)
+        result = env.run_to_the_end("t1")
+        assert env.pending(app.conf.task_default_queue) == 0
+        assert result["later"] == result["first"], result

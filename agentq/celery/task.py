@@ -498,7 +498,10 @@ class AgentTask(Task):  # type: ignore[misc]
     def resend(self, meta: ThreadMeta, **options: Any) -> AsyncResult:
         """:meth:`enqueue` for a caller that holds the thread's meta already."""
         sent = _stored(_with_headers(meta.options, options), meta.origin)
-        return super().apply_async((meta.thread_id,), None, **sent)
+        # Not the class's expires, which Celery would give every message: a later message
+        # that expires is only dropped, and recovery's next one, expiring the same way
+        # under a backlog, would leave the thread queued for as long as it lasts.
+        return super().apply_async((meta.thread_id,), None, **{"expires": None, **sent})
 
     # -- hooks -------------------------------------------------------------------------------
 

@@ -196,3 +196,24 @@ def test_a_queue_object_stays_with_the_thread(broker: str, redis_server: RedisSe
         result = env.run_to_the_end("t1")
         assert env.pending(app.conf.task_default_queue) == 0
         assert result["later"] == result["first"], result
+
+
+class ExpiringByClass(Recorder):
+    """Its messages are worthless unless a worker starts them at once."""
+
+    name = "tests.routing.expiring"
+    expires = 0.001
+
+
+def test_a_class_expires_stops_only_the_first_message(
+    redis_broker: str, redis_server: RedisServer
+) -> None:
+    """A later message (here a resume's) expiring would only be dropped, the thread left
+    queued for recovery to send again, with the same expires, for as long as the class
+    says so: the thread would never run again."""
+    queue = f"agents-{uuid.uuid4().hex[:8]}"
+    app = make_app(redis_broker, redis_server.url)
+    with running(app, queue, ExpiringByClass) as env:
+        env.agent.apply_async(("t1",), queue=queue, expires=None)  # this first one runs
+        result = env.run_to_the_end("t1")
+        assert result["later"] == result["first"], result

@@ -351,7 +351,6 @@ class AgentTask(Task):  # type: ignore[misc]
         # Chosen here so that the thread remembers it: the result stored under it is the
         # thread's, whichever task finishes the thread.
         task_id = options.setdefault("task_id", uuid())
-        delay = _start_delay(options)
         # The caller's trace context, kept with the thread: every later send carries it.
         headers = {**(options.get("headers") or {}), **tracing.sending_headers()}
         if key:
@@ -364,7 +363,7 @@ class AgentTask(Task):  # type: ignore[misc]
             options,
             task=self.name,
             input=dict(kwargs) if kwargs else None,
-            start_grace=delay + self.agentq.settings.start_grace,
+            start_grace=self._grace(options),
             options=kept,
             origin=task_id,
             canvas=canvas.captured(options, options.get("serializer") or self.serializer),
@@ -572,7 +571,7 @@ class AgentTask(Task):  # type: ignore[misc]
             validate_thread_id(thread_id),
             from_statuses=self.thread(thread_id).resumable_from,
             resume_value=value,
-            start_grace=self.agentq.settings.start_grace,
+            start_grace=self._grace(options),
         )
         return self._send_reopened(meta, options)
 
@@ -586,7 +585,7 @@ class AgentTask(Task):  # type: ignore[misc]
             self.agentq.store.reopen,
             validate_thread_id(thread_id),
             from_statuses={Status.FAILED, Status.NEEDS_ATTENTION},
-            start_grace=self.agentq.settings.start_grace,
+            start_grace=self._grace(options),
         )
         return self._send_reopened(meta, options)
 
@@ -615,17 +614,19 @@ class AgentTask(Task):  # type: ignore[misc]
             key,
             result=result,
             did_not_run=did_not_run,
-            start_grace=self.agentq.settings.start_grace,
+            start_grace=self._grace(options),
             shared=shared,
         )
         return self._send_reopened(meta, options)
 
+    def _grace(self, options: dict[str, Any]) -> float:
+        """Seconds a thread sent on with ``options`` waits for its message before recovery
+        sends another: a start grace past its ``countdown`` or ``eta``, as for a first
+        message, or recovery would run it before the time its caller chose."""
+        return _start_delay(options) + self.agentq.settings.start_grace
+
     def _send_reopened(self, meta: ThreadMeta, options: dict[str, Any]) -> AsyncResult:
-        return send_reopened(
-            meta,
-            self.agentq.settings.start_grace,
-            lambda: self.resend(meta, **options),
-        )
+        return send_reopened(meta, self._grace(options), lambda: self.resend(meta, **options))
 
     def cancel(self, thread_id: str) -> Status:
         """Cancel the thread: at once if idle, at the next step boundary if running."""

@@ -4,6 +4,7 @@ RabbitMQ: to a worker that consumes only the agents' queue, never to the default
 from __future__ import annotations
 
 import contextlib
+import datetime
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -43,7 +44,7 @@ class Recorder(AgentTask):
         return Interrupt({"question": "go on?"}, resume_at="finish")
 
     def finish(self, run: Run) -> Done:
-        return Done({"first": run.state["first"], "later": seen(self)})
+        return Done({"first": run.state["first"], "later": seen(self), "by": self.request.id})
 
 
 class Env:
@@ -217,3 +218,27 @@ def test_a_class_expires_stops_only_the_first_message(
         env.agent.apply_async(("t1",), queue=queue, expires=None)  # this first one runs
         result = env.run_to_the_end("t1")
         assert result["later"] == result["first"], result
+
+
+@pytest.mark.parametrize("delay", ["countdown", "eta"])
+def test_a_delayed_resume_runs_when_asked(
+    redis_broker: str, redis_server: RedisServer, delay: str
+) -> None:
+    """Recovery holds off until the resume's own message is due, as it does for a first
+    message sent with a countdown: it would otherwise run the thread a start grace after
+    the resume, long before the time its caller chose."""
+    queue = f"agents-{uuid.uuid4().hex[:8]}"
+    app = make_app(redis_broker, redis_server.url)
+    with running(app, queue) as env:
+        env.agent.apply_async(("t1",), queue=queue)
+        wait_until(
+            lambda: env.agent.thread("t1").status == Status.WAITING, timeout=20, what="waiting"
+        )
+        later = 8.0  # past the start grace (5 s)
+        when = (
+            {"countdown": later}
+            if delay == "countdown"
+            else {"eta": datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=later)}
+        )
+        resumed = env.agent.resume("t1", **when)
+        assert env.agent.wait("t1", timeout=30)["by"] == resumed.id

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import redis
 from celery import Celery
 from celery.contrib.testing.worker import start_worker
 from celery.exceptions import CDeprecationWarning
@@ -74,7 +75,9 @@ class Env:
         return result
 
 
-def make_app(broker: str, store: str, prefix: str | None = None, **conf: Any) -> Celery:
+def make_app(
+    broker: str, store: str, prefix: str | None = None, limits: Any = (), **conf: Any
+) -> Celery:
     prefix = prefix or f"rt{uuid.uuid4().hex[:8]}:"
     app = Celery("agentq-routing-tests", broker=broker, set_as_current=False)
     app.conf.update(
@@ -83,7 +86,9 @@ def make_app(broker: str, store: str, prefix: str | None = None, **conf: Any) ->
         worker_hijack_root_logger=False,
         **conf,
     )
-    agentq.init_app(app, store=store, prefix=prefix, sweep_interval=0.2, start_grace=5)
+    agentq.init_app(
+        app, store=store, prefix=prefix, sweep_interval=0.2, start_grace=5, limits=limits
+    )
     return app
 
 
@@ -248,3 +253,65 @@ def test_a_delayed_resume_runs_when_asked(
         )
         resumed = env.agent.resume("t1", **when)
         assert env.agent.wait("t1", timeout=30)["by"] == resumed.id
+
+
+class Solo(AgentTask):
+    """One thread at a time; the first one holds its slot until the test opens its gate."""
+
+    name = "tests.routing.solo"
+    concurrency_key = "solo"
+
+    def start(self, run: Run, gate: str = "") -> str:
+        ledger = redis.Redis.from_url(self.app.conf.test_store)
+        while gate and not ledger.exists(gate):
+            ledger.blpop([f"{gate}:never"], timeout=0.1)
+        run.state["seen"] = seen(self)
+        return "finish"
+
+    def finish(self, run: Run) -> Done:
+        return Done(run.state["seen"])
+
+
+def test_a_thread_woken_for_its_concurrency_key_keeps_its_route(
+    broker: str, redis_server: RedisServer
+) -> None:
+    queue = f"agents-{uuid.uuid4().hex[:8]}"
+    app = make_app(
+        broker,
+        redis_server.url,
+        limits=[agentq.limit("solo", threads=1)],
+        test_store=redis_server.url,
+    )
+    gate = f"gate-{uuid.uuid4().hex[:8]}"
+    with running(app, queue, Solo) as env:
+        options: dict[str, Any] = {
+            "queue": queue,
+            "priority": 3,
+            "time_limit": 120,
+            "headers": {"tenant": "acme"},
+        }
+        env.agent.apply_async(("holder",), {"gate": gate}, **options)
+        wait_until(
+            lambda: env.agent.thread("holder").status == Status.RUNNING,
+            timeout=20,
+            what="the slot taken",
+        )
+        env.agent.apply_async(("parked",), **options)
+        store = app._agentq_runtime.store
+        wait_until(
+            lambda: (
+                [w.thread_id for state in store.key_states() for w in state.waiting] == ["parked"]
+            ),
+            timeout=20,
+            what="the second thread parked",
+        )
+        with redis.Redis.from_url(redis_server.url) as client:
+            client.set(gate, 1)
+        assert env.agent.wait("parked", timeout=20) == {
+            "routing_key": queue,
+            "exchange": "",
+            "priority": 3,
+            "timelimit": [120, None],
+            "tenant": "acme",
+        }
+        assert env.pending(app.conf.task_default_queue) == 0

@@ -132,6 +132,9 @@ def test_per_call_options_reach_the_resumed_run(broker: str, redis_server: Redis
         )
         result = env.run_to_the_end("t1")
         assert result["later"] == result["first"], result
+        # A fork of it, resumed, is sent as its source was.
+        app._agentq_runtime.store.fork("t1", 0, "t1-fork")
+        assert env.run_to_the_end("t1-fork")["later"] == result["first"]
         assert env.pending(app.conf.task_default_queue) == 0
 
 

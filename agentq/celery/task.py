@@ -146,10 +146,13 @@ def _with_headers(kept: dict[str, Any], sent: dict[str, Any]) -> dict[str, Any]:
     """``kept`` options with the ``headers`` of ``sent`` added to their own: a header
     given for one send adds to the thread's (its caller's custom headers, trace context
     and concurrency key) rather than drop them from that message."""
-    if not sent.get("headers"):
-        return {**kept, **sent}
-    headers = {**(kept.get("headers") or {}), **sent["headers"]}
-    return {**kept, **sent, "headers": headers}
+    merged = {**kept, **sent}
+    headers = {**(kept.get("headers") or {}), **(sent.get("headers") or {})}
+    if headers:
+        merged["headers"] = headers
+    else:
+        merged.pop("headers", None)
+    return merged
 
 
 def refuse_autoretry(name: str) -> Never:

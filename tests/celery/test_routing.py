@@ -318,3 +318,18 @@ def test_a_thread_woken_for_its_concurrency_key_keeps_its_route(
             "tenant": "acme",
         }
         assert env.pending(app.conf.task_default_queue) == 0
+
+
+def test_no_headers_for_one_send_keep_the_threads(
+    redis_broker: str, redis_server: RedisServer
+) -> None:
+    """``headers=None``, as a wrapper passing its own options through gives it."""
+    queue = f"agents-{uuid.uuid4().hex[:8]}"
+    app = make_app(redis_broker, redis_server.url)
+    with running(app, queue) as env:
+        env.agent.apply_async(("t1",), queue=queue, headers={"tenant": "acme"})
+        wait_until(
+            lambda: env.agent.thread("t1").status == Status.WAITING, timeout=20, what="waiting"
+        )
+        env.agent.resume("t1", headers=None)
+        assert env.agent.wait("t1", timeout=20)["later"]["tenant"] == "acme"

@@ -44,7 +44,8 @@ T = TypeVar("T")
 
 ROUTING_OPTIONS = ("queue", "exchange", "routing_key", "priority")
 """The ``apply_async`` options a thread keeps for every later send: where its messages
-go. One-shot options (``countdown``, ``eta``, ``task_id``, ...) apply to one message."""
+go, given in the call or by the task class (``Task.queue``, ...). One-shot options
+(``countdown``, ``eta``, ``expires``, ``task_id``, ...) apply to one message."""
 
 
 STORED_HEADER: Final = "agentq_stored"
@@ -110,10 +111,23 @@ KEPT_FLAGS = ("ignore_result",)
 results, and the thread's under the first task's id, which its caller asked not to keep."""
 
 
-def _routing(options: dict[str, Any]) -> dict[str, Any]:
+KEPT_LIMITS = ("time_limit", "soft_time_limit")
+"""The per-call time limits a thread keeps for every later send: each message runs a part
+of the thread, and a hand-over or a resume must not run the rest without the limits its
+caller set. The task class's own apply on every worker anyway, as they do now."""
+
+
+def _kept(options: dict[str, Any], by_class: dict[str, Any]) -> dict[str, Any]:
+    """What a thread keeps of its first ``apply_async`` options (and of its task class's
+    routing, ``by_class``) for every later send. The class's routing is kept too: a
+    process without the agent's class (``agentq -A proj resume`` where the agents load
+    through ``include``) sends the thread by name, and Celery would route it to the
+    default queue, where no worker for it may listen."""
     kept: dict[str, Any] = {}
     for name in ROUTING_OPTIONS:
         value = options.get(name)
+        if value is None:
+            value = by_class.get(name)
         # A kombu Queue or Exchange object is kept by name, as Celery routes by name.
         value = value if isinstance(value, (str, int)) else getattr(value, "name", None)
         if value is not None:
@@ -121,7 +135,24 @@ def _routing(options: dict[str, Any]) -> dict[str, Any]:
     for name in KEPT_FLAGS:
         if isinstance(options.get(name), bool):
             kept[name] = options[name]
+    for name in KEPT_LIMITS:
+        limit = options.get(name)
+        if isinstance(limit, (int, float)) and not isinstance(limit, bool):
+            kept[name] = limit
     return kept
+
+
+def _with_headers(kept: dict[str, Any], sent: dict[str, Any]) -> dict[str, Any]:
+    """``kept`` options with the ``headers`` of ``sent`` added to their own: a header
+    given for one send adds to the thread's (its caller's custom headers, trace context
+    and concurrency key) rather than drop them from that message."""
+    merged = {**kept, **sent}
+    headers = {**(kept.get("headers") or {}), **(sent.get("headers") or {})}
+    if headers:
+        merged["headers"] = headers
+    else:
+        merged.pop("headers", None)
+    return merged
 
 
 def refuse_autoretry(name: str) -> Never:
@@ -323,25 +354,27 @@ class AgentTask(Task):  # type: ignore[misc]
         # Chosen here so that the thread remembers it: the result stored under it is the
         # thread's, whichever task finishes the thread.
         task_id = options.setdefault("task_id", uuid())
-        delay = _start_delay(options)
         # The caller's trace context, kept with the thread: every later send carries it.
-        traced = tracing.sending_headers()
-        headers = {**traced, KEY_HEADER: key} if key else traced
-        kept = {**_routing(options), "headers": headers} if headers else _routing(options)
+        headers = {**(options.get("headers") or {}), **tracing.sending_headers()}
+        if key:
+            headers[KEY_HEADER] = key
+        kept = _kept(options, self._get_exec_options())
+        if headers:
+            kept["headers"] = headers
         meta, created = self._open(
             thread_id,
             options,
             task=self.name,
             node=self.entry_node,
             input=dict(kwargs) if kwargs else None,
-            start_grace=delay + self.agentq.settings.start_grace,
+            start_grace=self._grace(options),
             options=kept,
             origin=task_id,
             canvas=canvas.captured(options, options.get("serializer") or self.serializer),
         )
         if not created:
             return self.resend(meta, **options)
-        return super().apply_async((thread_id,), None, **_stored({**kept, **options}))
+        return super().apply_async((thread_id,), None, **_stored(_with_headers(kept, options)))
 
     def _open(
         self, thread_id: str, sending: dict[str, Any], /, **opening: Any
@@ -467,8 +500,11 @@ class AgentTask(Task):  # type: ignore[misc]
 
     def resend(self, meta: ThreadMeta, **options: Any) -> AsyncResult:
         """:meth:`enqueue` for a caller that holds the thread's meta already."""
-        sent = _stored({**meta.options, **options}, meta.origin)
-        return super().apply_async((meta.thread_id,), None, **sent)
+        sent = _stored(_with_headers(meta.options, options), meta.origin)
+        # Not the class's expires, which Celery would give every message: a later message
+        # that expires is only dropped, and recovery's next one, expiring the same way
+        # under a backlog, would leave the thread queued for as long as it lasts.
+        return super().apply_async((meta.thread_id,), None, **{"expires": None, **sent})
 
     # -- hooks -------------------------------------------------------------------------------
 
@@ -539,7 +575,7 @@ class AgentTask(Task):  # type: ignore[misc]
             validate_thread_id(thread_id),
             from_statuses=self.thread(thread_id).resumable_from,
             resume_value=value,
-            start_grace=self.agentq.settings.start_grace,
+            start_grace=self._grace(options),
         )
         return self._send_reopened(meta, options)
 
@@ -553,7 +589,7 @@ class AgentTask(Task):  # type: ignore[misc]
             self.agentq.store.reopen,
             validate_thread_id(thread_id),
             from_statuses={Status.FAILED, Status.NEEDS_ATTENTION},
-            start_grace=self.agentq.settings.start_grace,
+            start_grace=self._grace(options),
         )
         return self._send_reopened(meta, options)
 
@@ -582,17 +618,19 @@ class AgentTask(Task):  # type: ignore[misc]
             key,
             result=result,
             did_not_run=did_not_run,
-            start_grace=self.agentq.settings.start_grace,
+            start_grace=self._grace(options),
             shared=shared,
         )
         return self._send_reopened(meta, options)
 
+    def _grace(self, options: dict[str, Any]) -> float:
+        """Seconds a thread sent on with ``options`` waits for its message before recovery
+        sends another: a start grace past its ``countdown`` or ``eta``, as for a first
+        message, or recovery would run it before the time its caller chose."""
+        return _start_delay(options) + self.agentq.settings.start_grace
+
     def _send_reopened(self, meta: ThreadMeta, options: dict[str, Any]) -> AsyncResult:
-        return send_reopened(
-            meta,
-            self.agentq.settings.start_grace,
-            lambda: self.resend(meta, **options),
-        )
+        return send_reopened(meta, self._grace(options), lambda: self.resend(meta, **options))
 
     def cancel(self, thread_id: str) -> Status:
         """Cancel the thread: at once if idle, at the next step boundary if running."""

@@ -15,7 +15,8 @@ app = make_app(
     broker=os.environ["AGENTQ_TEST_BROKER"],
     store=os.environ["AGENTQ_TEST_STORE"],
     prefix=os.environ["AGENTQ_TEST_PREFIX"],
-    queue=os.environ["AGENTQ_TEST_QUEUE"],
+    # The queue its worker consumes (-Q), unless the test routes the agents elsewhere.
+    queue=os.environ.get("AGENTQ_TEST_DEFAULT_QUEUE") or os.environ["AGENTQ_TEST_QUEUE"],
     ledger_url=os.environ["AGENTQ_TEST_LEDGER"],
     lease_ttl=float(os.environ.get("AGENTQ_TEST_LEASE_TTL", "2")),
     sweep_interval=0.2,

@@ -7,6 +7,8 @@ import threading
 import time
 from typing import Any
 
+import kombu.exceptions
+
 from agentq.celery.runtime import runtime_of
 from agentq.celery.store_guard import recheck_store
 from agentq.celery.task import resend_thread
@@ -168,7 +170,11 @@ class Sweeper:
                 self.recheck_store_if_due()
                 self.sweep_if_leader()
             except Exception as exc:
-                if runtime_of(self.app).store.is_transient(exc):
+                # A broker restarting fails each send as the store's restart fails each
+                # claim (kombu gives up on a publish with OperationalError).
+                if runtime_of(self.app).store.is_transient(exc) or isinstance(
+                    exc, kombu.exceptions.OperationalError
+                ):
                     # Every interval for as long as a restart or a failover lasts: a line each.
                     logger.warning(
                         "sweep failed (%s: %s); trying again in %.1f s",

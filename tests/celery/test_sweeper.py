@@ -67,6 +67,37 @@ def test_a_store_outage_is_logged_a_line_a_sweep_without_a_traceback(
         assert record.getMessage().startswith("sweep failed (ConnectionError: ")
 
 
+def test_a_broker_outage_is_logged_a_line_a_sweep_without_a_traceback(
+    redis_server: RedisServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A broker restart fails every send of a due thread until it is back: like a store
+    outage, a warning line a sweep, not a traceback logged as an error each interval."""
+    caplog.set_level(logging.WARNING, logger="agentq.celery.recovery")
+    with running_redis(tmp_path / "broker") as broker:
+        app = Celery("agentq-sweeper-broker-down", broker=broker.url, set_as_current=False)
+        with contextlib.closing(app):
+            agentq.init_app(
+                app,
+                store=redis_server.url,
+                prefix=f"sb{uuid.uuid4().hex[:8]}:",
+                sweep_interval=0.1,
+                start_grace=0.1,
+            )
+            store: Store = app._agentq_runtime.store
+            sweeper = Sweeper(app)
+            broker.kill()
+            store.open_thread("t1", task="elsewhere.agent", start_grace=0)
+            sweeper.start()
+            try:
+                wait_until(lambda: len(failures(caplog)) >= 2, timeout=20, what="two failed sweeps")
+            finally:
+                sweeper.stop()
+                store.close()
+    for record in failures(caplog):
+        assert (record.levelno, record.exc_info) == (logging.WARNING, None)
+        assert record.getMessage().startswith("sweep failed (OperationalError: ")
+
+
 def failures(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
     return [r for r in caplog.records if r.getMessage().startswith("sweep failed")]
 

@@ -42,7 +42,13 @@ class Ledger:
     """The outside world, as seen by the tests."""
 
     def __init__(self, url: str, namespace: str, store: Store | None = None) -> None:
-        self.client = redis.Redis.from_url(url, decode_responses=True)
+        # Blocking, as an HTTP client's pool is: a thousand tool calls in flight in one
+        # process wait for a connection rather than fail as the outside world's fault.
+        self.client = redis.Redis.from_pool(
+            redis.BlockingConnectionPool.from_url(
+                url, decode_responses=True, max_connections=100, timeout=60
+            )
+        )
         self.ns = namespace
         self.store = store
         """The threads' store, which :meth:`sent` reads the keys' incarnation from."""

@@ -1116,3 +1116,42 @@ def test_a_limited_gc_gets_past_index_entries_their_threads_do_not_match(
         assert sum(collected) == 1 and store.meta("real") is None
         assert store.client.zcard(index) == 0
         assert all(store.meta(f"again-{n}") is not None for n in range(100))
+
+
+def test_a_zombie_s_refused_langgraph_write_leaves_its_new_driver_indexed(
+    redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two processes, neither of which indexed the thread before: the zombie adds the
+    LangGraph index entry, the new driver finds it there and writes its checkpoint, then
+    the zombie's write is refused. The entry names a thread holding that data: it stays."""
+    from agentq.store.graph_records import StoredCheckpoint, encode_refs
+
+    def stored(checkpoint_id: str) -> StoredCheckpoint:
+        field = b"channel:"
+        return StoredCheckpoint(
+            checkpoint_id=checkpoint_id,
+            record=b"record",
+            refs=encode_refs([field]),
+            run_id="run1",
+            blobs={field: b"value"},
+        )
+
+    prefix = "zombie-index:"
+    with (
+        redis_store(redis_server.url, prefix=prefix) as zombie,
+        redis_store(redis_server.url, prefix=prefix) as driver,
+    ):
+        zombie.open_thread("t1", task="agent")
+        old = zombie.acquire("t1", "w1", 30)
+        assert zombie.release("t1", "w1", old)
+        new = driver.acquire("t1", "w2", 30)
+        refused = zombie.graph()._fenced
+
+        def driver_writes_first(*args: Any, **kwargs: Any) -> Any:
+            driver.graph().put("t1", "", stored("c2"), new)
+            return refused(*args, **kwargs)
+
+        monkeypatch.setattr(zombie.graph(), "_fenced", driver_writes_first)
+        with pytest.raises(StaleToken):
+            zombie.graph().put("t1", "", stored("c1"), old)
+        assert driver.graph().threads() == ["t1"]

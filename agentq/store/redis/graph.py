@@ -15,7 +15,7 @@ import msgpack
 import redis
 from redis.cluster import RedisCluster
 
-from agentq.errors import LeaseHeld, StaleToken, ThreadNotFound
+from agentq.errors import ThreadNotFound
 from agentq.store.graph import GraphStore, lease_held, stale_token, thread_not_found
 from agentq.store.graph_records import Row, StoredCheckpoint, decode_refs
 from agentq.store.redis.graph_keys import GraphKeys, escape, unescape
@@ -126,11 +126,12 @@ class RedisGraph(GraphStore):
             self._indexed.update(f"{key}\0{thread_id}" for key, thread_id in missing)
         return Indexed(known, [e for e, new in zip(missing, added, strict=True) if new])
 
-    def unindex_refused(self, indexed: Indexed) -> None:
-        """Take out the entries ``indexed`` created for a write the store then refused:
-        they name a thread that holds none of that data, and no delete would find them
-        (a thread deleted meanwhile is gone; one that holds no LangGraph data is deleted
-        without looking)."""
+    def unindex_deleted(self, indexed: Indexed) -> None:
+        """Take out the entries ``indexed`` created for a write the store refused because
+        the thread was deleted meanwhile: no delete would find them. A write refused for a
+        thread that lives on (a zombie's, fenced out) keeps them: its new driver may have
+        found them there and counts on them, and an index may name a thread without the
+        data, never miss one that has it."""
         self._unindex(*indexed.created)
 
     def _unindex(self, *entries: tuple[str, str]) -> None:
@@ -182,8 +183,8 @@ class RedisGraph(GraphStore):
                     *blobs,
                 ],
             )
-        except (StaleToken, ThreadNotFound, LeaseHeld):
-            self.unindex_refused(indexed)
+        except ThreadNotFound:
+            self.unindex_deleted(indexed)
             raise
         # An entry this process added once may have gone since with the thread's data,
         # deleted by another process: the put tells when the data starts anew.
@@ -280,12 +281,8 @@ class RedisGraph(GraphStore):
         copied = self.read_copy(source, target)
         if not copied.commands:
             return
-        indexed = self.index_copy(target, copied)
-        try:
-            self._fenced("restore", target, None, [], [copied.packed()])
-        except LeaseHeld:
-            self.unindex_refused(indexed)
-            raise
+        self.index_copy(target, copied)
+        self._fenced("restore", target, None, [], [copied.packed()])
 
     def holds(self, thread_id: str, owned: Sequence[str]) -> bool:
         """Whether ``owned`` (the thread's owned set) names LangGraph keys."""

@@ -23,9 +23,9 @@ key                                          type    contents
 ===========================================  ======  ==========================================
 
 The two global sets are indexes for ``list(None)`` and ``delete_for_runs``: they are added to
-before a thread's data is written and cleaned after it is deleted (a write the store refuses
-takes out the entries it made), so they may name a thread that no longer has data (readers
-skip it), never miss one. A process remembers the entries
+before a thread's data is written and cleaned after it is deleted (a write refused because
+the thread was deleted meanwhile takes out the entries it made), so they may name a thread
+that no longer has data (readers skip it), never miss one. A process remembers the entries
 it added; when a put finds the thread's (or the run's) data gone, deleted by another
 process, it adds them again right after that put.
 """

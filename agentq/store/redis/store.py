@@ -52,6 +52,14 @@ _SYNCED_PAGE: Final = 500
 """Threads of the Cluster's synced hash each ``gc`` checks for entries left behind."""
 
 
+def _fork_taken(thread_id: str, step: int, new_thread_id: str) -> ThreadExists:
+    return ThreadExists(
+        f"cannot fork step {step} of {thread_id!r} into an existing thread; pick "
+        "another id or delete that thread first",
+        thread_id=new_thread_id,
+    )
+
+
 def _refuse_driven(thread_id: str, step: int, driven: list[Any]) -> None:
     status, latest, _ = driven
     if status is None:
@@ -197,9 +205,14 @@ class RedisStore(RedisCheckpoints, RedisEffects, RedisLimits, RedisListing, Redi
         pipe.get(self.keys.checkpoint(thread_id, step))
         pipe.hmget(self.keys.meta(thread_id), ["created_at", "task", "input", "options", *_DRIVEN])
         pipe.smembers(self.keys.owned(thread_id))
-        data, (created, task, input_blob, options_blob, *driven), owned_keys = pipe.execute()
+        pipe.exists(self.keys.meta(new_thread_id))
+        data, (created, task, input_blob, options_blob, *driven), owned_keys, taken = pipe.execute()
         if data is None:
             raise self._not_stored(thread_id, step, forking=True)
+        if taken:
+            # Before the LangGraph indexes name the fork: refused later (a thread made
+            # under that id meanwhile), their entries stay, as that thread may count on them.
+            raise _fork_taken(thread_id, step, new_thread_id)
         source = decode_checkpoint(thread_id, blob(data), step=step)
         if source.node is None:
             raise final_checkpoint(thread_id, step)
@@ -251,18 +264,14 @@ class RedisStore(RedisCheckpoints, RedisEffects, RedisLimits, RedisListing, Redi
                 ],
                 indexed=True,
             )
-            if not made:
-                raise ThreadExists(
-                    f"cannot fork step {step} of {thread_id!r} into an existing thread; pick "
-                    "another id or delete that thread first",
-                    thread_id=new_thread_id,
-                )
-            return self._meta(new_thread_id, hash_to_fields(flat))
-        except (ThreadNotFound, ThreadExists):
-            # Nothing was written: the entries made ahead of the copy would name a
-            # thread that holds none of it, for good.
+        except ThreadNotFound:
+            # Nothing was written and no thread has the fork's id: the entries made ahead
+            # of the copy would name a thread that holds none of it, for good.
             unindex(self.client, indexed)
             raise
+        if not made:
+            raise _fork_taken(thread_id, step, new_thread_id)
+        return self._meta(new_thread_id, hash_to_fields(flat))
 
     def _graph_copy(
         self, thread_id: str, step: int, new_thread_id: str, owned: list[str], driven: list[Any]

@@ -29,8 +29,10 @@ class Runtime:
         self._reread = reread
         """Reads the settings again at their first use, once the app's module has run."""
         self._rereading = threading.Lock()
-        # A store given as an object is checked here, and is the store whatever comes after.
-        self._store = _given_store(settings)
+        # Checked here, taken at first use: a redis-py client becomes a store under the
+        # prefix and bounds the settings have by then, once the app's module has run.
+        _check_store(settings)
+        self._store: Store | None = None
         self._opening = threading.Lock()
         self._pid = os.getpid()
         self.tasks_at_once = 1
@@ -42,7 +44,7 @@ class Runtime:
             # Under a threads pool the first tasks get here at once: one reads.
             with self._rereading:
                 reread, self._reread = self._reread, None
-                if reread is not None and self._store is None:
+                if reread is not None:
                     self._settings = reread()
         return self._settings
 
@@ -80,22 +82,30 @@ def _given_store(settings: Settings) -> Store | None:
     """The store the settings hold as an object (a redis-py client becomes a
     :class:`~agentq.store.redis.store.RedisStore` on it, its own pool and timeouts kept);
     ``None`` for a URL, opened on first use."""
-    given = settings.store
+    given = _check_store(settings)
     if isinstance(given, str | Store):
         return given if isinstance(given, Store) else None
+    from agentq.store.redis.store import RedisStore
+
+    return RedisStore(
+        given,
+        prefix=settings.prefix,
+        keep_last=settings.keep_last,
+        max_checkpoint_bytes=settings.max_checkpoint_bytes,
+    )
+
+
+def _check_store(settings: Settings) -> str | Store | redis.Redis | RedisCluster:
+    """The store setting, refused unless it is a URL, a store or a redis-py client."""
+    given = settings.store
+    if isinstance(given, str | Store):
+        return given
     # Here, not at the top: a SQLite store's processes need not import redis-py.
     import redis
     from redis.cluster import RedisCluster
 
     if isinstance(given, redis.Redis | RedisCluster):
-        from agentq.store.redis.store import RedisStore
-
-        return RedisStore(
-            given,
-            prefix=settings.prefix,
-            keep_last=settings.keep_last,
-            max_checkpoint_bytes=settings.max_checkpoint_bytes,
-        )
+        return given
     raise SettingsError(
         f"agentq setting store is a {type(given).__name__}; give a URL "
         "(redis://host:6379/1, sqlite:///agentq.db), a redis-py client (redis.Redis or "

@@ -8,6 +8,7 @@ command line, pays neither. Without prometheus_client every hook returns at once
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -18,9 +19,16 @@ from agentq.store.contract import Store
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
-_lock = threading.Lock()
+_lock = threading.RLock()
 _available: list[bool] = []
 """Empty until first use, then whether prometheus_client could be imported."""
+
+# A prefork worker's parent forks children while its sweeper may be loading the metrics:
+# a child forked then would inherit the lock held, and its first step would wait on it
+# for good. The fork waits for the loading to finish instead.
+os.register_at_fork(
+    before=_lock.acquire, after_in_parent=_lock.release, after_in_child=_lock.release
+)
 
 
 def _enabled() -> bool:

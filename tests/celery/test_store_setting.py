@@ -71,3 +71,29 @@ def test_a_store_setting_of_another_kind_is_refused_naming_what_to_give(
         agentq.init_app(app, store=pool)
     pool.disconnect()
     app.close()
+
+
+def test_a_configuration_loaded_after_init_app_with_a_client_counts(
+    redis_broker: str, redis_server: RedisServer
+) -> None:
+    prefix = f"cl{uuid.uuid4().hex[:8]}:"
+    client = redis.Redis(port=redis_server.port, db=5)
+    app = Celery("agentq-client-config-after", set_as_current=False)
+    agentq.init_app(app, store=client)
+    # The usual Celery module: its config_from_object below the wiring, as with Django's.
+    app.config_from_object(
+        {
+            "broker_url": redis_broker,
+            "task_default_queue": f"agentq-test-{prefix}",
+            "agentq_prefix": prefix,
+            "agentq_keep_last": 1,
+        }
+    )
+    agent = app.register_task(_ClientAgent())
+    agent.delay("t1", word="durable")
+    store = app._agentq_runtime.store
+    assert isinstance(store, RedisStore) and store.client is client
+    assert client.exists(f"{prefix}thread:{{t1}}:meta")
+    assert app._agentq_runtime.settings.keep_last == 1
+    client.close()
+    app.close()

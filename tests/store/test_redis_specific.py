@@ -552,6 +552,26 @@ def test_check_without_config_permission_reports_that_it_cannot_tell(
     assert "no permissions" in finding.problem and "provider" in finding.fix
 
 
+def test_check_refuses_a_replica_that_hides_its_config(start_redis: StartRedis) -> None:
+    primary = start_redis()
+    replica = start_redis("--replicaof", "127.0.0.1", str(primary.port))
+    with admin_client(replica) as admin:
+        # As a managed Redis gives it: every command but CONFIG and the @dangerous ones.
+        admin.acl_setuser(
+            ACL_USER,
+            enabled=True,
+            reset=True,
+            passwords=[f"+{ACL_PASSWORD}"],
+            keys=["agentq:*"],
+            categories=["+@all", "-@dangerous"],
+        )
+    url = f"redis://{ACL_USER}:{ACL_PASSWORD}@127.0.0.1:{replica.port}/0"
+    with redis_store(url) as store:
+        findings = store.check()
+    assert [(f.setting, f.fatal) for f in findings] == [("CONFIG", False), ("role", True)]
+    assert "replica" in findings[1].problem and "primary" in findings[1].fix
+
+
 def test_the_readmes_acl_rule_drives_a_thread_and_lets_check_read_the_settings(
     start_redis: StartRedis,
 ) -> None:

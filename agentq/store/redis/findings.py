@@ -4,6 +4,8 @@ which takes none."""
 
 from __future__ import annotations
 
+from typing import Final
+
 import redis
 from redis.cluster import RedisCluster
 
@@ -11,6 +13,15 @@ from agentq.errors import StoreConfigError
 from agentq.records import Finding
 from agentq.store.redis.decode import text
 from agentq.store.redis.transient import untrusted_certificate
+
+_REPLICA_PROBLEM: Final = (
+    "the store is a replica: it refuses every write, which agentq would wait out as an "
+    "outage (or, with replica-read-only no, its primary's next sync drops them)."
+)
+_REPLICA_FIX: Final = (
+    "point the store URL at the primary (with Sentinel, pass "
+    "RedisStore(Sentinel(hosts).master_for(name)))"
+)
 
 
 def server_findings(client: redis.Redis | RedisCluster) -> list[Finding]:
@@ -44,15 +55,32 @@ def server_findings(client: redis.Redis | RedisCluster) -> list[Finding]:
     try:
         config = {text(name): text(value) for name, value in client.config_get("*").items()}
     except redis.ResponseError as exc:
-        return [
-            Finding(
-                "CONFIG",
-                "unavailable",
-                f"cannot read the server's settings ({exc}).",
-                "check persistence and eviction with your provider",
-            )
-        ]
+        unavailable = Finding(
+            "CONFIG",
+            "unavailable",
+            f"cannot read the server's settings ({exc}).",
+            "check persistence and eviction with your provider",
+        )
+        # Told apart without CONFIG, as a managed server hides it: a replica is no risk to
+        # some checkpoints but refuses them all.
+        return [unavailable, *_replica_findings(client)]
     return redis_findings(config)
+
+
+def _replica_findings(client: redis.Redis | RedisCluster) -> list[Finding]:
+    """A fatal finding if the server says, in ``HELLO`` (which every user may run), that
+    it is a replica. Redis Cluster's client only sends commands to primaries."""
+    if isinstance(client, RedisCluster):
+        return []
+    try:
+        reply = client.execute_command("HELLO")  # type: ignore[no-untyped-call]
+    except redis.ResponseError:
+        return []
+    fields = reply if isinstance(reply, dict) else dict(zip(reply[::2], reply[1::2], strict=True))
+    role = text(fields.get(b"role", fields.get("role", "")))
+    if role != "replica":
+        return []
+    return [Finding("role", role, _REPLICA_PROBLEM, _REPLICA_FIX, fatal=True)]
 
 
 def redis_findings(config: dict[str, str]) -> list[Finding]:
@@ -95,11 +123,8 @@ def redis_findings(config: dict[str, str]) -> list[Finding]:
             Finding(
                 "replicaof",
                 primary,
-                "the store is a replica: it refuses every write, which agentq would wait out "
-                "as an outage (or, with replica-read-only no, its primary's next sync drops "
-                "them).",
-                "point the store URL at the primary (with Sentinel, pass "
-                "RedisStore(Sentinel(hosts).master_for(name)))",
+                _REPLICA_PROBLEM,
+                _REPLICA_FIX,
                 fatal=True,
             )
         )

@@ -137,7 +137,16 @@ def init_app(
     return runtime
 
 
+_configuring = threading.Lock()
+"""Held while an app that never called ``init_app`` gets its runtime: the first threads of
+a producer using it at once would each make one, and open a store of their own."""
+
+
 def runtime_of(app: Any) -> Runtime:
     """The app's runtime; configured from ``app.conf`` alone if ``init_app`` was not called."""
     runtime = getattr(app, "_agentq_runtime", None)
-    return runtime if isinstance(runtime, Runtime) else init_app(app)
+    if isinstance(runtime, Runtime):
+        return runtime
+    with _configuring:
+        runtime = getattr(app, "_agentq_runtime", None)
+        return runtime if isinstance(runtime, Runtime) else init_app(app)

@@ -94,3 +94,29 @@ def test_a_setting_made_after_init_app_names_the_store(
     assert not list(tmp_path.iterdir())
     app._agentq_runtime.store.close()
     app.close()
+
+
+def test_threads_first_using_an_app_configured_by_its_conf_alone_share_one_runtime(
+    tmp_path: Path,
+) -> None:
+    """A web server's threads sending the first threads of an app that never called
+    init_app: they must share one runtime, and so one store and one connection pool."""
+    import threading
+
+    from agentq.celery.runtime import runtime_of
+
+    app = Celery("conf-only-race", set_as_current=False)
+    app.conf.agentq_store = f"sqlite:///{tmp_path / 'agentq.db'}"
+    barrier = threading.Barrier(32)
+    seen: list[object] = []
+
+    def first_use() -> None:
+        barrier.wait()
+        seen.append(runtime_of(app))
+
+    threads = [threading.Thread(target=first_use) for _ in range(32)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len({id(runtime) for runtime in seen}) == 1

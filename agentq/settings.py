@@ -38,9 +38,11 @@ class Settings:
     time; it is renewed every ``lease_ttl / 3`` while a step runs, however long that step
     blocks.
 
-    ``max_connections`` bounds each worker process's connections to a Redis store (per
+    ``max_connections`` bounds each process's connections to a Redis store (per
     node on Cluster); a task that finds them all busy waits for one instead of failing.
-    ``None`` sizes it from the tasks the process runs at once (see :func:`connections_for`).
+    ``None`` sizes it from the tasks the process runs at once (see :func:`connections_for`);
+    a process that is not a worker, sending from as many threads as it has, gets a full
+    worker's.
 
     ``limits`` are the fleet-wide budgets tool calls take from (see :func:`agentq.limit`);
     a call that would wait up to ``limit_wait`` for one waits in place, a longer wait ends

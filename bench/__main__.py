@@ -30,6 +30,8 @@ The benchmarks (each also runs alone as ``python -m bench.<name> [--quick]``):
   budget (4 workers x 50 threads x 10 calls at 600/min: about 13 minutes at full size);
 - ``thread_keys``: a concurrency key's enter and leave on a run's lease cycle, and parking
   behind 1000 waiters, against the bare cycle (:mod:`bench.thread_keys`);
+- ``send``: ``agent.delay()`` per second from 1 and 16 threads, no worker running, against
+  a plain task's ``delay()`` (:mod:`bench.send`);
 - ``recovery``, ``langgraph``: run when their modules are present (:data:`EXTERNAL`).
 
 Needs ``redis-server`` on PATH (private servers are started and stopped) and, for
@@ -194,6 +196,7 @@ BENCHMARKS: dict[str, Runner] = {
     "ui": _module_runner("ui"),
     "limits": _module_runner("limits"),
     "thread_keys": _module_runner("thread_keys"),
+    "send": _module_runner("send"),
 }
 
 

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
 from agentq.errors import SettingsError
-from agentq.settings import Settings, connections_for
+from agentq.settings import CONNECTIONS_FOR_STEPS_CAP, Settings, connections_for
 from agentq.store import open_store
 from agentq.store.contract import Store
 
@@ -35,8 +35,10 @@ class Runtime:
         self._store: Store | None = None
         self._opening = threading.Lock()
         self._pid = os.getpid()
-        self.tasks_at_once = 1
-        """How many tasks this process runs at once; the worker's bootstep sets it."""
+        self.tasks_at_once: int | None = None
+        """How many tasks this process runs at once; the worker's bootstep sets it.
+        ``None`` outside a worker: a process that only sends (a web server) may call
+        ``delay()`` from as many threads as it serves requests with."""
 
     @property
     def settings(self) -> Settings:
@@ -74,8 +76,15 @@ class Runtime:
             prefix=s.prefix,
             keep_last=s.keep_last,
             max_checkpoint_bytes=s.max_checkpoint_bytes,
-            max_connections=s.max_connections or connections_for(self.tasks_at_once),
+            max_connections=s.max_connections or connections_for(self._callers_at_once()),
         )
+
+    def _callers_at_once(self) -> int:
+        """A process that only sends gets a full worker's pool: sized as one task's, three
+        connections made 16 threads calling ``delay()`` at once wait for one another's
+        store writes. The pool opens a connection only when every open one is busy, so a
+        single-threaded caller still holds one."""
+        return CONNECTIONS_FOR_STEPS_CAP if self.tasks_at_once is None else self.tasks_at_once
 
 
 def _given_store(settings: Settings) -> Store | None:

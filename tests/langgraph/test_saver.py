@@ -70,8 +70,9 @@ def blob_count(store: Store, thread_id: str, ns: str = "") -> int:
         return int(store.client.hlen(key))
     assert isinstance(store, SQLiteStore)
     import sqlite3
+    from contextlib import closing
 
-    with sqlite3.connect(store.path) as db:
+    with closing(sqlite3.connect(store.path)) as db:
         (count,) = db.execute(
             "SELECT COUNT(*) FROM lg_blobs WHERE thread_id = ? AND ns = ?", (thread_id, ns)
         ).fetchone()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
+from contextlib import closing
 from typing import Any
 
 from redis.cluster import RedisCluster
@@ -17,7 +18,7 @@ def overwrite_checkpoint(store: Store, thread_id: str, step: int, data: bytes) -
         store.client.set(store.keys.checkpoint(thread_id, step), data)
     else:
         path = store.path  # type: ignore[attr-defined]
-        with sqlite3.connect(path) as db:
+        with closing(sqlite3.connect(path)) as db, db:
             db.execute(
                 "UPDATE checkpoints SET data = ? WHERE thread_id = ? AND step = ?",
                 (data, thread_id, step),
@@ -33,6 +34,6 @@ def snapshot(store: Store) -> Any:
         else:
             keys = client.keys(f"{store.keys.prefix}*")
         return {key: (client.type(key), client.dump(key)) for key in sorted(set(keys))}
-    with sqlite3.connect(store.path) as db:  # type: ignore[attr-defined]
+    with closing(sqlite3.connect(store.path)) as db:  # type: ignore[attr-defined]
         tables = [row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type='table'")]
         return {t: sorted(db.execute(f"SELECT * FROM {t}").fetchall()) for t in tables}

@@ -11,6 +11,7 @@ import sqlite3
 import subprocess
 import sys
 import threading
+from contextlib import closing
 from pathlib import Path
 from typing import IO
 
@@ -241,7 +242,7 @@ def test_acknowledged_checkpoints_survive_sigkill(tmp_path: Path) -> None:
                 assert store.checkpoint("t1", step).state == {"n": step, "pad": PAD}
             if latest.step > acked[-1]:
                 acked.append(latest.step)
-    with sqlite3.connect(path) as db:
+    with closing(sqlite3.connect(path)) as db:
         assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
 
 
@@ -373,13 +374,13 @@ def test_heartbeat_thread_shares_the_store(tmp_path: Path) -> None:
 def test_store_runs_in_wal_with_full_sync(tmp_path: Path) -> None:
     with SQLiteStore(tmp_path / "agentq.db") as store:
         assert store.check() == []
-    with sqlite3.connect(tmp_path / "agentq.db") as db:
+    with closing(sqlite3.connect(tmp_path / "agentq.db")) as db:
         assert db.execute("PRAGMA journal_mode").fetchone() == ("wal",)
 
 
 def test_thread_columns_are_the_shared_meta_fields(tmp_path: Path) -> None:
     SQLiteStore(tmp_path / "agentq.db").close()
-    with sqlite3.connect(tmp_path / "agentq.db") as db:
+    with closing(sqlite3.connect(tmp_path / "agentq.db")) as db:
         columns = [row[1] for row in db.execute("PRAGMA table_info(threads)")]
     lease = ["lock_owner", "lock_token", "lock_expires", "lock_lost", "due_at", "retry_at"]
     lease.append("canvas_taker")
@@ -441,7 +442,7 @@ def test_a_version_2_database_is_upgraded_in_place(tmp_path: Path) -> None:
         token = store.acquire("t1", "w1", 60)
         store.commit("t1", token, Checkpoint(step=0, node="n", token=token))
         store.claim_effect("t1", "invoice-1", token, shared=True)
-    with sqlite3.connect(path) as db:  # what agentq wrote before retry times were kept
+    with closing(sqlite3.connect(path)) as db, db:  # what agentq wrote before retry times were kept
         db.execute("ALTER TABLE threads DROP COLUMN retry_at")
         db.execute("ALTER TABLE threads DROP COLUMN options")
         db.execute("ALTER TABLE threads DROP COLUMN origin")
@@ -483,7 +484,7 @@ def test_a_version_2_database_is_upgraded_in_place(tmp_path: Path) -> None:
         assert store.reopen("t1", from_statuses={Status.FAILED}).reopened
         # Who claimed a shared key before agentq kept it is not known.
         assert store.effect("t1", "invoice-1", shared=True).claimed_by is None  # type: ignore[union-attr]
-    with sqlite3.connect(path) as db:
+    with closing(sqlite3.connect(path)) as db:
         assert db.execute("PRAGMA user_version").fetchone() == (9,)
 
 
@@ -510,7 +511,7 @@ def test_a_database_missing_columns_its_version_names_is_completed(
         token = store.acquire("t1", "w1", 60)
         store.commit("t1", token, Checkpoint(step=0, node="n", token=token))
         store.claim_effect("t1", "invoice-1", token)
-    with sqlite3.connect(path) as db:
+    with closing(sqlite3.connect(path)) as db, db:
         for column in lacking:
             table = "effects" if column in ("tool", "claimed_at", "claimed_by") else "threads"
             db.execute(f"ALTER TABLE {table} DROP COLUMN {column}")
@@ -523,14 +524,14 @@ def test_a_database_missing_columns_its_version_names_is_completed(
         assert store.effect("t1", "invoice-2").tool == "send_invoice"  # type: ignore[union-attr]
         store.set_status("t1", token, Status.DONE, result=1, release_owner="w1")
         assert store.take_canvas("t1", "task-1")
-    with sqlite3.connect(path) as db:
+    with closing(sqlite3.connect(path)) as db:
         assert db.execute("PRAGMA user_version").fetchone() == (9,)
 
 
 def test_newer_schema_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "agentq.db"
     SQLiteStore(path).close()
-    with sqlite3.connect(path) as db:
+    with closing(sqlite3.connect(path)) as db, db:
         db.execute("PRAGMA user_version = 99")
     with pytest.raises(StoreConfigError, match="upgrade agentq"):
         SQLiteStore(path)

@@ -9,6 +9,12 @@ import tomllib
 import zipfile
 from pathlib import Path
 
+import pytest
+
+# Fetching the backend from the index and two builds take longer than the suite's minute a
+# test on a loaded machine or a slow network.
+pytestmark = pytest.mark.timeout(300)
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -22,17 +28,27 @@ def checkout_files() -> list[str]:
     return [name for name in listed.stdout.decode().split("\0") if (ROOT / name).is_file()]
 
 
-def build(tmp_path: Path, hook: str) -> Path:
-    """The sdist or wheel (``hook`` is ``build_sdist`` or ``build_wheel``) of the checkout,
-    built by the backend named in pyproject, in a directory of its own as `python -m build`
-    would install it (the test environment's setuptools may be older than it requires)."""
+@pytest.fixture(scope="module")
+def backend(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The backend named in pyproject, installed once for every build of the module into a
+    directory of its own, as `python -m build` would install it (the test environment's
+    setuptools may be older than it requires). A slow index is bounded by pip's own timeout
+    and retries, which tell what went wrong, not by a deadline cutting pip off."""
     requires = tomllib.loads((ROOT / "pyproject.toml").read_text())["build-system"]["requires"]
-    backend = tmp_path / "backend"
-    subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--quiet", "--target", str(backend), *requires],
-        check=True,
-        timeout=120,
+    target = tmp_path_factory.mktemp("backend")
+    installed = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--target", str(target), *requires],
+        capture_output=True,
+        text=True,
+        check=False,
     )
+    assert installed.returncode == 0, installed.stderr
+    return target
+
+
+def build(backend: Path, tmp_path: Path, hook: str) -> Path:
+    """The sdist or wheel (``hook`` is ``build_sdist`` or ``build_wheel``) of the checkout,
+    built by ``backend``."""
     source = tmp_path / "source"  # a copy: building writes agentq.egg-info beside the code
     for name in checkout_files():
         (source / name).parent.mkdir(parents=True, exist_ok=True)
@@ -48,15 +64,16 @@ def build(tmp_path: Path, hook: str) -> Path:
         env={"PYTHONPATH": str(backend), "PATH": "/usr/bin:/bin"},
         capture_output=True,
         text=True,
-        timeout=120,
         check=False,
     )
     assert built.returncode == 0, built.stderr
     return tmp_path / built.stdout.splitlines()[-1]
 
 
-def test_the_sdist_holds_the_package_and_no_partial_test_suite(tmp_path: Path) -> None:
-    sdist_path = build(tmp_path, "build_sdist")
+def test_the_sdist_holds_the_package_and_no_partial_test_suite(
+    backend: Path, tmp_path: Path
+) -> None:
+    sdist_path = build(backend, tmp_path, "build_sdist")
     files = checkout_files()
     with tarfile.open(sdist_path) as sdist:
         names = {name.partition("/")[2] for name in sdist.getnames()}
@@ -68,8 +85,8 @@ def test_the_sdist_holds_the_package_and_no_partial_test_suite(tmp_path: Path) -
     assert not {name for name in names if name.split("/")[0] == "tests"}, sorted(names)
 
 
-def test_the_wheel_carries_the_license(tmp_path: Path) -> None:
-    with zipfile.ZipFile(build(tmp_path, "build_wheel")) as wheel:
+def test_the_wheel_carries_the_license(backend: Path, tmp_path: Path) -> None:
+    with zipfile.ZipFile(build(backend, tmp_path, "build_wheel")) as wheel:
         names = wheel.namelist()
         licenses = [name for name in names if name.endswith(".dist-info/licenses/LICENSE")]
         assert len(licenses) == 1, names

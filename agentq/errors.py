@@ -16,6 +16,16 @@ if TYPE_CHECKING:
     from agentq.records import Finding
 
 
+def missing_extra(what: str, extra: str, exc: ModuleNotFoundError) -> ModuleNotFoundError:
+    """The error for ``exc``, raised importing a module that ``agentq[extra]`` installs:
+    it names the pip command that installs it."""
+    missing = (exc.name or "").partition(".")[0] or str(exc)
+    return ModuleNotFoundError(
+        f"{what} needs its extra: pip install 'agentq[{extra}]' ({missing} is not installed)",
+        name=exc.name,
+    )
+
+
 class AgentqError(Exception):
     """Raised for every agentq failure; the root of the hierarchy."""
 

@@ -9,6 +9,7 @@ import click
 
 from agentq.cli.read_commands import pass_session
 from agentq.cli.session import CliError, Session
+from agentq.errors import missing_extra
 
 
 @click.command(short_help="Serve the web inspector for threads.")
@@ -32,10 +33,7 @@ def ui(session: Session, host: str, port: int, read_only: bool) -> None:
         from agentq.ui import create_app
         from agentq.ui.security import TOKEN_ENV, is_loopback, new_secret
     except ModuleNotFoundError as exc:
-        missing = (exc.name or "").partition(".")[0] or str(exc)
-        raise CliError(
-            f"the inspector needs its extra: pip install 'agentq[ui]' ({missing} is not installed)"
-        ) from exc
+        raise CliError(str(missing_extra("the inspector", "ui", exc))) from exc
     loopback = is_loopback(host)
     token = os.environ.get(TOKEN_ENV) or None
     printed_token = token is None and not loopback

@@ -29,6 +29,8 @@ As a durable task (the graph's own checkpointer is replaced by the app's store):
                          idempotent=True)
 """
 
+from agentq.errors import missing_extra
+
 _EXTRA = frozenset({"langchain_core", "langgraph", "ormsgpack"})
 """What the ``langgraph`` extra installs and these modules import."""
 
@@ -40,11 +42,7 @@ try:
 except ModuleNotFoundError as exc:
     if (exc.name or "").partition(".")[0] not in _EXTRA:
         raise
-    raise ModuleNotFoundError(
-        f"agentq.langgraph needs its extra: pip install 'agentq[langgraph]' "
-        f"({exc.name} is not installed)",
-        name=exc.name,
-    ) from exc
+    raise missing_extra("agentq.langgraph", "langgraph", exc) from exc
 
 __all__ = [
     "AgentqSaver",

@@ -5,6 +5,9 @@ The store's own ``gc(finished_ttl, statuses)`` decides and deletes each thread a
 that start at the oldest matching thread and shrink to the requested one deletes the same
 threads in age order, a chunk per call, with the same atomic checks: no thread newer than
 the requested cutoff can be deleted, because no TTL used is shorter than the requested one.
+Every call but the last is limited to a chunk: only the last, unlimited one also reads
+every index entry for a thread no longer there (Redis Cluster), which takes as long as
+the store holds threads, so it is done once a run rather than once a chunk.
 """
 
 from __future__ import annotations
@@ -54,7 +57,8 @@ def collect(
     if len(times) > CHUNK:
         for index in range(CHUNK - 1, len(times) - 1, CHUNK):
             # Strictly before this thread's update time: the chunk up to it, oldest first.
-            removed += store.gc(max(older_than, time.time() - times[index]), statuses)
+            ttl = max(older_than, time.time() - times[index])
+            removed += store.gc(ttl, statuses, limit=CHUNK)
             report(removed, max(len(times), removed))
     removed += store.gc(older_than, statuses)
     report(removed, max(len(times), removed))

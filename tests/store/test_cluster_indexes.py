@@ -10,17 +10,24 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import json
+import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+from click.testing import CliRunner
 from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
 from redis.retry import Retry
 
+from agentq.celery.runtime import runtime_of
+from agentq.cli import cli
 from agentq.errors import ThreadStateError
+from agentq.ops.gc import CHUNK
 from agentq.records import Checkpoint, Status
-from agentq.store.redis.store import RedisStore
+from agentq.store.redis.store import _SYNCED_PAGE, RedisStore
 from tests.chaos.flaky_proxy import FlakyProxy
 from tests.support.redis_server import RedisServer
 
@@ -301,6 +308,78 @@ def test_gc_removes_what_a_delete_whose_index_call_was_lost_left(
     assert store.gc(3600) == 0
     assert index_entries(store, "t1") == (set(), None)
     assert store.client.hget(store.keys.synced(), "t1") is None
+
+
+GONE = 3 * _SYNCED_PAGE
+"""More threads left behind in the indexes than one page of the synced hash."""
+
+APP = """
+from celery import Celery
+from redis.cluster import RedisCluster
+
+import agentq
+
+app = Celery("gc-on-cluster", set_as_current=False)
+agentq.init_app(app, store=RedisCluster(host="127.0.0.1", port={port}), prefix={prefix!r})
+"""
+
+
+def left_behind(store: RedisStore, count: int) -> None:
+    """``count`` threads that no longer exist, still waiting in their status index and
+    with a field in the synced hash: what index calls arriving after their threads'
+    deletes leave (see the test above), put in place in one round trip."""
+    now = store._now()
+    ops = [[f"gone-{n}", Status.WAITING.value, now, "clear", 1] for n in range(count)]
+    store._run_many("index", [(store._sync_keys(), store._sync_args(op)) for op in ops])
+
+
+def test_one_agentq_gc_takes_out_every_entry_left_behind(
+    redis_cluster: list[RedisServer], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``agentq gc`` runs once, in a process of its own: it reads the whole synced hash,
+    not only the page of it that each gc call of a worker's sweeper reads."""
+    prefix = f"ci{next(_prefixes)}:"
+    module = f"gc_on_cluster_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{module}.py").write_text(APP.format(port=redis_cluster[0].port, prefix=prefix))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    client = RedisCluster(host="127.0.0.1", port=redis_cluster[0].port)
+    with RedisStore(client, prefix=prefix) as store:
+        left_behind(store, GONE)
+        finished = CHUNK + 20  # several gc calls, a chunk each
+        for n in range(finished):
+            token = running(store, f"done-{n}")
+            store.commit(
+                f"done-{n}", token, checkpoint(0, token), status=Status.DONE, release_owner="w1"
+            )
+        store.open_thread("kept", task="agent", start_grace=60)
+        assert store.status_counts()[Status.WAITING] == GONE
+        try:
+            result = CliRunner().invoke(
+                cli, ["-A", f"{module}:app", "gc", "--older-than", "0", "--json"]
+            )
+        finally:
+            runtime_of(__import__(module).app).store.close()
+        assert result.exit_code == 0, result.output
+        assert json.loads(result.stdout)["removed"] == finished
+        counts = store.status_counts()
+        assert {status for status, count in counts.items() if count} == {Status.QUEUED}
+        assert counts[Status.QUEUED] == 1
+        assert store.client.hkeys(store.keys.synced()) == [b"kept"]
+        assert_indexes_follow_meta(store, "kept")
+
+
+def test_a_limited_gc_reads_one_page_of_the_synced_hash_a_call(store: RedisStore) -> None:
+    """The sweeper's gc (limited, about once a minute) must not read every thread the
+    indexes hold each time, as a worker may hold a million: each call reads the next
+    page, so that entries left behind go within a few calls."""
+    left_behind(store, GONE)
+    assert store.gc(3600, limit=100) == 0
+    left = [store.status_counts()[Status.WAITING]]
+    assert 0 < left[0] < GONE
+    while left[-1] and len(left) <= 2 * GONE // _SYNCED_PAGE:
+        store.gc(3600, limit=100)
+        left.append(store.status_counts()[Status.WAITING])
+    assert left[-1] == 0, left
 
 
 def test_sync_index_repairs_what_a_lost_index_call_left(store: RedisStore, faults: Faults) -> None:

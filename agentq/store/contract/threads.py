@@ -259,7 +259,10 @@ class ThreadsContract(ABC):
         ``failed``, ``cancelled``) last updated more than ``finished_ttl`` seconds ago;
         return how many. With ``limit``, look at no more than that many, so that a caller
         with other work (the sweeper) gets back to it soon: fewer than ``limit`` removed
-        means none is left, unless one was reopened meanwhile. Only threads nothing drives
+        means none is left, unless one was reopened meanwhile. Where the global indexes
+        follow a thread in a second call (Redis Cluster), a call without ``limit`` also
+        takes out every entry whose thread is gone, reading an entry per thread stored;
+        a limited call reads the next share of them. Only threads nothing drives
         can be collected: ``statuses`` may also name ``needs_attention``, and anything
         else raises :class:`~agentq.errors.InvalidArgument`, as does a NaN
         ``finished_ttl`` (Redis cannot compare times with it, SQLite would quietly delete

@@ -84,7 +84,7 @@ class RedisBase(Store):
         """thread id -> (latest step, append-only fields) as this store last saw them: a
         guess that ``latest()`` checks on the server, never trusts."""
         self._synced_cursor = 0
-        """Where the next ``gc`` goes on through the synced hash (Redis Cluster)."""
+        """Where the next limited ``gc`` goes on through the synced hash (Redis Cluster)."""
 
     @classmethod
     def from_url(

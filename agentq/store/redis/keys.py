@@ -51,8 +51,9 @@ key                                        type    contents
 ``P index:{index}:synced``                 hash    Redis Cluster only: thread id -> the meta's
                                                    ``index_seq`` the indexes were last set
                                                    from, so an older state never overwrites
-                                                   a newer one; ``gc`` reads a page of it
-                                                   each time for threads no longer there
+                                                   a newer one; ``gc`` reads it for threads
+                                                   no longer there (all of it, or with a
+                                                   limit the next page)
 ``P index:{index}:sweeper``                string  the owner of the sweeper lease (PX TTL)
 ``P index:{index}:claimed``                list    the last claim of due threads: its request
                                                    id, then the ids it took (PX TTL: the

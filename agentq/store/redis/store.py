@@ -49,7 +49,8 @@ logger = logging.getLogger(__name__)
 _DRIVEN: Final = ("status", "step", "fence")
 """The meta fields that tell whether a worker has taken a thread since they were read."""
 _SYNCED_PAGE: Final = 500
-"""Threads of the Cluster's synced hash each ``gc`` checks for entries left behind."""
+"""Threads of the Cluster's synced hash read at a time for entries left behind: all of
+them by a ``gc`` without a limit, one page by a limited one."""
 
 
 def _fork_taken(thread_id: str, step: int, new_thread_id: str) -> ThreadExists:
@@ -391,29 +392,37 @@ class RedisStore(RedisCheckpoints, RedisEffects, RedisLimits, RedisListing, Redi
             if left is not None:
                 left -= len(members)
         if self.cluster:
-            self._drop_entries_of_gone_threads()
+            self._drop_entries_of_gone_threads(every=limit is None)
         return removed
 
-    def _drop_entries_of_gone_threads(self) -> None:
+    def _drop_entries_of_gone_threads(self, *, every: bool) -> None:
         """On Redis Cluster, index entries can outlive their thread: its delete's second
         call lost for good, or an earlier change's arriving after it. Those of a thread
         due somewhere the sweeper puts right when it finds them due; a waiting thread's
         would stay in its status index (and be counted) for good. Every thread the indexes
-        hold has a field in the synced hash, so each gc looks at the next page of it and
-        takes out the entries of threads that no longer exist."""
-        cursor, page = self.client.hscan(
-            self.keys.synced(), self._synced_cursor, count=_SYNCED_PAGE
-        )
-        self._synced_cursor = int(cursor)
-        ids = [text(thread_id) for thread_id in page]
-        if not ids:
+        hold has a field in the synced hash: a gc without a limit (an operator's, run once
+        in a process of its own) reads all of it; a limited one (the sweeper's, every
+        minute or so, in a worker that may hold a million threads) reads the next page."""
+        if not every:
+            self._synced_cursor = self._drop_gone_in_page(self._synced_cursor)
             return
-        pipe = self.client.pipeline(transaction=False)
-        for thread_id in ids:
-            pipe.exists(self.keys.meta(thread_id))
-        for thread_id, exists in zip(ids, pipe.execute(), strict=True):
-            if not exists:
-                self.sync_index(thread_id)  # reads the meta again: an id created since stays
+        cursor = self._drop_gone_in_page(0)
+        while cursor:
+            cursor = self._drop_gone_in_page(cursor)
+
+    def _drop_gone_in_page(self, cursor: int) -> int:
+        """Take out the entries of the threads no longer there among the page of the
+        synced hash at ``cursor``; return the next page's cursor, 0 after the last."""
+        cursor, page = self.client.hscan(self.keys.synced(), cursor, count=_SYNCED_PAGE)
+        ids = [text(thread_id) for thread_id in page]
+        if ids:
+            pipe = self.client.pipeline(transaction=False)
+            for thread_id in ids:
+                pipe.exists(self.keys.meta(thread_id))
+            for thread_id, exists in zip(ids, pipe.execute(), strict=True):
+                if not exists:
+                    self.sync_index(thread_id)  # reads the meta again: one created since stays
+        return int(cursor)
 
     def _do_acquire(self, thread_id: str, owner: str, ttl: float) -> int:
         return int(self._acquire(thread_id, owner, ttl, only_runnable=False)[1])

@@ -85,6 +85,11 @@ class Settings:
                 f"agentq setting max_connections ({self.max_connections}) must be at least 2: "
                 "one for the lease keeper, one for the steps"
             )
+        if not self.finished_ttl >= 0:  # NaN too: no age compares with it
+            raise SettingsError(
+                f"agentq setting finished_ttl ({self.finished_ttl}) must be seconds, 0 or "
+                "more (inf keeps finished threads for good)"
+            )
         if self.limit_wait < 0:
             raise SettingsError("agentq setting limit_wait must not be negative")
         object.__setattr__(self, "limits", tuple(self.limits))

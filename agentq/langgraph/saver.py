@@ -434,7 +434,16 @@ class AgentqSaver(BaseCheckpointSaver[str]):
             rows.append((records.write_field(task_id, index), encoded, index < 0))
         self._check_writes_size(thread_id, checkpoint_id, task_id, sizes)
         if rows:
-            self.backend.put_writes(thread_id, ns, checkpoint_id, rows, self._token(thread_id))
+            # The run LangGraph was invoked for, as put records it for its checkpoints.
+            run_id = get_checkpoint_metadata(config, {}).get("run_id")
+            self.backend.put_writes(
+                thread_id,
+                ns,
+                checkpoint_id,
+                rows,
+                self._token(thread_id),
+                None if run_id is None else str(run_id),
+            )
 
     def delete_thread(self, thread_id: str) -> None:
         tid = validate_thread_id(str(thread_id))

@@ -17,6 +17,7 @@ from langchain_core.messages import AIMessage, HumanMessage
 from langgraph.checkpoint.base import Checkpoint, CheckpointMetadata, empty_checkpoint
 from langgraph.checkpoint.serde.types import ERROR, INTERRUPT
 from langgraph.graph import START, StateGraph
+from langgraph.types import Command, interrupt
 
 from agentq.errors import (
     CheckpointTooLarge,
@@ -474,6 +475,44 @@ def test_delete_for_runs_and_copy_thread(saver: AgentqSaver) -> None:
         assert [t.metadata["run_id"] for t in saver.list(config(thread_id))] == ["r1"]
     saver.delete_for_runs(["r1"])
     assert list(saver.list(None)) == []
+
+
+class Counter(TypedDict):
+    n: int
+
+
+def test_deleting_a_resuming_run_takes_its_writes_to_the_checkpoint_it_resumed(
+    saver: AgentqSaver, store: Store
+) -> None:
+    """A run resuming an interrupted thread writes its answer and its node's output
+    against the checkpoint it resumes, the earlier run's: deleting the run (a rollback)
+    must delete those too, or the thread reads as if the node had finished."""
+
+    def ask(state: Counter) -> dict[str, int]:
+        return {"n": state["n"] + interrupt("how many?")}
+
+    builder = StateGraph(Counter)
+    builder.add_node("ask", ask)
+    builder.add_edge(START, "ask")
+    graph = builder.compile(checkpointer=saver)
+    thread = {"configurable": {"thread_id": "chat-1"}}
+
+    def run(run_id: str) -> Any:
+        return {**thread, "metadata": {"run_id": run_id}}
+
+    graph.invoke({"n": 1}, run("r1"))
+    asked = graph.get_state(thread)
+    graph.invoke(Command(resume=5), run("r2"))
+    assert graph.get_state(thread).values == {"n": 6}
+    saver.delete_for_runs(["r2"])
+    state = graph.get_state(thread)
+    assert (state.values, state.next, state.interrupts) == ({"n": 1}, ("ask",), asked.interrupts)
+    assert state.config == asked.config
+    assert graph.invoke(Command(resume=7), run("r3"))["n"] == 8
+    saver.delete_for_runs(["r3", "r1"])
+    assert list(saver.list(None)) == []
+    if isinstance(store, RedisStore):
+        assert store.client.keys(f"{store.keys.prefix}*") == []
 
 
 def test_a_thread_of_thousands_of_checkpoints_is_copied_whole(saver: AgentqSaver) -> None:

@@ -768,8 +768,9 @@ def test_a_thread_that_used_every_kind_of_key_leaves_nothing_behind(
     store: Store, removal: str
 ) -> None:
     """Logs, snapshots inline and staged, artifacts, effect records, LangGraph
-    checkpoints in two namespaces with their writes, a retry timer: deleted or expired,
-    the thread leaves the store as it was before it, indexes included."""
+    checkpoints in two namespaces with their writes (one from another run), a retry
+    timer: deleted or expired, the thread leaves the store as it was before it, indexes
+    included."""
     store.graph()  # its tables, on SQLite
     store.open_thread("keep", task="agent")
     before = snapshot(store)
@@ -788,6 +789,8 @@ def test_a_thread_that_used_every_kind_of_key_leaves_nothing_behind(
     store.claim_effect("t1", "email", token)
     _graph_put(store, "", "c1", token)
     _graph_put(store, "sub:task1", "c2", token)
+    # A later run's write to run1's checkpoint (the answer it resumed with).
+    store.graph().put_writes("t1", "", "c1", [(b"resume", b"answer", True)], token, "run2")
     store.set_status("t1", token, Status.RETRYING, due_in=0, release_owner="w1")
     token = store.acquire("t1", "w2", TTL)
     store.commit(

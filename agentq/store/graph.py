@@ -38,10 +38,12 @@ class GraphStore(ABC):
         checkpoint_id: str,
         writes: Sequence[tuple[bytes, bytes, bool]],
         token: int | None,
+        run_id: str | None,
     ) -> None:
         """Store ``(field, value, replace)`` writes; without ``replace`` an existing write
         with the same field is kept (LangGraph's regular writes are first-wins, its special
-        ones last-wins). Atomic."""
+        ones last-wins). The writes stored are ``run_id``'s, for :meth:`delete_runs`.
+        Atomic."""
 
     @abstractmethod
     def get(
@@ -73,8 +75,10 @@ class GraphStore(ABC):
 
     @abstractmethod
     def delete_runs(self, run_ids: Sequence[str]) -> None:
-        """Remove the checkpoints (and their writes) written by these runs, and the blobs
-        no remaining checkpoint reads. Atomic per thread."""
+        """Remove the checkpoints (and their writes) written by these runs, the writes
+        they made to other checkpoints (a run resuming a thread writes to the checkpoint
+        it resumes from), and the blobs no remaining checkpoint reads. Atomic per
+        thread."""
 
     @abstractmethod
     def keep_latest(self, thread_id: str, keep: Mapping[str, Collection[str]]) -> None:

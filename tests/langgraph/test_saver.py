@@ -17,8 +17,10 @@ from langchain_core.messages import AIMessage, HumanMessage
 from langgraph.checkpoint.base import Checkpoint, CheckpointMetadata, empty_checkpoint
 from langgraph.checkpoint.serde.types import ERROR, INTERRUPT
 from langgraph.graph import START, StateGraph
+from langgraph.types import Command, interrupt
 
 from agentq.errors import (
+    CheckpointTooLarge,
     CodecError,
     InvalidArgument,
     InvalidThreadId,
@@ -207,6 +209,28 @@ def test_pending_writes_order_and_precedence(saver: AgentqSaver) -> None:
         ("task-z", "b", 1),
         ("task-z", "a", 2),
     ]
+
+
+def test_pending_writes_over_the_size_limit_are_refused_whole(
+    saver: AgentqSaver, store: Store
+) -> None:
+    """A node returning a whole document stores it as a pending write first: the store's
+    bound applies to one task's writes together, and a refused call stores none of them."""
+    store.max_checkpoint_bytes = 4096
+    stored = saver.put(config("t1"), checkpoint({}, {}), metadata(0), {})
+    saver.put_writes(stored, [("note", "small")], "task-a")
+    checkpoint_id = stored["configurable"]["checkpoint_id"]
+    for writes in ([("doc", "x" * 10_000)], [("head", "x" * 2000), ("doc", "y" * 3000)]):
+        with pytest.raises(CheckpointTooLarge) as refused:
+            saver.put_writes(stored, [("n", 1), *writes], "task-b")
+        assert refused.value.thread_id == "t1" and refused.value.limit == 4096
+        assert (refused.value.size or 0) > 4096
+        message = str(refused.value)
+        assert checkpoint_id in message and "task-b" in message and "'doc'" in message
+        assert "max_checkpoint_bytes" in message
+        got = saver.get_tuple(stored)
+        assert got is not None and got.pending_writes == [("task-a", "note", "small")]
+    saver.put_writes(stored, [("head", "x" * 3000)], "task-b")  # under the limit alone
 
 
 def test_messages_and_odd_names_round_trip(saver: AgentqSaver) -> None:
@@ -451,6 +475,44 @@ def test_delete_for_runs_and_copy_thread(saver: AgentqSaver) -> None:
         assert [t.metadata["run_id"] for t in saver.list(config(thread_id))] == ["r1"]
     saver.delete_for_runs(["r1"])
     assert list(saver.list(None)) == []
+
+
+class Counter(TypedDict):
+    n: int
+
+
+def test_deleting_a_resuming_run_takes_its_writes_to_the_checkpoint_it_resumed(
+    saver: AgentqSaver, store: Store
+) -> None:
+    """A run resuming an interrupted thread writes its answer and its node's output
+    against the checkpoint it resumes, the earlier run's: deleting the run (a rollback)
+    must delete those too, or the thread reads as if the node had finished."""
+
+    def ask(state: Counter) -> dict[str, int]:
+        return {"n": state["n"] + interrupt("how many?")}
+
+    builder = StateGraph(Counter)
+    builder.add_node("ask", ask)
+    builder.add_edge(START, "ask")
+    graph = builder.compile(checkpointer=saver)
+    thread = {"configurable": {"thread_id": "chat-1"}}
+
+    def run(run_id: str) -> Any:
+        return {**thread, "metadata": {"run_id": run_id}}
+
+    graph.invoke({"n": 1}, run("r1"))
+    asked = graph.get_state(thread)
+    graph.invoke(Command(resume=5), run("r2"))
+    assert graph.get_state(thread).values == {"n": 6}
+    saver.delete_for_runs(["r2"])
+    state = graph.get_state(thread)
+    assert (state.values, state.next, state.interrupts) == ({"n": 1}, ("ask",), asked.interrupts)
+    assert state.config == asked.config
+    assert graph.invoke(Command(resume=7), run("r3"))["n"] == 8
+    saver.delete_for_runs(["r3", "r1"])
+    assert list(saver.list(None)) == []
+    if isinstance(store, RedisStore):
+        assert store.client.keys(f"{store.keys.prefix}*") == []
 
 
 def test_a_thread_of_thousands_of_checkpoints_is_copied_whole(saver: AgentqSaver) -> None:

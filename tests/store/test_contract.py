@@ -633,7 +633,7 @@ def _graph_put(store: Store, ns: str, checkpoint_id: str, token: int | None) -> 
         blobs={field: f"value {checkpoint_id}".encode()},
     )
     store.graph().put("t1", ns, stored, token)
-    store.graph().put_writes("t1", ns, checkpoint_id, [(b"task", b"write", False)], token)
+    store.graph().put_writes("t1", ns, checkpoint_id, [(b"task", b"write", False)], token, "run1")
 
 
 def _graph_rows(store: Store, thread_id: str) -> list[Any]:
@@ -716,14 +716,36 @@ def test_a_graph_fork_into_a_taken_id_leaves_no_index_entry_for_it(store: Store)
     assert store.graph().threads() == ["t1"]
 
 
-def test_deleting_every_run_of_a_saver_thread_leaves_nothing_behind(store: Store) -> None:
+@pytest.mark.parametrize("order", [["run1"], ["run2", "run1"], ["run1", "run2"]])
+def test_deleting_every_run_of_a_saver_thread_leaves_nothing_behind(
+    store: Store, order: list[str]
+) -> None:
     """A plain saver's thread (no agentq thread) whose runs LangGraph deletes one by one:
-    once its last checkpoint goes, no key and no index entry of it may stay for good."""
+    once its last checkpoint goes, no key and no index entry of it may stay for good, nor
+    of a run that only wrote to it (resumed it, and was interrupted again)."""
     store.graph()  # its tables, on SQLite
     before = snapshot(store)
     _graph_put(store, "", "c1", None)
     _graph_put(store, "sub:task1", "c2", None)
-    store.graph().delete_runs(["run1"])
+    store.graph().put_writes("t1", "", "c1", [(b"resume", b"answer", True)], None, "run2")
+    for run in order:
+        store.graph().delete_runs([run])
+    assert store.graph().threads() == []
+    assert snapshot(store) == before
+
+
+def test_deleting_the_runs_a_prune_left_leaves_nothing_behind(store: Store) -> None:
+    """A prune drops the checkpoints of earlier runs, not their runs' records: once the
+    runs left are deleted, those go with the thread's last checkpoint."""
+    store.graph()  # its tables, on SQLite
+    before = snapshot(store)
+    for checkpoint_id, run_id in (("c1", "run1"), ("c2", "run2")):
+        stored = StoredCheckpoint(
+            checkpoint_id=checkpoint_id, record=b"record", refs=encode_refs([]), run_id=run_id
+        )
+        store.graph().put("t1", "", stored, None)
+    store.graph().keep_latest("t1", {"": ["c2"]})
+    store.graph().delete_runs(["run2"])
     assert store.graph().threads() == []
     assert snapshot(store) == before
 
@@ -746,8 +768,9 @@ def test_a_thread_that_used_every_kind_of_key_leaves_nothing_behind(
     store: Store, removal: str
 ) -> None:
     """Logs, snapshots inline and staged, artifacts, effect records, LangGraph
-    checkpoints in two namespaces with their writes, a retry timer: deleted or expired,
-    the thread leaves the store as it was before it, indexes included."""
+    checkpoints in two namespaces with their writes (one from another run), a retry
+    timer: deleted or expired, the thread leaves the store as it was before it, indexes
+    included."""
     store.graph()  # its tables, on SQLite
     store.open_thread("keep", task="agent")
     before = snapshot(store)
@@ -766,6 +789,8 @@ def test_a_thread_that_used_every_kind_of_key_leaves_nothing_behind(
     store.claim_effect("t1", "email", token)
     _graph_put(store, "", "c1", token)
     _graph_put(store, "sub:task1", "c2", token)
+    # A later run's write to run1's checkpoint (the answer it resumed with).
+    store.graph().put_writes("t1", "", "c1", [(b"resume", b"answer", True)], token, "run2")
     store.set_status("t1", token, Status.RETRYING, due_in=0, release_owner="w1")
     token = store.acquire("t1", "w2", TTL)
     store.commit(

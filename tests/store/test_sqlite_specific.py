@@ -19,6 +19,7 @@ import pytest
 
 from agentq.errors import RetryNotDue, StoreConfigError
 from agentq.records import Checkpoint, Status
+from agentq.store.graph_records import StoredCheckpoint
 from agentq.store.meta_fields import META_FIELDS
 from agentq.store.sqlite.store import SQLiteStore
 
@@ -526,6 +527,27 @@ def test_a_database_missing_columns_its_version_names_is_completed(
         assert store.take_canvas("t1", "task-1")
     with closing(sqlite3.connect(path)) as db:
         assert db.execute("PRAGMA user_version").fetchone() == (9,)
+
+
+def test_langgraph_writes_of_a_file_made_before_they_named_their_run_are_kept(
+    tmp_path: Path,
+) -> None:
+    """The LangGraph writes table gained a run column: a file made before has none, and
+    opening it adds it, keeping the writes stored there, which name no run."""
+    path = tmp_path / "agentq.db"
+    stored = StoredCheckpoint(checkpoint_id="c1", record=b"record", refs=b"", run_id="run1")
+    with SQLiteStore(path) as store:
+        store.graph().put("t1", "", stored, None)
+        store.graph().put_writes("t1", "", "c1", [(b"old", b"kept", False)], None, None)
+    with closing(sqlite3.connect(path)) as db, db:
+        db.execute("DROP INDEX lg_writes_run")
+        db.execute("ALTER TABLE lg_writes DROP COLUMN run_id")
+    with SQLiteStore(path) as store:
+        graph = store.graph()
+        graph.put_writes("t1", "", "c1", [(b"new", b"gone", False)], None, "run2")
+        graph.delete_runs(["run2"])
+        row = graph.get("t1", "", "c1")
+        assert row is not None and row.writes == [(b"old", b"kept")]
 
 
 def test_newer_schema_is_refused(tmp_path: Path) -> None:

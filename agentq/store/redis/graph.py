@@ -7,7 +7,7 @@ store's ``_prelude.lua`` (whose fence check they share) and ``_graph_prelude.lua
 from __future__ import annotations
 
 import threading
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -165,10 +165,10 @@ class RedisGraph(GraphStore):
         if stored.run_id is not None:
             index.append((k.run_index(stored.run_id), thread_id))
             keys.append(k.run(thread_id, stored.run_id))
-        indexed = self._index(*index)
         blobs = [item for pair in stored.blobs.items() for item in pair]
-        try:
-            first = self._fenced(
+        self._indexed_write(
+            index,
+            lambda: self._fenced(
                 "put",
                 thread_id,
                 token,
@@ -182,12 +182,43 @@ class RedisGraph(GraphStore):
                     "1" if stored.clears_failures else "",
                     *blobs,
                 ],
-            )
+            ),
+        )
+
+    def put_writes(
+        self,
+        thread_id: str,
+        ns: str,
+        checkpoint_id: str,
+        writes: Sequence[tuple[bytes, bytes, bool]],
+        token: int | None,
+        run_id: str | None,
+    ) -> None:
+        k = self.keys
+        keys = [k.writes(thread_id, ns, checkpoint_id), k.run_writes(thread_id, ns, checkpoint_id)]
+        index = []
+        if run_id is not None:
+            index.append((k.run_index(run_id), thread_id))
+            keys.append(k.run(thread_id, run_id))
+        args = [
+            f"{escape(ns)}:{checkpoint_id}",
+            f"%writes:{escape(ns)}:{escape(checkpoint_id)}",
+            "" if run_id is None else escape(run_id),
+            *(item for f, v, replace in writes for item in (f, v, "1" if replace else "0")),
+        ]
+        self._indexed_write(index, lambda: self._fenced("put_writes", thread_id, token, keys, args))
+
+    def _indexed_write(self, index: list[tuple[str, str]], write: Callable[[], Any]) -> None:
+        """Add the global ``index`` entries, then ``write`` (a script replying, for each
+        entry, 1 where the thread held none of its data before)."""
+        indexed = self._index(*index)
+        try:
+            first = write()
         except ThreadNotFound:
             self.unindex_deleted(indexed)
             raise
         # An entry this process added once may have gone since with the thread's data,
-        # deleted by another process: the put tells when the data starts anew.
+        # deleted by another process: the write tells when the data starts anew.
         gone = [
             entry
             for entry, new in zip(index, first, strict=False)
@@ -197,19 +228,6 @@ class RedisGraph(GraphStore):
             with self._indexed_lock:
                 self._indexed.difference_update(f"{key}\0{tid}" for key, tid in gone)
             self._index(*gone)
-
-    def put_writes(
-        self,
-        thread_id: str,
-        ns: str,
-        checkpoint_id: str,
-        writes: Sequence[tuple[bytes, bytes, bool]],
-        token: int | None,
-    ) -> None:
-        args = [item for f, v, replace in writes for item in (f, v, "1" if replace else "0")]
-        self._fenced(
-            "put_writes", thread_id, token, [self.keys.writes(thread_id, ns, checkpoint_id)], args
-        )
 
     # -- reads ----------------------------------------------------------------------------
 
@@ -254,7 +272,7 @@ class RedisGraph(GraphStore):
             for member in self.client.smembers(self.keys.run_index(run_id)):
                 by_thread.setdefault(_text(member), []).append(run_id)
         for thread_id, runs in sorted(by_thread.items()):
-            emptied = self._fenced(
+            emptied, *others = self._fenced(
                 "delete_runs",
                 thread_id,
                 None,
@@ -263,8 +281,9 @@ class RedisGraph(GraphStore):
             )
             entries = [(self.keys.run_index(r), thread_id) for r in runs]
             if emptied:
-                # Its last checkpoint went with these runs: list(None) must not name it.
-                entries.append((self.keys.thread_index(), thread_id))
+                # Its last checkpoint went with these runs: list(None) must not name it,
+                # nor the index of a run whose writes went with the checkpoints.
+                entries += index_entries(self.keys, thread_id, [_text(r) for r in others])
             self._unindex(*entries)
 
     def keep_latest(self, thread_id: str, keep: Mapping[str, Collection[str]]) -> None:

@@ -17,7 +17,13 @@ key                                          type    contents
 ``P thread:{T}:lg:refs:<ns>``                hash    id -> the blob fields the checkpoint reads
 ``P thread:{T}:lg:blob:<ns>``                hash    (channel, version) -> serialised value
 ``P thread:{T}:lg:w:<ns>:<id>``              hash    (task id, index) -> pending write
+``P thread:{T}:lg:wr:<ns>:<id>``             hash    (task id, index) -> the run that made
+                                                     the write, where it is not the
+                                                     checkpoint's own run
 ``P thread:{T}:lg:run:<run>``                set     ``<ns>:<id>`` of the run's checkpoints
+                                                     (``<id>`` unescaped), and
+                                                     ``%writes:<ns>:<id>`` of other runs'
+                                                     checkpoints it wrote to
 ``P lg:{index}:threads``                     set     thread ids holding LangGraph checkpoints
 ``P lg:{index}:run:<run>``                   set     thread ids holding checkpoints of the run
 ===========================================  ======  ==========================================
@@ -67,6 +73,9 @@ class GraphKeys:
 
     def writes(self, thread_id: str, ns: str, checkpoint_id: str) -> str:
         return f"{self.base(thread_id)}w:{escape(ns)}:{escape(checkpoint_id)}"
+
+    def run_writes(self, thread_id: str, ns: str, checkpoint_id: str) -> str:
+        return f"{self.base(thread_id)}wr:{escape(ns)}:{escape(checkpoint_id)}"
 
     def run(self, thread_id: str, run_id: str) -> str:
         return f"{self.base(thread_id)}run:{escape(run_id)}"

@@ -33,12 +33,15 @@ _SCHEMA: Final = (
     "CREATE TABLE IF NOT EXISTS lg_blobs (thread_id TEXT NOT NULL, ns TEXT NOT NULL, "
     "field BLOB NOT NULL, value BLOB NOT NULL, PRIMARY KEY (thread_id, ns, field))",
     "CREATE TABLE IF NOT EXISTS lg_writes (thread_id TEXT NOT NULL, ns TEXT NOT NULL, "
-    "checkpoint_id TEXT NOT NULL, field BLOB NOT NULL, value BLOB NOT NULL, "
+    "checkpoint_id TEXT NOT NULL, field BLOB NOT NULL, value BLOB NOT NULL, run_id TEXT, "
     "PRIMARY KEY (thread_id, ns, checkpoint_id, field))",
     "CREATE TRIGGER IF NOT EXISTS lg_thread_deleted AFTER DELETE ON threads BEGIN "
     "DELETE FROM lg_checkpoints WHERE thread_id = OLD.thread_id; "
     "DELETE FROM lg_blobs WHERE thread_id = OLD.thread_id; "
     "DELETE FROM lg_writes WHERE thread_id = OLD.thread_id; END",
+)
+_WRITES_RUN_INDEX: Final = (
+    "CREATE INDEX IF NOT EXISTS lg_writes_run ON lg_writes(run_id) WHERE run_id IS NOT NULL"
 )
 
 
@@ -54,6 +57,11 @@ class SQLiteGraph(GraphStore):
             with transaction() as db:
                 for statement in _SCHEMA:
                     db.execute(statement)
+                # Files made before writes recorded their run lack the column.
+                columns = {row[1] for row in db.execute("PRAGMA table_info(lg_writes)")}
+                if "run_id" not in columns:
+                    db.execute("ALTER TABLE lg_writes ADD COLUMN run_id TEXT")
+                db.execute(_WRITES_RUN_INDEX)
         except sqlite3.Error as exc:
             raise StoreConfigError(
                 f"cannot keep LangGraph checkpoints in SQLite store {path!r} ({exc}); "
@@ -105,14 +113,15 @@ class SQLiteGraph(GraphStore):
         checkpoint_id: str,
         writes: Sequence[tuple[bytes, bytes, bool]],
         token: int | None,
+        run_id: str | None,
     ) -> None:
         with self._write(thread_id, token) as db:
             for field, value, replace in writes:
                 verb = "REPLACE" if replace else "IGNORE"
                 db.execute(
                     f"INSERT OR {verb} INTO lg_writes (thread_id, ns, checkpoint_id, field, "
-                    "value) VALUES (?, ?, ?, ?, ?)",
-                    (thread_id, ns, checkpoint_id, field, value),
+                    "value, run_id) VALUES (?, ?, ?, ?, ?, ?)",
+                    (thread_id, ns, checkpoint_id, field, value, run_id),
                 )
 
     # -- reads ----------------------------------------------------------------------------
@@ -179,8 +188,9 @@ class SQLiteGraph(GraphStore):
             threads = [
                 row[0]
                 for row in db.execute(
-                    f"SELECT DISTINCT thread_id FROM lg_checkpoints WHERE run_id IN ({marks})",
-                    tuple(run_ids),
+                    f"SELECT thread_id FROM lg_checkpoints WHERE run_id IN ({marks}) UNION "
+                    f"SELECT thread_id FROM lg_writes WHERE run_id IN ({marks})",
+                    (*run_ids, *run_ids),
                 ).fetchall()
             ]
         for thread_id in threads:
@@ -192,6 +202,11 @@ class SQLiteGraph(GraphStore):
                 ).fetchall()
                 for ns, checkpoint_id in gone:
                     _drop(db, thread_id, ns, checkpoint_id)
+                # What the runs wrote to the checkpoints they resumed from.
+                db.execute(
+                    f"DELETE FROM lg_writes WHERE thread_id = ? AND run_id IN ({marks})",
+                    (thread_id, *run_ids),
+                )
                 for ns in sorted({ns for ns, _ in gone}):
                     _collect_blobs(db, thread_id, ns)
 
@@ -238,7 +253,7 @@ def copy_rows(db: sqlite3.Connection, source: str, target: str) -> None:
     for table, columns in (
         ("lg_checkpoints", "ns, checkpoint_id, run_id, record, refs"),
         ("lg_blobs", "ns, field, value"),
-        ("lg_writes", "ns, checkpoint_id, field, value"),
+        ("lg_writes", "ns, checkpoint_id, field, value, run_id"),
     ):
         db.execute(
             f"INSERT OR REPLACE INTO {table} (thread_id, {columns}) "

@@ -58,9 +58,29 @@ local function drop_checkpoint(base, ens, id, owned)
   redis.call('ZREM', base .. 'ids:' .. ens, id)
   redis.call('HDEL', base .. 'cp:' .. ens, id)
   redis.call('HDEL', base .. 'refs:' .. ens, id)
-  local w = base .. 'w:' .. ens .. ':' .. escape(id)
-  redis.call('DEL', w)
-  redis.call('SREM', owned, w)
+  for _, kind in ipairs({'w:', 'wr:'}) do
+    local key = base .. kind .. ens .. ':' .. escape(id)
+    redis.call('DEL', key)
+    redis.call('SREM', owned, key)
+  end
+end
+
+-- Deletes the writes that the runs in ``runs`` (a set of escaped run ids) made to the
+-- checkpoint, as its hash of other runs' writes records them.
+local function drop_run_writes(base, ens, eid, runs, owned)
+  local w, wr = base .. 'w:' .. ens .. ':' .. eid, base .. 'wr:' .. ens .. ':' .. eid
+  local by = redis.call('HGETALL', wr)
+  for i = 1, #by, 2 do
+    if runs[by[i + 1]] then
+      redis.call('HDEL', w, by[i])
+      redis.call('HDEL', wr, by[i])
+    end
+  end
+  for _, key in ipairs({w, wr}) do
+    if redis.call('EXISTS', key) == 0 then
+      redis.call('SREM', owned, key)
+    end
+  end
 end
 
 -- Deletes the namespace's blobs that no remaining checkpoint reads, and the namespace

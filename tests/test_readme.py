@@ -26,6 +26,7 @@ from agentq.celery.runtime import runtime_of
 from agentq.errors import ThreadStopped
 from agentq.langgraph import tool_call
 from agentq.ops.doctor import celery_findings
+from agentq.settings import Settings
 from tests.support.redis_server import RedisServer, wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -407,3 +408,9 @@ def test_a_thread_started_under_a_span_joins_its_trace(
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().endswith("joined")
+
+
+def test_the_settings_paragraph_names_every_setting() -> None:
+    paragraph = README.read_text().split("**Settings**", 1)[1].split("\n\n", 1)[0]
+    named = set(re.findall(r"`(\w+)`(?: \(|/)", paragraph))
+    assert set(Settings.names()) <= named, sorted(set(Settings.names()) - named)

@@ -255,10 +255,13 @@ def test_a_thread_sent_with_a_concurrency_key_holds_its_slot(
         "AgentTask": AgentTask,
         "support_agent": app.register_task(Support()),
     }
-    snippet = on_servers(python_block("threads=3"), redis_server, prefix)
+    setup, sent = on_servers(python_block("threads=3"), redis_server, prefix).split(
+        "support_agent.apply_async("
+    )
+    exec(compile(setup, "README.md", "exec"), namespace)
     try:
         with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False):
-            exec(compile(snippet, "README.md", "exec"), namespace)
+            exec(compile("support_agent.apply_async(" + sent, "README.md", "exec"), namespace)
             assert running.wait(timeout=30)
             (state,) = runtime_of(app).store.key_states()
             assert (state.key, state.cap, state.running) == ("tenant:42", 3, ["ticket-981"])

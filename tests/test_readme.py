@@ -138,7 +138,8 @@ def test_the_first_agent_s_app_passes_doctor() -> None:
 
 
 class ScriptedModel:
-    """``llm`` of the first agent: asks for one tool call, then answers."""
+    """``llm`` of the first agent: asks for one tool call, then answers with
+    ``tool_calls`` ``None``, as a chat client's reply holds when it makes none."""
 
     @staticmethod
     def chat(messages: list[dict[str, Any]]) -> dict[str, Any]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from importlib.resources import files
+from pathlib import Path
 
 from agentq.records import FINISHED, IDLE, LIVE, Status
 from agentq.store.redis.refusal import Refusal
@@ -49,3 +50,28 @@ def test_dragonfly_flags_open_the_sent_script() -> None:
         assert not any(line.startswith("--!df") for line in lines[1:]), name
         flagged = (LUA / f"{name}.lua").read_text().startswith("--!df ")
         assert source.startswith("--!df flags=allow-undeclared-keys\n") == flagged, name
+
+
+def test_architecture_lists_every_script_and_whether_it_declares_its_keys() -> None:
+    architecture = (Path(__file__).resolve().parents[2] / "ARCHITECTURE.md").read_text()
+    table = architecture.split("| script | what it does, atomically | KEYS only |", 1)[1]
+    listed: set[str] = set()
+    keys_only: set[str] = set()
+    for line in table.strip().splitlines()[1:]:
+        if not line.startswith("|"):
+            break
+        script_cell, _, marked = (cell.strip() for cell in line.strip("|").split("|"))
+        names = re.findall(r"`(\w+)`", script_cell)
+        listed.update(names)
+        if marked in ("yes", "both", "all three"):
+            keys_only.update(names)
+        else:
+            keys_only.update(re.findall(r"`(\w+)`", marked))
+    scripts = {
+        script.name.removesuffix(".lua"): "allow-undeclared-keys" not in script.read_text()
+        for script in LUA.iterdir()
+        if script.name.endswith(".lua") and not script.name.startswith("_")
+    }
+    graph = {name for name in scripts if name.startswith("graph_")}
+    assert set(scripts) - graph == listed
+    assert {name for name, declared in scripts.items() if declared} == keys_only

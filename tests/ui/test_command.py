@@ -84,6 +84,19 @@ def test_the_token_can_come_from_the_environment(
         assert httpx.get(base + "/threads", headers=bearer).status_code == 200
 
 
+def test_a_token_from_the_environment_is_asked_for_on_loopback_too(
+    redis_store: tuple[list[str], RedisStore],
+) -> None:
+    agentq, _ = redis_store
+    env = {"AGENTQ_UI_TOKEN": "from-the-env"}
+    with running([*agentq, "ui", "--port", "0"], env) as (line, base):
+        assert "token from AGENTQ_UI_TOKEN" in line
+        bearer = {"authorization": "Bearer from-the-env"}
+        for path in ("/threads", "/metrics"):
+            assert httpx.get(base + path).status_code == 401, path
+            assert httpx.get(base + path, headers=bearer).status_code == 200, path
+
+
 def test_on_loopback_it_needs_no_token_and_read_only_offers_nothing(
     redis_store: tuple[list[str], RedisStore],
 ) -> None:

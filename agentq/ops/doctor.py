@@ -3,6 +3,7 @@ declared limits for those no call takes from."""
 
 from __future__ import annotations
 
+import difflib
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -10,7 +11,7 @@ from typing import Any
 from agentq.errors import LimitError
 from agentq.limits import Limit, Limits
 from agentq.records import Finding
-from agentq.settings import Settings
+from agentq.settings import CONF_PREFIX, Settings
 
 
 def celery_findings(app: Any, settings: Settings) -> list[Finding]:
@@ -74,6 +75,7 @@ def celery_findings(app: Any, settings: Settings) -> list[Finding]:
                 "turn it off outside unit tests",
             )
         )
+    findings.extend(_unknown_settings(conf))
     for task in app.tasks.values():
         if not isinstance(task, AgentTask):
             continue
@@ -98,6 +100,35 @@ def celery_findings(app: Any, settings: Settings) -> list[Finding]:
                     "keep reject_on_worker_lost = True on agent tasks (AgentTask's default)",
                 )
             )
+    return findings
+
+
+def _unknown_settings(conf: Any) -> list[Finding]:
+    """``agentq_*`` keys of the app's configuration that name no setting: read by nothing,
+    as Celery reads none of its own misspelt keys, so a typo leaves the default in force."""
+    known = [CONF_PREFIX + name for name in Settings.names()]
+    # Under a namespace (Django's CELERY_), Celery reads CELERY_AGENTQ_STORE as agentq_store.
+    namespace = (getattr(conf, "prefix", None) or "").upper()
+    findings = []
+    for key in sorted(str(key) for key in conf):
+        name = key
+        if namespace and key.upper().startswith(namespace):
+            name = key[len(namespace) :].lower()
+        if not name.lower().startswith(CONF_PREFIX) or name in known:
+            continue
+        near = difflib.get_close_matches(name.lower(), known, n=1)
+        if not near:
+            fix = f"use one of {', '.join(known)}"
+        else:
+            fix = f"rename it {namespace}{near[0].upper()}" if namespace else f"rename it {near[0]}"
+        findings.append(
+            Finding(
+                key,
+                repr(conf[key]),
+                "names no agentq setting: nothing reads it, and the default stays in force.",
+                fix,
+            )
+        )
     return findings
 
 

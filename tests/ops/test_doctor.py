@@ -3,6 +3,7 @@ fix, and a configuration as the deploy guide recommends has none."""
 
 from __future__ import annotations
 
+import types
 from collections.abc import Callable
 
 import pytest
@@ -74,3 +75,41 @@ def test_agent_tasks_that_ack_early_are_named(monkeypatch: pytest.MonkeyPatch) -
 def test_a_remapped_sigterm_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("REMAP_SIGTERM", "SIGQUIT")
     assert _findings() == ["REMAP_SIGTERM"]
+
+
+def test_a_misspelt_agentq_setting_is_named_with_the_one_meant(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("REMAP_SIGTERM", raising=False)
+    app = Celery("doctor", broker="redis://broker.invalid/0", set_as_current=False)
+    app.conf.update(
+        worker_prefetch_multiplier=1, agentq_lease_tll=30, agentq_colour="blue", agentq_prefix="p:"
+    )
+    agentq.init_app(app, store="sqlite:///unused.db")
+    findings = {f.setting: f for f in celery_findings(app, runtime_of(app).settings)}
+    assert sorted(findings) == ["agentq_colour", "agentq_lease_tll"]
+    assert findings["agentq_lease_tll"].fix == "rename it agentq_lease_ttl"
+    assert findings["agentq_lease_tll"].value == "30"
+    assert "agentq_store" in findings["agentq_colour"].fix
+
+
+def test_under_a_namespace_the_settings_read_are_not_named(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Django's ``config_from_object(..., namespace="CELERY")``: CELERY_AGENTQ_LEASE_TTL is
+    agentq_lease_ttl to Celery; an AGENTQ_ key without the namespace is read by nothing."""
+    monkeypatch.delenv("REMAP_SIGTERM", raising=False)
+    config = types.SimpleNamespace(
+        CELERY_WORKER_PREFETCH_MULTIPLIER=1,
+        CELERY_AGENTQ_LEASE_TTL=30,
+        CELERY_AGENTQ_SWEEP_INTERVALL=1,
+        AGENTQ_PREFIX="p:",
+    )
+    app = Celery("doctor", broker="redis://broker.invalid/0", set_as_current=False)
+    app.config_from_object(config, namespace="CELERY")
+    agentq.init_app(app, store="sqlite:///unused.db")
+    findings = {f.setting: f.fix for f in celery_findings(app, runtime_of(app).settings)}
+    assert findings == {
+        "AGENTQ_PREFIX": "rename it CELERY_AGENTQ_PREFIX",
+        "CELERY_AGENTQ_SWEEP_INTERVALL": "rename it CELERY_AGENTQ_SWEEP_INTERVAL",
+    }

@@ -9,88 +9,62 @@ that context; tool-call spans are children of their node's span, and current whi
 call runs.
 
 Without opentelemetry, or with no tracer provider set (spans would record nothing), every
-hook returns at once.
+hook returns at once. opentelemetry (and :mod:`agentq.engine.otel`, the spans) is imported
+only once something in the process may trace: the application imported it (to set a
+tracer provider, or to start the span a thread is sent from), or names a provider in
+``OTEL_PYTHON_TRACER_PROVIDER``, which the API loads when first asked. A producer, the
+command line and a worker that does not trace pay neither the import nor its hooks.
 """
 
 from __future__ import annotations
 
-import contextvars
-import hashlib
-import threading
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import AbstractContextManager, contextmanager, nullcontext
-from typing import Any, Final
+import os
+import sys
+from collections.abc import Mapping
+from contextlib import AbstractContextManager, nullcontext
+from typing import TYPE_CHECKING, Any, Final
 
-try:
-    from opentelemetry import context as otel_context
-    from opentelemetry import trace
-    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
-except ImportError:  # the extra is not installed: tracing is off
-    trace = None  # type: ignore[assignment]
+if TYPE_CHECKING:
+    from agentq.engine.otel import Spans
 
-TRACEPARENT: Final = "traceparent"
+PROVIDER_VARIABLE: Final = "OTEL_PYTHON_TRACER_PROVIDER"
+"""Names the tracer provider opentelemetry's API loads by itself, with no import of the
+application's."""
 
-_nodes: dict[str, Any] = {}
-"""The open node span of each thread this process runs, for tool calls made from threads
-of the node's own (the latest one's: a drive that lost its lease may still run its node
-beside the drive that took the thread over)."""
-_nodes_lock = threading.Lock()
+_spans: list[Spans | None] = []
+"""Empty until something in the process may trace, then :data:`agentq.engine.otel.SPANS`
+if opentelemetry imports, else ``None``. Held, not imported at each hook: an import
+statement costs a step a microsecond."""
+_provider_named: list[bool] = []
+"""Whether the environment names a tracer provider, read at the first hook (once the
+application's modules had their say): a read of ``os.environ`` costs a step a microsecond."""
 
-_own: contextvars.ContextVar[tuple[str, Any] | None] = contextvars.ContextVar(
-    "agentq_node_span", default=None
-)
-"""The thread id and node span of the drive running here (its tool calls on the event loop
-see it too): its own, whichever other drive of the thread this process runs."""
+
+def _loaded() -> Spans | None:
+    """The process's spans, loaded once something in the process may trace. Without
+    opentelemetry.trace imported nobody set a tracer provider here, nor started a span:
+    until one is, or one is named in the environment, no span would record. Looked up at
+    every hook until then: one may be set while threads run."""
+    if not _spans:
+        if not _provider_named:
+            _provider_named.append(PROVIDER_VARIABLE in os.environ)
+        if "opentelemetry.trace" not in sys.modules and not _provider_named[0]:
+            return None
+        # Two threads may both get here: the import is made once, and both find the same.
+        try:
+            from agentq.engine.otel import SPANS
+        except ImportError:  # the extra is not installed: tracing is off
+            _spans.append(None)
+        else:
+            _spans.append(SPANS)
+    return _spans[0]
 
 
 def sending_headers() -> dict[str, str]:
     """The caller's trace context as message headers, to keep with a new thread; empty
     when nothing is traced here."""
-    if trace is None or not trace.get_current_span().get_span_context().is_valid:
-        return {}
-    carrier: dict[str, str] = {}
-    TraceContextTextMapPropagator().inject(carrier)
-    return carrier
-
-
-def _tracing() -> bool:
-    """Whether a span would record anything: opentelemetry is installed and a tracer
-    provider other than the API's placeholders is set (checked every time: one may be set
-    while threads run)."""
-    return trace is not None and not isinstance(
-        trace.get_tracer_provider(), (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
-    )
-
-
-def _thread_context(thread_id: str, options: Mapping[str, Any]) -> Any:
-    headers = options.get("headers")
-    if isinstance(headers, Mapping) and headers.get(TRACEPARENT):
-        return TraceContextTextMapPropagator().extract(dict(headers))
-    digest = hashlib.sha256(thread_id.encode()).digest()
-    trace_id = int.from_bytes(digest[:16], "big")
-    parent = trace.SpanContext(
-        trace_id=trace_id,
-        span_id=int.from_bytes(digest[16:24], "big") or 1,
-        is_remote=True,
-        trace_flags=trace.TraceFlags(
-            trace.TraceFlags.SAMPLED if _sampled(trace_id) else trace.TraceFlags.DEFAULT
-        ),
-    )
-    return trace.set_span_in_context(trace.NonRecordingSpan(parent))
-
-
-def _sampled(trace_id: int) -> bool:
-    """Whether the tracer provider's sampler keeps a trace that starts at the thread. The
-    parent made up for it is no caller's to have decided, and a sampled one would make a
-    parent-based sampler keep every such thread, whatever ratio it was given for roots.
-    Asked as for a root with the thread's trace id, which a ratio sampler decides by
-    alone: alike on every worker, at every step."""
-    sampler = getattr(trace.get_tracer_provider(), "sampler", None)
-    if sampler is None:  # not the SDK's provider: no sampler to ask
-        return True
-    # An empty context: a root, not a child of whatever span is current here.
-    result = sampler.should_sample(otel_context.Context(), trace_id, "agentq.thread")
-    return bool(result.decision.is_sampled())
+    spans = _loaded()
+    return {} if spans is None else spans.sending_headers()
 
 
 def node_span(
@@ -98,126 +72,35 @@ def node_span(
 ) -> AbstractContextManager[None]:
     """The span of one node run, current for its duration; its outcome is set by
     :func:`outcome` (or ``error`` if the run raised before one was)."""
-    if not _tracing():
+    spans = _loaded()
+    if spans is None or not spans.recording():
         return nullcontext()
-    return _node_span(thread_id, options, step, node, attempt, token)
-
-
-@contextmanager
-def _node_span(
-    thread_id: str, options: Mapping[str, Any], step: int, node: str, attempt: int, token: int
-) -> Iterator[None]:
-    span = trace.get_tracer("agentq").start_span(
-        f"agentq.node {node}",
-        context=_thread_context(thread_id, options),
-        attributes={
-            "agentq.thread_id": thread_id,
-            "agentq.step": step,
-            "agentq.node": node,
-            "agentq.attempt": attempt,
-            "agentq.fencing_token": token,
-        },
-    )
-    with _nodes_lock:
-        _nodes[thread_id] = span
-    own = _own.set((thread_id, span))
-    attached = otel_context.attach(trace.set_span_in_context(span))
-    try:
-        yield
-    except BaseException as exc:
-        _failed(span, exc)
-        if "agentq.outcome" not in (getattr(span, "attributes", None) or {}):
-            span.set_attribute("agentq.outcome", "error")
-        raise
-    finally:
-        otel_context.detach(attached)
-        _own.reset(own)
-        with _nodes_lock:
-            if _nodes.get(thread_id) is span:  # not the span of a drive that took over since
-                del _nodes[thread_id]
-        span.end()
-
-
-def _node_of(thread_id: str) -> Any:
-    """The node span a hook for ``thread_id`` belongs to: the drive's own, else (a tool
-    called from a thread the node started) the latest open one of the thread."""
-    own = _own.get()
-    if own is not None and own[0] == thread_id:
-        return own[1]
-    if not _nodes:  # nothing traced here: no lock taken on every commit
-        return None
-    with _nodes_lock:
-        return _nodes.get(thread_id)
+    return spans.node_span(thread_id, options, step, node, attempt, token)
 
 
 def outcome(thread_id: str, what: str) -> None:
     """Name what became of the thread's node run in flight: committed, waiting, retrying..."""
-    if trace is None:
-        return
-    span = _node_of(thread_id)
-    if span is not None:
-        span.set_attribute("agentq.outcome", what)
+    spans = _loaded()
+    if spans is not None:
+        spans.outcome(thread_id, what)
 
 
 def raised(thread_id: str, exc: BaseException) -> None:
     """The thread's node run in flight raised ``exc``, handled without leaving its span
     (a retry was scheduled)."""
-    if trace is None:
-        return
-    span = _node_of(thread_id)
-    if span is not None:
-        _failed(span, exc)
+    spans = _loaded()
+    if spans is not None:
+        spans.raised(thread_id, exc)
 
 
 def tool_span(thread_id: str, step: int, tool: str, token: int) -> AbstractContextManager[Any]:
     """The span of one tool call, a child of its node's span; yields a setter of its
     effect key and (once known) its outcome."""
-    if not _tracing():
+    spans = _loaded()
+    if spans is None or not spans.recording():
         return nullcontext(_ignore)
-    return _tool_span(thread_id, step, tool, token)
+    return spans.tool_span(thread_id, step, tool, token)
 
 
 def _ignore(key: str, what: str | None = None) -> None:
     pass
-
-
-@contextmanager
-def _tool_span(thread_id: str, step: int, tool: str, token: int) -> Iterator[Callable[..., None]]:
-    node = _node_of(thread_id)
-    # Set explicitly: an async node's tools run in the event loop's thread, where the
-    # node span is not the current one.
-    parent = trace.set_span_in_context(node) if node is not None else None
-    span = trace.get_tracer("agentq").start_span(
-        f"agentq.tool {tool}",
-        context=parent,
-        attributes={
-            "agentq.thread_id": thread_id,
-            "agentq.step": step,
-            "agentq.tool": tool,
-            "agentq.fencing_token": token,
-        },
-    )
-
-    def note(key: str, what: str | None = None) -> None:
-        span.set_attribute("agentq.effect_key", key)
-        if what is not None:
-            span.set_attribute("agentq.outcome", what)
-
-    # Current while the call runs: the spans the tool starts (an instrumented HTTP
-    # client's) are its children, not its siblings under the node.
-    attached = otel_context.attach(trace.set_span_in_context(span))
-    try:
-        yield note
-    except BaseException as exc:
-        _failed(span, exc)
-        span.set_attribute("agentq.outcome", "error")
-        raise
-    finally:
-        otel_context.detach(attached)
-        span.end()
-
-
-def _failed(span: Any, exc: BaseException) -> None:
-    # The status, not only the event: what tracing backends mark and search as failed.
-    span.record_exception(exc)
-    span.set_status(trace.Status(trace.StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))

@@ -6,7 +6,9 @@ Configured from the environment by ``tests.support.workers.WorkerProcess``.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import threading
 
 from agentq.engine.aio import run_coroutine
 from tests.support.agents import make_app
@@ -32,3 +34,14 @@ if os.environ.get("AGENTQ_TEST_MAX_TASKS_PER_CHILD"):
 if os.environ.get("AGENTQ_TEST_LOOP_BEFORE_FORK"):
     # The main process starts agentq's loop, so that prefork's children inherit it forked.
     run_coroutine(asyncio.sleep(0))
+
+if os.environ.get("AGENTQ_TEST_FORK_LOG"):
+
+    def _note_threads() -> None:
+        # The threads of the process about to fork (a prefork worker's main process,
+        # forking a pool child), one line a fork.
+        names = sorted(thread.name for thread in threading.enumerate())
+        with open(os.environ["AGENTQ_TEST_FORK_LOG"], "a") as log:
+            log.write(json.dumps({"pid": os.getpid(), "threads": names}) + "\n")
+
+    os.register_at_fork(before=_note_threads)

@@ -34,7 +34,7 @@ from agentq.errors import (
 from agentq.records import Checkpoint, ListedThread, Listing, Status
 from agentq.store.contract import UNSET, Renewal, Store, Taken
 from agentq.store.graph_records import StoredCheckpoint, encode_refs
-from tests.store.raw import overwrite_checkpoint, snapshot
+from tests.store.raw import overwrite_checkpoint, same_data, snapshot
 from tests.support.redis_server import wait_until
 
 TTL = 30.0
@@ -1070,6 +1070,62 @@ def test_a_shared_record_settled_as_not_run_is_claimed_afresh(store: Store) -> N
     assert store.effect("t1", "invoice-1", shared=True) is None
     token = store.acquire("t1", "w2", TTL)
     assert store.claim_effect("t1", "invoice-1", token, shared=True).outcome == "claimed"
+
+
+KEPT_BRIEFLY = 0.1
+"""Seconds a done shared record is kept by the stores that see it expire."""
+
+
+def test_a_done_shared_record_is_forgotten_after_its_ttl_and_its_key_runs_again(
+    store: Store,
+) -> None:
+    with same_data(store, shared_effect_ttl=KEPT_BRIEFLY) as short:
+        a, b = started(short, "a"), started(short, "b")
+        short.claim_effect("b", "order-2", b, shared=True)  # its outcome never recorded
+        short.claim_effect("a", "order-1", a, shared=True)
+        short.complete_effect("a", "order-1", a, "in_1", shared=True)
+        wait_until(
+            lambda: short.effect("a", "order-1", shared=True) is None,
+            timeout=10,
+            what="the done shared record forgotten",
+        )
+        # Claimed before it and older than the TTL, the pending one stays for a person.
+        pending = short.effect("a", "order-2", shared=True)
+        assert pending is not None and (pending.state, pending.claimed_by) == ("pending", "b")
+        assert short.claim_effect("a", "order-2", a, shared=True).outcome == "unknown"
+        # The forgotten key runs again, once: its new record answers the next claim.
+        assert short.claim_effect("b", "order-1", b, shared=True).outcome == "claimed"
+        assert short.claim_effect("a", "order-1", a, shared=True).outcome == "unknown"
+
+
+def test_a_shared_record_settled_by_a_person_is_forgotten_after_its_ttl(store: Store) -> None:
+    with same_data(store, shared_effect_ttl=KEPT_BRIEFLY) as short:
+        stuck_on_shared(short)
+        short.resolve_effect("t1", "invoice-1", shared=True, result={"id": "in_1"})
+        wait_until(
+            lambda: short.effect("t1", "invoice-1", shared=True) is None,
+            timeout=10,
+            what="the settled shared record forgotten",
+        )
+        token = short.acquire("t1", "w2", TTL)
+        assert short.claim_effect("t1", "invoice-1", token, shared=True).outcome == "claimed"
+
+
+def test_finished_ttl_0_forgets_a_done_shared_record_at_once_and_inf_keeps_it(
+    store: Store,
+) -> None:
+    """As for threads: 0 keeps nothing finished, inf keeps everything."""
+    with same_data(store, shared_effect_ttl=0) as at_once:
+        token = started(at_once)
+        at_once.claim_effect("t1", "order-1", token, shared=True)
+        at_once.complete_effect("t1", "order-1", token, "in_1", shared=True)
+        assert at_once.effect("t1", "order-1", shared=True) is None
+        assert at_once.claim_effect("t1", "order-1", token, shared=True).outcome == "claimed"
+    with same_data(store, shared_effect_ttl=float("inf")) as for_good:
+        for_good.complete_effect("t1", "order-1", token, "in_2", shared=True)
+        for_good.gc(0)
+        kept = for_good.effect("t1", "order-1", shared=True)
+        assert kept is not None and (kept.state, kept.result) == ("done", "in_2")
 
 
 def test_a_shared_record_taken_over_is_completed_only_by_the_thread_holding_it(

@@ -2,10 +2,13 @@
 
 A thread's own records live in its slot and are fenced in the same script; a shared
 record (``shared=True``) is global, and on Redis Cluster in another slot than the meta.
+A shared record goes with no thread: the script that makes it ``done`` gives its key an
+expiry of ``shared_effect_ttl``, so no sweep has to find it.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from agentq.codec.envelope import decode_value, encode_value
@@ -46,6 +49,13 @@ class RedisEffects(RedisBase):
         if self.cluster:
             return [self.keys.global_effect(key)]
         return [self.keys.global_effect(key), self.keys.meta(thread_id)]
+
+    def _kept_ms(self, shared: bool) -> str:
+        """How long the scripts keep a record once done: ``shared_effect_ttl`` in whole
+        milliseconds for a shared one, '' (no expiry) for good or for a thread's own."""
+        if not shared or math.isinf(self.shared_effect_ttl):
+            return ""
+        return str(math.ceil(self.shared_effect_ttl * 1000))
 
     def _check_fence_apart(self, thread_id: str, token: int, shared: bool) -> None:
         """On Redis Cluster a shared record lives in another slot than the thread's meta,
@@ -90,7 +100,7 @@ class RedisEffects(RedisBase):
         data = encode_value(result, what=f"effect {key!r} result", thread_id=thread_id, step=None)
         self._check_fence_apart(thread_id, token, shared)
         code, holder, _ = self._scripts["complete_effect"](
-            keys=keys, args=[token, data, thread_id if shared else ""]
+            keys=keys, args=[token, data, thread_id if shared else "", self._kept_ms(shared)]
         )
         raise_refusal(code, holder, thread_id=thread_id, token=token, key=key)
 
@@ -156,6 +166,7 @@ class RedisEffects(RedisBase):
                 request,
                 record,
                 f"{self.keys.prefix}thread:",
+                self._kept_ms(shared),
                 *sorted(status.value for status in RESOLVABLE),
             ],
             indexed=True,
@@ -210,6 +221,7 @@ class RedisEffects(RedisBase):
                 int(blob(fence)) + 1,
                 thread_id,
                 request,
+                self._kept_ms(True),
             ],
         )
         refusal = refusal_of(code)

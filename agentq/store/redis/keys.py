@@ -45,7 +45,9 @@ key                                        type    contents
                                                    thread, so that deleting it finds them
 ``P effect:{<key>}``                       hash    a global (cross-thread) effect record:
                                                    the same fields, and thread (the thread
-                                                   that claimed it last)
+                                                   that claimed it last); once done it
+                                                   expires after ``shared_effect_ttl`` (PX
+                                                   TTL), while pending it has none
 ``P index:{index}:due``                    zset    thread id -> Unix time it is due to run
 ``P index:{index}:status:<status>``        zset    thread id -> Unix time of its last update
 ``P index:{index}:synced``                 hash    Redis Cluster only: thread id -> the meta's
@@ -72,12 +74,13 @@ key                                        type    contents
 =========================================  ======  ===========================================
 
 ``P`` is the configured prefix (``agentq:`` by default). Leases expire through ``PX`` on
-the lock keys, the sweeper lease and the last claim of due threads on theirs; no other
-key has a Redis TTL: finished threads are removed by ``gc()``, which
-also keeps the indexes consistent. A staged snapshot (one over ``INLINE_SNAPSHOT_BYTES``;
-smaller ones go to the commit script as an argument) exists only within one MULTI, unless
-its script never ran (a server that lost its scripts and then the connection): the
-thread's next staged commit overwrites it, deleting the thread deletes it.
+the lock keys, the sweeper lease and the last claim of due threads on theirs, and a done
+shared effect record on its own; no other key has a Redis TTL: finished threads are
+removed by ``gc()``, which also keeps the indexes consistent. A staged snapshot (one over
+``INLINE_SNAPSHOT_BYTES``; smaller ones go to the commit script as an argument) exists
+only within one MULTI, unless its script never ran (a server that lost its scripts and
+then the connection): the thread's next staged commit overwrites it, deleting the thread
+deletes it.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import sqlite3
 import time
-from typing import Any
+from typing import Any, Final
 
 from agentq.codec.envelope import decode_value
 from agentq.errors import EffectError, StaleToken, ThreadNotFound
@@ -20,11 +20,27 @@ from agentq.store.contract.effects import (
 from agentq.store.sqlite.connection import SharedConnection
 from agentq.store.sqlite.queries import NOT_FOUND, encode, fenced, read_meta, update
 
+_LIVE: Final = "(expires_at IS NULL OR expires_at > ?)"
+"""A record not yet expired at the time bound to it: an expired one reads as absent, so
+its key is claimed afresh before ``gc`` gets to delete it."""
+
 
 class EffectsMixin:
-    """The effect operations of :class:`~agentq.store.sqlite.store.SQLiteStore`."""
+    """The effect operations of :class:`~agentq.store.sqlite.store.SQLiteStore`.
+
+    A shared record goes with no thread: made ``done``, it gets an ``expires_at``
+    ``shared_effect_ttl`` ahead, past which it reads as absent until ``gc`` deletes it.
+    """
 
     _conn: SharedConnection
+    shared_effect_ttl: float
+
+    def _expiry(self, scope: str, now: float) -> float | None:
+        """When a record made done ``now`` is forgotten: ``None`` for a thread's own (it
+        goes with its thread) or when kept for good."""
+        if scope != "" or math.isinf(self.shared_effect_ttl):
+            return None
+        return now + self.shared_effect_ttl
 
     def _do_claim_effect(
         self,
@@ -40,7 +56,8 @@ class EffectsMixin:
         scope = "" if shared else thread_id
         with self._conn.write() as db:
             fenced(db, thread_id, token)
-            found = _read_effect(db, thread_id, scope, key)
+            now = time.time()
+            found = _read_effect(db, thread_id, scope, key, now)
             resent = (
                 found is not None
                 and found.state == EffectState.PENDING
@@ -51,7 +68,7 @@ class EffectsMixin:
                 db.execute(
                     'INSERT OR REPLACE INTO effects (scope, "key", state, token, claim, tool, '
                     "claimed_at, claimed_by) VALUES (?, ?, 'pending', ?, ?, ?, ?, ?)",
-                    (scope, key, token, claim_id, tool or None, time.time(), thread_id),
+                    (scope, key, token, claim_id, tool or None, now, thread_id),
                 )
                 return Claim(ClaimOutcome.CLAIMED, Effect(key, EffectState.PENDING, token))
         done = found.state == EffectState.DONE
@@ -64,7 +81,8 @@ class EffectsMixin:
         scope = "" if shared else thread_id
         with self._conn.write() as db:
             fenced(db, thread_id, token)
-            found = _read_effect(db, thread_id, scope, key)
+            now = time.time()
+            found = _read_effect(db, thread_id, scope, key, now)
             if found is None:
                 raise EffectError(
                     f"effect {key!r} has no record to complete; claim it with claim_effect() "
@@ -82,9 +100,9 @@ class EffectsMixin:
                     thread_id=thread_id,
                 )
             db.execute(
-                "UPDATE effects SET state = 'done', result = ?, claim = NULL "
+                "UPDATE effects SET state = 'done', result = ?, claim = NULL, expires_at = ? "
                 'WHERE scope = ? AND "key" = ?',
-                (data, scope, key),
+                (data, self._expiry(scope, now), scope, key),
             )
 
     def _do_release_effect(
@@ -94,8 +112,9 @@ class EffectsMixin:
         with self._conn.write() as db:
             fenced(db, thread_id, token)
             found = db.execute(
-                'SELECT state, token, claim FROM effects WHERE scope = ? AND "key" = ?',
-                (scope, key),
+                'SELECT state, token, claim FROM effects WHERE scope = ? AND "key" = ? '
+                f"AND {_LIVE}",
+                (scope, key, time.time()),
             ).fetchone()
             if found is None:
                 return  # already dropped: the same release again
@@ -109,12 +128,13 @@ class EffectsMixin:
 
     def _do_effect(self, thread_id: str, key: str, *, shared: bool) -> Effect | None:
         with self._conn.locked() as db:
-            return _read_effect(db, thread_id, "" if shared else thread_id, key)
+            return _read_effect(db, thread_id, "" if shared else thread_id, key, time.time())
 
     def _do_effects(self, thread_id: str) -> list[Effect]:
         with self._conn.locked() as db:
             keys = db.execute('SELECT "key" FROM effects WHERE scope = ?', (thread_id,))
-            found = [_read_effect(db, thread_id, thread_id, row[0]) for row in keys.fetchall()]
+            now = time.time()
+            found = [_read_effect(db, thread_id, thread_id, row[0], now) for row in keys.fetchall()]
         return [effect for effect in found if effect is not None]
 
     def _do_resolve_effect(
@@ -141,7 +161,7 @@ class EffectsMixin:
                 raise held_while_resolving(thread_id, ttl_ms)
             if Status(row["status"]) not in RESOLVABLE:
                 raise status_not_resolvable(thread_id, row["status"])
-            found = _read_effect(db, thread_id, scope, key)
+            found = _read_effect(db, thread_id, scope, key, now)
             if found is None or found.state != EffectState.PENDING:
                 state = None if found is None else found.state
                 raise not_resolvable(thread_id, key, state, shared=shared)
@@ -160,8 +180,8 @@ class EffectsMixin:
                 # Tokens count per thread: the new one is this thread's.
                 db.execute(
                     "UPDATE effects SET state = 'done', token = ?, result = ?, claim = NULL, "
-                    'claimed_by = ? WHERE scope = ? AND "key" = ?',
-                    (fence, data, thread_id, scope, key),
+                    'claimed_by = ?, expires_at = ? WHERE scope = ? AND "key" = ?',
+                    (fence, data, thread_id, self._expiry(scope, now), scope, key),
                 )
             update(
                 db,
@@ -189,11 +209,14 @@ def _lease_left(row: sqlite3.Row, now: float) -> int | None:
     return max(1, math.ceil((expires - now) * 1000))
 
 
-def _read_effect(db: sqlite3.Connection, thread_id: str, scope: str, key: str) -> Effect | None:
+def _read_effect(
+    db: sqlite3.Connection, thread_id: str, scope: str, key: str, now: float
+) -> Effect | None:
+    """The record as of ``now``: ``None`` when there is none or it expired."""
     row = db.execute(
         "SELECT state, token, result, tool, claimed_at, claimed_by FROM effects "
-        'WHERE scope = ? AND "key" = ?',
-        (scope, key),
+        f'WHERE scope = ? AND "key" = ? AND {_LIVE}',
+        (scope, key, now),
     ).fetchone()
     if row is None:
         return None

@@ -59,3 +59,17 @@ def snapshot(store: Store) -> Any:
     with closing(sqlite3.connect(store.path)) as db:  # type: ignore[attr-defined]
         tables = [row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type='table'")]
         return {t: sorted(db.execute(f"SELECT * FROM {t}").fetchall()) for t in tables}
+
+
+def drop_shared_copy(store: Store, thread_id: str, key: str) -> None:
+    """Remove a thread's copy of a shared outcome, as a worker killed between completing
+    the shared record and keeping the copy (two steps on Redis Cluster) leaves it."""
+    if isinstance(store, RedisStore):
+        copy = store.keys.shared_copy(thread_id, key)
+        store.client.delete(copy)
+        store.client.srem(store.keys.owned(thread_id), copy)
+    else:
+        with closing(sqlite3.connect(store.path)) as db, db:  # type: ignore[attr-defined]
+            db.execute(
+                'DELETE FROM shared_copies WHERE thread_id = ? AND "key" = ?', (thread_id, key)
+            )

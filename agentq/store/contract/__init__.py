@@ -88,8 +88,10 @@ class Store(
     """The encoded size over which ``commit`` refuses a checkpoint."""
     shared_effect_ttl: float
     """Seconds a shared effect record is kept once ``done`` (the ``finished_ttl`` setting,
-    as for a finished thread), after which a claim of its key runs the call again; ``inf``
-    keeps it. A pending record has no end: someone must settle it."""
+    as for a finished thread), after which a claim of its key by a thread that never used
+    it runs the call again; ``inf`` keeps it. A pending record has no end: someone must
+    settle it. A thread that used the outcome keeps its own copy (see
+    :meth:`claim_effect`)."""
     transient_errors: tuple[type[BaseException], ...] = ()
     """Errors that mean the store could not be reached (a restart, a timeout): nothing was
     decided, so a driver that meets one tries again while its lease lasts instead of

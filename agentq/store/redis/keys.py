@@ -36,13 +36,18 @@ key                                        type    contents
 ``P thread:{T}:lock``                      string  ``<token>:<owner>``, expires with the lease
 ``P thread:{T}:effect:<key>``              hash    state (pending/done), token, result, and
                                                    while pending the id of the claim
+``P thread:{T}:shared:<key>``              hash    token, result: the thread's copy of the
+                                                   outcome of the shared record ``<key>`` it
+                                                   used, answering its replays once that
+                                                   record expired
 ``P thread:{T}:artifact:<sha256>``         string  an artifact's bytes, content-addressed
 ``P thread:{T}:log:<field>``               list    the items of an append-only state field,
                                                    each msgpack; snapshots record a length
 ``P thread:{T}:logs``                      set     the fields that have a log, added when
                                                    each log is created
-``P thread:{T}:owned``                     set     every effect and artifact key of the
-                                                   thread, so that deleting it finds them
+``P thread:{T}:owned``                     set     every effect, shared copy and artifact
+                                                   key of the thread, so that deleting it
+                                                   finds them
 ``P effect:{<key>}``                       hash    a global (cross-thread) effect record:
                                                    the same fields, and thread (the thread
                                                    that claimed it last); once done it
@@ -117,6 +122,9 @@ class Keys:
 
     def effect(self, thread_id: str, key: str) -> str:
         return f"{self.thread(thread_id)}effect:{key}"
+
+    def shared_copy(self, thread_id: str, key: str) -> str:
+        return f"{self.thread(thread_id)}shared:{key}"
 
     def artifact(self, thread_id: str, digest: str) -> str:
         return f"{self.thread(thread_id)}artifact:{digest}"

@@ -29,7 +29,10 @@ class EffectsMixin:
     """The effect operations of :class:`~agentq.store.sqlite.store.SQLiteStore`.
 
     A shared record goes with no thread: made ``done``, it gets an ``expires_at``
-    ``shared_effect_ttl`` ahead, past which it reads as absent until ``gc`` deletes it.
+    ``shared_effect_ttl`` ahead, past which it reads as absent until ``gc`` deletes it. A
+    thread that used its outcome keeps a copy (``shared_copies``), written in the same
+    transaction that records or answers the shared record, which the thread's claims of
+    the key answer from first: its replays never run the call again.
     """
 
     _conn: SharedConnection
@@ -56,6 +59,9 @@ class EffectsMixin:
         scope = "" if shared else thread_id
         with self._conn.write() as db:
             fenced(db, thread_id, token)
+            kept = _shared_copy(db, thread_id, key) if shared else None
+            if kept is not None:
+                return Claim(ClaimOutcome.DONE, kept)
             now = time.time()
             found = _read_effect(db, thread_id, scope, key, now)
             resent = (
@@ -71,7 +77,9 @@ class EffectsMixin:
                     (scope, key, token, claim_id, tool or None, now, thread_id),
                 )
                 return Claim(ClaimOutcome.CLAIMED, Effect(key, EffectState.PENDING, token))
-        done = found.state == EffectState.DONE
+            done = found.state == EffectState.DONE
+            if done and shared:
+                _keep_shared_copy(db, thread_id, key)
         return Claim(ClaimOutcome.DONE if done else ClaimOutcome.UNKNOWN, found)
 
     def _do_complete_effect(
@@ -104,6 +112,8 @@ class EffectsMixin:
                 'WHERE scope = ? AND "key" = ?',
                 (data, self._expiry(scope, now), scope, key),
             )
+            if shared:
+                _keep_shared_copy(db, thread_id, key)
 
     def _do_release_effect(
         self, thread_id: str, key: str, token: int, *, claim_id: str, shared: bool
@@ -183,6 +193,10 @@ class EffectsMixin:
                     'claimed_by = ?, expires_at = ? WHERE scope = ? AND "key" = ?',
                     (fence, data, thread_id, self._expiry(scope, now), scope, key),
                 )
+                if shared:
+                    # The thread runs its node again with this outcome, also once the
+                    # record expired.
+                    _keep_shared_copy(db, thread_id, key)
             update(
                 db,
                 thread_id,
@@ -207,6 +221,28 @@ def _lease_left(row: sqlite3.Row, now: float) -> int | None:
     if row["lock_owner"] is None or expires is None or expires <= now:
         return None
     return max(1, math.ceil((expires - now) * 1000))
+
+
+def _shared_copy(db: sqlite3.Connection, thread_id: str, key: str) -> Effect | None:
+    """The thread's copy of the shared record ``key``'s outcome, ``None`` if it has none."""
+    row = db.execute(
+        'SELECT token, result FROM shared_copies WHERE thread_id = ? AND "key" = ?',
+        (thread_id, key),
+    ).fetchone()
+    if row is None:
+        return None
+    what = f"effect {key!r} result"
+    value = decode_value(bytes(row["result"]), what=what, thread_id=thread_id, step=None)
+    return Effect(key, EffectState.DONE, row["token"], value)
+
+
+def _keep_shared_copy(db: sqlite3.Connection, thread_id: str, key: str) -> None:
+    """Copy the shared record ``key``'s outcome, which the thread used, to the thread."""
+    db.execute(
+        'INSERT OR REPLACE INTO shared_copies (thread_id, "key", token, result) '
+        'SELECT ?, "key", token, result FROM effects WHERE scope = \'\' AND "key" = ?',
+        (thread_id, key),
+    )
 
 
 def _read_effect(

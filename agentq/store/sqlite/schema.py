@@ -3,8 +3,9 @@
 The tables mirror the Redis layout in :mod:`agentq.ids`: ``threads`` holds the meta (the
 columns named in :data:`~agentq.store.meta_fields.META_FIELDS`), the lease and the due time;
 ``checkpoints`` the snapshots; ``effects`` the idempotency records, scoped by thread id or
-``''`` for the global ones (a done one until its ``expires_at``); ``artifacts`` the
-content-addressed bytes a thread refers to.
+``''`` for the global ones (a done one until its ``expires_at``); ``shared_copies`` a
+thread's copies of the global outcomes it used; ``artifacts`` the content-addressed bytes
+a thread refers to.
 """
 
 from __future__ import annotations
@@ -57,6 +58,10 @@ SCHEMA: Final = (
     'CREATE TABLE IF NOT EXISTS effects (scope TEXT NOT NULL, "key" TEXT NOT NULL, '
     "state TEXT NOT NULL, token INTEGER NOT NULL, result BLOB, claim TEXT, tool TEXT, "
     'claimed_at REAL, claimed_by TEXT, expires_at REAL, PRIMARY KEY (scope, "key"))',
+    # A thread's copy of each shared record's outcome it used: its replays answer from it
+    # once the shared record expired, and it goes with the thread (version 10).
+    'CREATE TABLE IF NOT EXISTS shared_copies (thread_id TEXT NOT NULL, "key" TEXT NOT NULL, '
+    'token INTEGER NOT NULL, result BLOB NOT NULL, PRIMARY KEY (thread_id, "key"))',
     "CREATE TABLE IF NOT EXISTS artifacts (thread_id TEXT NOT NULL, digest TEXT NOT NULL, "
     "data BLOB NOT NULL, PRIMARY KEY (thread_id, digest))",
     "CREATE TABLE IF NOT EXISTS leases (name TEXT PRIMARY KEY, owner TEXT NOT NULL, "

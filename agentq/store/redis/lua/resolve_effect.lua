@@ -1,7 +1,7 @@
 --!df flags=allow-undeclared-keys
 -- Settles a pending effect record as an operator found it, then queues the thread again.
--- KEYS[1]: meta, [2]: lock, [3]: effect record (none for 'apart'), [4]: the thread's set
--- of owned keys ('own' only), [due index].
+-- KEYS[1]: meta, [2]: lock, [3]: effect record (none for 'apart'), then the thread's set
+-- of owned keys and, for a shared record, the thread's copy of its outcome, [due index].
 -- ARGV[1]: status prefix or '', [2] thread id, [3] start grace in seconds, [4] '1' when
 -- the effect did not run (the record goes) else '0', [5] the result (msgpack) it recorded,
 -- [6] the request's id, [7] the record: 'own' (the thread's), 'shared' (a global one) or
@@ -65,6 +65,11 @@ elseif record then
       redis.call('PEXPIRE', record, ARGV[9])
     end
   end
+end
+if ARGV[7] ~= 'own' and ARGV[4] ~= '1' then
+  -- The thread runs its node again with this outcome, also once the record expired.
+  local owned = ARGV[7] == 'shared' and 4 or 3
+  keep_shared_copy(KEYS[owned + 1], KEYS[owned], fence, ARGV[5])
 end
 local now = now_seconds()
 redis.call('HSET', meta, 'status', STATUS.QUEUED, 'attempts', 0, 'crashes', 0, 'updated_at',

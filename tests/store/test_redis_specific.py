@@ -1175,3 +1175,46 @@ def test_a_zombie_s_refused_langgraph_write_leaves_its_new_driver_indexed(
         with pytest.raises(StaleToken):
             zombie.graph().put("t1", "", stored("c1"), old)
         assert driver.graph().threads() == ["t1"]
+
+
+KEPT_AN_HOUR_MS = 3_600_000
+
+
+@pytest.fixture(params=["redis", pytest.param("cluster", marks=pytest.mark.cluster)])
+def kept_an_hour(request: pytest.FixtureRequest) -> Iterator[RedisStore]:
+    """A store keeping done shared records an hour, on one server or on Redis Cluster."""
+    prefix = f"kept-{request.param}:"
+    if request.param == "cluster":
+        nodes: list[RedisServer] = request.getfixturevalue("redis_cluster")
+        url, options = f"redis://127.0.0.1:{nodes[0].port}/0", {"cluster": True}
+    else:
+        url, options = request.getfixturevalue("redis_server").url, {}
+    with redis_store(url, prefix=prefix, shared_effect_ttl=3600, **options) as store:
+        yield store
+
+
+def test_a_shared_record_gets_its_keys_ttl_when_done_and_none_while_pending(
+    kept_an_hour: RedisStore,
+) -> None:
+    """The script that records the outcome sets the expiry, so no sweep has to look for
+    shared records; a thread's own records go with their thread instead."""
+    store = kept_an_hour
+    for thread_id in ("a", "b"):
+        store.open_thread(thread_id, task="agent")
+    a, b = store.acquire("a", "w1", TTL), store.acquire("b", "w2", TTL)
+    shared = store.keys.global_effect("order-1")
+    store.claim_effect("a", "order-1", a, shared=True)
+    assert store.client.pttl(shared) == -1  # pending: its outcome unknown, kept for a person
+    store.complete_effect("a", "order-1", a, "in_1", shared=True)
+    assert 0 < store.client.pttl(shared) <= KEPT_AN_HOUR_MS
+    store.claim_effect("a", "own-1", a)
+    store.complete_effect("a", "own-1", a, "sent")
+    assert store.client.pttl(store.keys.effect("a", "own-1")) == -1
+    # Until it expires, the key answers with the recorded result.
+    claim = store.claim_effect("b", "order-1", b, shared=True)
+    assert (claim.outcome, claim.effect.result) == ("done", "in_1")
+    # Settled by a person (on Cluster by settle_shared.lua), likewise.
+    store.claim_effect("b", "order-2", b, shared=True)
+    store.set_status("b", b, Status.NEEDS_ATTENTION, error="unknown", release_owner="w2")
+    store.resolve_effect("b", "order-2", shared=True, result="in_2")
+    assert 0 < store.client.pttl(store.keys.global_effect("order-2")) <= KEPT_AN_HOUR_MS

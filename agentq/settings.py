@@ -12,7 +12,6 @@ from agentq.limits import Limit, Limits
 CONF_PREFIX = "agentq_"
 DEFAULT_KEEP_LAST: Final = 20
 DEFAULT_MAX_CHECKPOINT_BYTES: Final = 1024 * 1024
-DEFAULT_FINISHED_TTL: Final = 7 * 24 * 3600.0
 
 
 CONNECTIONS_FOR_STEPS_CAP: Final = 50
@@ -54,11 +53,6 @@ class Settings:
     finds it would lose checkpoints (an evicting policy, no persistence): for development
     only; they log what they found instead of refusing it.
 
-    ``finished_ttl``: a finished thread (``done``, ``failed``, ``cancelled``) is deleted
-    this long after its last change (by the sweepers' ``gc``), and the record of a
-    ``shared=True`` tool's key this long after its outcome was recorded (a pending one
-    stays until it is settled); ``inf`` keeps both.
-
     ``metrics_port``: each worker serves Prometheus metrics on this port (needs the
     ``prometheus`` extra); ``None`` serves none.
     """
@@ -75,7 +69,7 @@ class Settings:
     keep_last: int = DEFAULT_KEEP_LAST
     max_checkpoint_bytes: int = DEFAULT_MAX_CHECKPOINT_BYTES
     max_artifact_bytes: int = 64 * 1024 * 1024
-    finished_ttl: float = DEFAULT_FINISHED_TTL
+    finished_ttl: float = 7 * 24 * 3600.0
     max_connections: int | None = None
     allow_unsafe_store: bool = False
     limits: tuple[Limit, ...] = ()
@@ -94,7 +88,7 @@ class Settings:
         if not self.finished_ttl >= 0:  # NaN too: no age compares with it
             raise SettingsError(
                 f"agentq setting finished_ttl ({self.finished_ttl}) must be seconds, 0 or "
-                "more (inf keeps finished threads and shared effect records for good)"
+                "more (inf keeps finished threads for good)"
             )
         if self.limit_wait < 0:
             raise SettingsError("agentq setting limit_wait must not be negative")

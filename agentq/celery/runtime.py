@@ -76,7 +76,6 @@ class Runtime:
             prefix=s.prefix,
             keep_last=s.keep_last,
             max_checkpoint_bytes=s.max_checkpoint_bytes,
-            shared_effect_ttl=s.finished_ttl,
             max_connections=s.max_connections or connections_for(self._callers_at_once()),
         )
 
@@ -102,7 +101,6 @@ def _given_store(settings: Settings) -> Store | None:
         prefix=settings.prefix,
         keep_last=settings.keep_last,
         max_checkpoint_bytes=settings.max_checkpoint_bytes,
-        shared_effect_ttl=settings.finished_ttl,
     )
 
 

@@ -60,10 +60,8 @@ def effects(session: Session, thread: str, shared_key: str | None, as_json: bool
     if not found:
         if shared:
             out.print(
-                f"No shared record {shared_key!r}: no thread claimed it, it was settled as "
-                "not run, or its outcome was recorded longer ago than finished_ttl (forgotten: "
-                "a thread that never used it runs the tool again; one that did keeps its "
-                "outcome and is answered from that).",
+                f"No shared record {shared_key!r}: no thread claimed it, or it was settled "
+                "as not run.",
                 markup=False,
             )
         else:

@@ -44,10 +44,9 @@ def test_a_redis_py_client_given_as_the_store_runs_threads_on_its_pool(
     pool = redis.BlockingConnectionPool(port=redis_server.port, db=4, max_connections=3)
     client = redis.Redis(connection_pool=pool)
     app = _app(redis_broker, prefix)
-    runtime = agentq.init_app(app, store=client, prefix=prefix, keep_last=1, finished_ttl=60)
+    runtime = agentq.init_app(app, store=client, prefix=prefix, keep_last=1)
     store = runtime.store
     assert isinstance(store, RedisStore) and store.client is client
-    assert store.shared_effect_ttl == 60
     with start_worker(app, pool="threads", concurrency=4, perform_ping_check=False):
         app.tasks[_ClientAgent.name].delay("t1", word="durable")
         meta = wait_until(

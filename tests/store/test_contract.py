@@ -34,7 +34,7 @@ from agentq.errors import (
 from agentq.records import Checkpoint, ListedThread, Listing, Status
 from agentq.store.contract import UNSET, Renewal, Store, Taken
 from agentq.store.graph_records import StoredCheckpoint, encode_refs
-from tests.store.raw import drop_shared_copy, overwrite_checkpoint, same_data, snapshot
+from tests.store.raw import overwrite_checkpoint, snapshot
 from tests.support.redis_server import wait_until
 
 TTL = 30.0
@@ -767,15 +767,12 @@ def test_delete_thread_removes_everything_it_owns(store: Store) -> None:
 def test_a_thread_that_used_every_kind_of_key_leaves_nothing_behind(
     store: Store, removal: str
 ) -> None:
-    """Logs, snapshots inline and staged, artifacts, effect records, a copy of a shared
-    one's outcome, LangGraph checkpoints in two namespaces with their writes (one from
-    another run), a retry timer: deleted or expired, the thread leaves the store as it was
-    before it, indexes included."""
+    """Logs, snapshots inline and staged, artifacts, effect records, LangGraph
+    checkpoints in two namespaces with their writes (one from another run), a retry
+    timer: deleted or expired, the thread leaves the store as it was before it, indexes
+    included."""
     store.graph()  # its tables, on SQLite
     store.open_thread("keep", task="agent")
-    kept = store.acquire("keep", "w0", TTL)
-    store.claim_effect("keep", "invoice", kept, shared=True)
-    store.complete_effect("keep", "invoice", kept, "in_1", shared=True)
     before = snapshot(store)
     token = started(store)
     messages: list[object] = []
@@ -790,7 +787,6 @@ def test_a_thread_that_used_every_kind_of_key_leaves_nothing_behind(
     store.claim_effect("t1", "charge", token)
     store.complete_effect("t1", "charge", token, {"ok": True})
     store.claim_effect("t1", "email", token)
-    store.claim_effect("t1", "invoice", token, shared=True)  # its copy of keep's outcome
     _graph_put(store, "", "c1", token)
     _graph_put(store, "sub:task1", "c2", token)
     # A later run's write to run1's checkpoint (the answer it resumed with).
@@ -1074,143 +1070,6 @@ def test_a_shared_record_settled_as_not_run_is_claimed_afresh(store: Store) -> N
     assert store.effect("t1", "invoice-1", shared=True) is None
     token = store.acquire("t1", "w2", TTL)
     assert store.claim_effect("t1", "invoice-1", token, shared=True).outcome == "claimed"
-
-
-KEPT_BRIEFLY = 0.1
-"""Seconds a done shared record is kept by the stores that see it expire."""
-KEPT_WHILE_REPLAYED = 3.0
-"""Seconds a done shared record is kept where a test still reads it before it expires."""
-
-
-def test_a_done_shared_record_is_forgotten_after_its_ttl_and_its_key_runs_again(
-    store: Store,
-) -> None:
-    with same_data(store, shared_effect_ttl=KEPT_BRIEFLY) as short:
-        a, b = started(short, "a"), started(short, "b")
-        short.claim_effect("b", "order-2", b, shared=True)  # its outcome never recorded
-        short.claim_effect("a", "order-1", a, shared=True)
-        short.complete_effect("a", "order-1", a, "in_1", shared=True)
-        wait_until(
-            lambda: short.effect("a", "order-1", shared=True) is None,
-            timeout=10,
-            what="the done shared record forgotten",
-        )
-        # Claimed before it and older than the TTL, the pending one stays for a person.
-        pending = short.effect("a", "order-2", shared=True)
-        assert pending is not None and (pending.state, pending.claimed_by) == ("pending", "b")
-        assert short.claim_effect("a", "order-2", a, shared=True).outcome == "unknown"
-        # The forgotten key runs again, once, for a thread that never used it: its new
-        # record answers the next claim of another such thread.
-        c = started(short, "c")
-        assert short.claim_effect("b", "order-1", b, shared=True).outcome == "claimed"
-        assert short.claim_effect("c", "order-1", c, shared=True).outcome == "unknown"
-
-
-def test_a_shared_record_settled_by_a_person_is_forgotten_after_its_ttl(store: Store) -> None:
-    with same_data(store, shared_effect_ttl=KEPT_BRIEFLY) as short:
-        stuck_on_shared(short)
-        short.resolve_effect("t1", "invoice-1", shared=True, result={"id": "in_1"})
-        wait_until(
-            lambda: short.effect("t1", "invoice-1", shared=True) is None,
-            timeout=10,
-            what="the settled shared record forgotten",
-        )
-        other = started(short, "t2")
-        assert short.claim_effect("t2", "invoice-1", other, shared=True).outcome == "claimed"
-        # t1 runs its node again with the outcome it was settled with.
-        token = short.acquire("t1", "w2", TTL)
-        replayed = short.claim_effect("t1", "invoice-1", token, shared=True)
-        assert (replayed.outcome, replayed.effect.result) == ("done", {"id": "in_1"})
-
-
-def test_a_thread_that_used_a_shared_key_keeps_its_outcome_past_the_records_ttl(
-    store: Store,
-) -> None:
-    """A thread that waits (for a person, a retry) longer than the shared record lives
-    replays its node: the call it made, or whose outcome it got from another thread's
-    record, answers from the thread's own copy and does not run again."""
-    with same_data(store, shared_effect_ttl=KEPT_BRIEFLY) as short:
-        a, b, c = started(short, "a"), started(short, "b"), started(short, "c")
-        short.claim_effect("a", "order-1", a, shared=True)
-        short.complete_effect("a", "order-1", a, "in_1", shared=True)
-        assert short.claim_effect("b", "order-1", b, shared=True).effect.result == "in_1"
-        wait_until(
-            lambda: short.effect("a", "order-1", shared=True) is None,
-            timeout=10,
-            what="the done shared record forgotten",
-        )
-        for thread_id, token in (("a", a), ("b", b)):
-            replayed = short.claim_effect(thread_id, "order-1", token, shared=True)
-            assert (replayed.outcome, replayed.effect.result) == ("done", "in_1")
-        # The copies are no calls of their own, and no record of the key was made again.
-        assert short.effects("a") == short.effects("b") == []
-        assert short.effect("a", "order-1", shared=True) is None
-        # A thread's own key of the same name is another call.
-        assert short.claim_effect("a", "order-1", a).outcome == "claimed"
-        assert short.claim_effect("c", "order-1", c, shared=True).outcome == "claimed"
-
-
-def test_a_worker_killed_before_keeping_its_copy_leaves_it_to_the_next_one(
-    store: Store,
-) -> None:
-    """On Redis Cluster the shared record is completed, then the copy kept, in two steps:
-    the thread's next worker replays the call while the record lasts, and keeps it."""
-    with same_data(store, shared_effect_ttl=KEPT_WHILE_REPLAYED) as short:
-        token = started(short)
-        short.claim_effect("t1", "order-1", token, shared=True)
-        short.complete_effect("t1", "order-1", token, "in_1", shared=True)
-        drop_shared_copy(short, "t1", "order-1")
-        short.release("t1", "w1", token)
-        token = short.acquire("t1", "w2", TTL)
-        replayed = short.claim_effect("t1", "order-1", token, shared=True)
-        assert (replayed.outcome, replayed.effect.result) == ("done", "in_1")
-        wait_until(
-            lambda: short.effect("t1", "order-1", shared=True) is None,
-            timeout=KEPT_WHILE_REPLAYED + 10,
-            what="the done shared record forgotten",
-        )
-        replayed = short.claim_effect("t1", "order-1", token, shared=True)
-        assert (replayed.outcome, replayed.effect.result) == ("done", "in_1")
-
-
-def test_a_zombie_cannot_keep_a_copy_of_a_shared_outcome(store: Store) -> None:
-    with same_data(store, shared_effect_ttl=KEPT_BRIEFLY) as short:
-        old = started(short, "a")
-        short.claim_effect("a", "order-1", old, shared=True)
-        short.release("a", "w1", old)
-        new = short.acquire("a", "w2", TTL)
-        with pytest.raises(StaleToken):
-            short.complete_effect("a", "order-1", old, "in_1", shared=True)
-        other = started(short, "b")
-        short.claim_effect("b", "order-2", other, shared=True)
-        short.complete_effect("b", "order-2", other, "in_2", shared=True)
-        with pytest.raises(StaleToken):
-            short.claim_effect("a", "order-2", old, shared=True)
-        wait_until(
-            lambda: short.effect("a", "order-2", shared=True) is None,
-            timeout=10,
-            what="the done shared record forgotten",
-        )
-        # The live worker finds no copy the zombie could have kept of either key.
-        assert short.claim_effect("a", "order-1", new, shared=True).outcome == "unknown"
-        assert short.claim_effect("a", "order-2", new, shared=True).outcome == "claimed"
-
-
-def test_finished_ttl_0_forgets_a_done_shared_record_at_once_and_inf_keeps_it(
-    store: Store,
-) -> None:
-    """As for threads: 0 keeps nothing finished, inf keeps everything."""
-    with same_data(store, shared_effect_ttl=0) as at_once:
-        first, token = started(at_once, "t0"), started(at_once)
-        at_once.claim_effect("t0", "order-1", first, shared=True)
-        at_once.complete_effect("t0", "order-1", first, "in_1", shared=True)
-        assert at_once.effect("t1", "order-1", shared=True) is None
-        assert at_once.claim_effect("t1", "order-1", token, shared=True).outcome == "claimed"
-    with same_data(store, shared_effect_ttl=float("inf")) as for_good:
-        for_good.complete_effect("t1", "order-1", token, "in_2", shared=True)
-        for_good.gc(0)
-        kept = for_good.effect("t1", "order-1", shared=True)
-        assert kept is not None and (kept.state, kept.result) == ("done", "in_2")
 
 
 def test_a_shared_record_taken_over_is_completed_only_by_the_thread_holding_it(

@@ -21,7 +21,6 @@ from agentq.errors import RetryNotDue, StoreConfigError
 from agentq.records import Checkpoint, Status
 from agentq.store.graph_records import StoredCheckpoint
 from agentq.store.meta_fields import META_FIELDS
-from agentq.store.sqlite.schema import SCHEMA_VERSION
 from agentq.store.sqlite.store import SQLiteStore
 
 PAD = "x" * 2000  # big enough that a torn write would show in the data
@@ -461,8 +460,6 @@ def test_a_version_2_database_is_upgraded_in_place(tmp_path: Path) -> None:
             "reopened",
         ):
             db.execute(f"ALTER TABLE threads DROP COLUMN {column}")
-        db.execute("DROP INDEX effects_expiry")
-        db.execute("ALTER TABLE effects DROP COLUMN expires_at")
         db.execute("PRAGMA user_version = 2")
     with SQLiteStore(path) as store:
         assert store.latest("t1") == Checkpoint(step=0, node="n", token=token)
@@ -488,15 +485,8 @@ def test_a_version_2_database_is_upgraded_in_place(tmp_path: Path) -> None:
         assert store.reopen("t1", from_statuses={Status.FAILED}).reopened
         # Who claimed a shared key before agentq kept it is not known.
         assert store.effect("t1", "invoice-1", shared=True).claimed_by is None  # type: ignore[union-attr]
-        store.open_thread("t4", task="agent")
-        token = store.acquire("t4", "w1", 60)
-        store.claim_effect("t4", "invoice-2", token, shared=True)
-        store.complete_effect("t4", "invoice-2", token, "in_2", shared=True)
     with closing(sqlite3.connect(path)) as db:
-        assert db.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,)
-        expiries = dict(db.execute("SELECT \"key\", expires_at FROM effects WHERE scope = ''"))
-        # One done since the upgrade expires; one pending from before has no end.
-        assert expiries["invoice-2"] is not None and expiries["invoice-1"] is None
+        assert db.execute("PRAGMA user_version").fetchone() == (9,)
 
 
 @pytest.mark.parametrize(
@@ -536,7 +526,7 @@ def test_a_database_missing_columns_its_version_names_is_completed(
         store.set_status("t1", token, Status.DONE, result=1, release_owner="w1")
         assert store.take_canvas("t1", "task-1")
     with closing(sqlite3.connect(path)) as db:
-        assert db.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,)
+        assert db.execute("PRAGMA user_version").fetchone() == (9,)
 
 
 def test_langgraph_writes_of_a_file_made_before_they_named_their_run_are_kept(
@@ -718,35 +708,3 @@ def test_a_commit_appending_to_a_long_log_does_not_read_the_whole_log(tmp_path: 
                     db.set_progress_handler(None, 0)
         short, long = steps
         assert long < 2 * short + 10, steps
-
-
-def test_gc_deletes_the_shared_records_past_their_expiry_and_no_other(tmp_path: Path) -> None:
-    """An expired shared record reads as absent at once (its key is claimed afresh); gc
-    frees its row. A pending one, a live one and a thread's own one stay."""
-    path = tmp_path / "agentq.db"
-    with (
-        SQLiteStore(path, shared_effect_ttl=3600) as kept,
-        SQLiteStore(path, shared_effect_ttl=0) as at_once,
-    ):
-        for thread_id in ("a", "b"):
-            kept.open_thread(thread_id, task="agent")
-        a, b = kept.acquire("a", "w1", 30), kept.acquire("b", "w2", 30)
-        for key in ("order-kept", "order-gone", "order-pending"):
-            kept.claim_effect("a", key, a, shared=True)
-        kept.complete_effect("a", "order-kept", a, "in_1", shared=True)
-        at_once.complete_effect("a", "order-gone", a, "in_2", shared=True)
-        kept.claim_effect("a", "own-1", a)
-        kept.complete_effect("a", "own-1", a, "sent")
-        claim = kept.claim_effect("b", "order-kept", b, shared=True)
-        assert (claim.outcome, claim.effect.result) == ("done", "in_1")
-        assert kept.effect("b", "order-gone", shared=True) is None
-        with closing(sqlite3.connect(path)) as db:
-            rows = dict(db.execute('SELECT "key", expires_at FROM effects').fetchall())
-        assert set(rows) == {"order-kept", "order-gone", "order-pending", "own-1"}
-        assert rows["order-kept"] > rows["order-gone"] + 3000
-        assert rows["order-pending"] is None and rows["own-1"] is None
-        assert kept.gc(3600) == 0  # no thread is finished: the count is of threads
-        with closing(sqlite3.connect(path)) as db:
-            left = {row[0] for row in db.execute('SELECT "key" FROM effects')}
-        assert left == {"order-kept", "order-pending", "own-1"}
-        assert kept.claim_effect("b", "order-gone", b, shared=True).outcome == "claimed"

@@ -22,11 +22,7 @@ from typing import Self
 from agentq.errors import ThreadNotFound
 from agentq.ids import downstream_key, validate_effect_key, validate_thread_id
 from agentq.records import Finding
-from agentq.settings import (
-    DEFAULT_FINISHED_TTL,
-    DEFAULT_KEEP_LAST,
-    DEFAULT_MAX_CHECKPOINT_BYTES,
-)
+from agentq.settings import DEFAULT_KEEP_LAST, DEFAULT_MAX_CHECKPOINT_BYTES
 from agentq.store.contract.checkpoints import CheckpointsContract
 from agentq.store.contract.common import (
     UNSET,
@@ -86,12 +82,6 @@ class Store(
     """How many checkpoints of a thread are kept; older ones are deleted by ``commit``."""
     max_checkpoint_bytes: int
     """The encoded size over which ``commit`` refuses a checkpoint."""
-    shared_effect_ttl: float
-    """Seconds a shared effect record is kept once ``done`` (the ``finished_ttl`` setting,
-    as for a finished thread), after which a claim of its key by a thread that never used
-    it runs the call again; ``inf`` keeps it. A pending record has no end: someone must
-    settle it. A thread that used the outcome keeps its own copy (see
-    :meth:`claim_effect`)."""
     transient_errors: tuple[type[BaseException], ...] = ()
     """Errors that mean the store could not be reached (a restart, a timeout): nothing was
     decided, so a driver that meets one tries again while its lease lasts instead of
@@ -107,20 +97,13 @@ class Store(
         *,
         keep_last: int = DEFAULT_KEEP_LAST,
         max_checkpoint_bytes: int = DEFAULT_MAX_CHECKPOINT_BYTES,
-        shared_effect_ttl: float = DEFAULT_FINISHED_TTL,
     ) -> None:
         if keep_last < 1:
             raise ValueError(f"keep_last must be at least 1, got {keep_last}")
         if max_checkpoint_bytes < 1:
             raise ValueError(f"max_checkpoint_bytes must be positive, got {max_checkpoint_bytes}")
-        if not shared_effect_ttl >= 0:  # NaN too
-            raise ValueError(
-                f"shared_effect_ttl must be 0 or more seconds (inf for good), got "
-                f"{shared_effect_ttl}"
-            )
         self.keep_last = keep_last
         self.max_checkpoint_bytes = max_checkpoint_bytes
-        self.shared_effect_ttl = shared_effect_ttl
 
     def downstream_key(self, thread_id: str, key: str, *, shared: bool = False) -> str:
         """The idempotency key a tool receives (``idempotency_key``) for the effect ``key``

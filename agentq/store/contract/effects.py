@@ -49,14 +49,6 @@ class EffectsContract(ABC):
         who reads the record; a shared record also keeps the thread that claimed it
         (:attr:`~agentq.records.Effect.claimed_by`), as tokens count per thread.
 
-        A thread keeps its own copy of every shared outcome it used: the one it recorded
-        (:meth:`complete_effect`), got back from a ``done`` shared record here, or was
-        settled with (:meth:`resolve_effect`). Its claims of a shared key answer from that
-        copy first, so its replays get the outcome back after the shared record expired
-        (``shared_effect_ttl``). The copy is written under the thread's token, is no
-        record of its own (:meth:`effects` does not list it, :meth:`effect` reads the
-        shared record only) and is deleted with the thread.
-
         Raises :class:`~agentq.errors.StaleToken` when ``token`` is not the thread's
         current one. Atomic (for ``shared`` records on Redis Cluster the token check and the
         claim are two steps, because they live in different slots).

@@ -267,9 +267,7 @@ class ThreadsContract(ABC):
         else raises :class:`~agentq.errors.InvalidArgument`, as does a NaN
         ``finished_ttl`` (Redis cannot compare times with it, SQLite would quietly delete
         nothing). Each deletion is atomic and checks the status and the age again, so a
-        thread reopened meanwhile stays. A store whose shared effect records do not
-        expire by themselves (SQLite) also deletes those past ``shared_effect_ttl`` here,
-        all of them, whatever ``limit``."""
+        thread reopened meanwhile stays."""
         if math.isnan(finished_ttl):
             raise InvalidArgument(
                 "gc's finished_ttl is NaN; give the seconds since a thread finished, e.g. "

@@ -22,11 +22,7 @@ from redis.typing import EncodableT
 from agentq.codec.envelope import decode_value
 from agentq.errors import StoreConfigError
 from agentq.records import ThreadMeta
-from agentq.settings import (
-    DEFAULT_FINISHED_TTL,
-    DEFAULT_KEEP_LAST,
-    DEFAULT_MAX_CHECKPOINT_BYTES,
-)
+from agentq.settings import DEFAULT_KEEP_LAST, DEFAULT_MAX_CHECKPOINT_BYTES
 from agentq.store.contract import Store
 from agentq.store.meta_fields import meta_from_fields
 from agentq.store.redis.keys import Keys
@@ -71,13 +67,8 @@ class RedisBase(Store):
         prefix: str = "agentq:",
         keep_last: int = DEFAULT_KEEP_LAST,
         max_checkpoint_bytes: int = DEFAULT_MAX_CHECKPOINT_BYTES,
-        shared_effect_ttl: float = DEFAULT_FINISHED_TTL,
     ) -> None:
-        super().__init__(
-            keep_last=keep_last,
-            max_checkpoint_bytes=max_checkpoint_bytes,
-            shared_effect_ttl=shared_effect_ttl,
-        )
+        super().__init__(keep_last=keep_last, max_checkpoint_bytes=max_checkpoint_bytes)
         if client.get_encoder().decode_responses:
             raise StoreConfigError(
                 "the Redis client decodes responses, but checkpoints are binary; create it "

@@ -2,22 +2,10 @@
 
 A thread's own records live in its slot and are fenced in the same script; a shared
 record (``shared=True``) is global, and on Redis Cluster in another slot than the meta.
-A shared record goes with no thread: the script that makes it ``done`` gives its key an
-expiry of ``shared_effect_ttl``, so no sweep has to find it. A thread that used its
-outcome keeps a copy in its own slot (``thread:{T}:shared:<key>``), which its claims of
-the key answer from first: its replays never run the call again, however long it waited.
-
-The copy is written before the call returns to the node: in the script that records or
-answers the shared record on a single server, so no crash falls between them; on Redis
-Cluster by shared_copy.lua just after. A worker killed between those two leaves the
-record ``done`` and no copy: the thread's next worker, within the lease TTL and a sweep,
-replays the call, finds the record still there (it lives ``finished_ttl``) and keeps the
-copy then, so nothing runs twice while the record lasts.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from agentq.codec.envelope import decode_value, encode_value
@@ -59,13 +47,6 @@ class RedisEffects(RedisBase):
             return [self.keys.global_effect(key)]
         return [self.keys.global_effect(key), self.keys.meta(thread_id)]
 
-    def _kept_ms(self, shared: bool) -> str:
-        """How long the scripts keep a record once done: ``shared_effect_ttl`` in whole
-        milliseconds for a shared one, '' (no expiry) for good or for a thread's own."""
-        if not shared or math.isinf(self.shared_effect_ttl):
-            return ""
-        return str(math.ceil(self.shared_effect_ttl * 1000))
-
     def _check_fence_apart(self, thread_id: str, token: int, shared: bool) -> None:
         """On Redis Cluster a shared record lives in another slot than the thread's meta,
         so its claim cannot check the token in the same script: check it just before."""
@@ -88,20 +69,12 @@ class RedisEffects(RedisBase):
         tool: str,
     ) -> Claim:
         keys = self._effect_keys(thread_id, key, shared=shared)
-        if shared and self.cluster:
-            # The fence check apart, and the thread's copy read with it.
-            kept = self._shared_copy(thread_id, key, token)
-            if kept is not None:
-                return kept
-        elif shared:
-            keys += [self.keys.owned(thread_id), self.keys.shared_copy(thread_id, key)]
+        self._check_fence_apart(thread_id, token, shared)
         code, holder, result = self._scripts["claim_effect"](
             keys=keys,
             args=[token, "1" if takeover else "0", claim_id, tool, thread_id if shared else ""],
         )
         raise_refusal(code, holder, thread_id=thread_id, token=token, key=key)
-        if code == _DONE and shared and self.cluster:
-            self._shared_copy(thread_id, key, token, kept=(int(holder), result))
         if code == _DONE:
             value = decode_value(
                 result, what=f"effect {key!r} result", thread_id=thread_id, step=None
@@ -114,39 +87,12 @@ class RedisEffects(RedisBase):
         self, thread_id: str, key: str, token: int, result: Any, *, shared: bool
     ) -> None:
         keys = self._effect_keys(thread_id, key, shared=shared)[:2]
-        if shared and not self.cluster:
-            keys += [self.keys.owned(thread_id), self.keys.shared_copy(thread_id, key)]
         data = encode_value(result, what=f"effect {key!r} result", thread_id=thread_id, step=None)
         self._check_fence_apart(thread_id, token, shared)
         code, holder, _ = self._scripts["complete_effect"](
-            keys=keys, args=[token, data, thread_id if shared else "", self._kept_ms(shared)]
+            keys=keys, args=[token, data, thread_id if shared else ""]
         )
         raise_refusal(code, holder, thread_id=thread_id, token=token, key=key)
-        if shared and self.cluster:
-            self._shared_copy(thread_id, key, token, kept=(token, data))
-
-    def _shared_copy(
-        self, thread_id: str, key: str, token: int, *, kept: tuple[int, bytes] | None = None
-    ) -> Claim | None:
-        """On Redis Cluster: the thread's copy of the shared record ``key``'s outcome as
-        a claim answered ``done``, or ``None``; with ``kept`` (the token the outcome was
-        recorded under, and its bytes), keep that as the copy. Under ``token`` either way:
-        a worker that lost the thread reads and writes none."""
-        read = kept is None
-        recorded, data = (0, b"") if kept is None else kept
-        code, holder, found = self._scripts["shared_copy"](
-            keys=[
-                self.keys.meta(thread_id),
-                self.keys.owned(thread_id),
-                self.keys.shared_copy(thread_id, key),
-            ],
-            args=[token, "" if read else recorded, data],
-        )
-        raise_refusal(code, holder, thread_id=thread_id, token=token, key=key)
-        if not read or code == 0:
-            return None
-        value = decode_value(found, what=f"effect {key!r} result", thread_id=thread_id, step=None)
-        return Claim(ClaimOutcome.DONE, Effect(key, EffectState.DONE, int(holder), value))
 
     def _do_release_effect(
         self, thread_id: str, key: str, token: int, *, claim_id: str, shared: bool
@@ -196,14 +142,9 @@ class RedisEffects(RedisBase):
         elif self.cluster:
             record = "apart"
             self._settle_apart(thread_id, key, data, did_not_run, request)
-            keys += [self.keys.owned(thread_id), self.keys.shared_copy(thread_id, key)]
         else:
             record = "shared"
-            keys += [
-                self.keys.global_effect(key),
-                self.keys.owned(thread_id),
-                self.keys.shared_copy(thread_id, key),
-            ]
+            keys.append(self.keys.global_effect(key))
         code, value, _ = self._run(
             "resolve_effect",
             keys,
@@ -215,7 +156,6 @@ class RedisEffects(RedisBase):
                 request,
                 record,
                 f"{self.keys.prefix}thread:",
-                self._kept_ms(shared),
                 *sorted(status.value for status in RESOLVABLE),
             ],
             indexed=True,
@@ -270,7 +210,6 @@ class RedisEffects(RedisBase):
                 int(blob(fence)) + 1,
                 thread_id,
                 request,
-                self._kept_ms(True),
             ],
         )
         refusal = refusal_of(code)

@@ -36,23 +36,16 @@ key                                        type    contents
 ``P thread:{T}:lock``                      string  ``<token>:<owner>``, expires with the lease
 ``P thread:{T}:effect:<key>``              hash    state (pending/done), token, result, and
                                                    while pending the id of the claim
-``P thread:{T}:shared:<key>``              hash    token, result: the thread's copy of the
-                                                   outcome of the shared record ``<key>`` it
-                                                   used, answering its replays once that
-                                                   record expired
 ``P thread:{T}:artifact:<sha256>``         string  an artifact's bytes, content-addressed
 ``P thread:{T}:log:<field>``               list    the items of an append-only state field,
                                                    each msgpack; snapshots record a length
 ``P thread:{T}:logs``                      set     the fields that have a log, added when
                                                    each log is created
-``P thread:{T}:owned``                     set     every effect, shared copy and artifact
-                                                   key of the thread, so that deleting it
-                                                   finds them
+``P thread:{T}:owned``                     set     every effect and artifact key of the
+                                                   thread, so that deleting it finds them
 ``P effect:{<key>}``                       hash    a global (cross-thread) effect record:
                                                    the same fields, and thread (the thread
-                                                   that claimed it last); once done it
-                                                   expires after ``shared_effect_ttl`` (PX
-                                                   TTL), while pending it has none
+                                                   that claimed it last)
 ``P index:{index}:due``                    zset    thread id -> Unix time it is due to run
 ``P index:{index}:status:<status>``        zset    thread id -> Unix time of its last update
 ``P index:{index}:synced``                 hash    Redis Cluster only: thread id -> the meta's
@@ -79,13 +72,12 @@ key                                        type    contents
 =========================================  ======  ===========================================
 
 ``P`` is the configured prefix (``agentq:`` by default). Leases expire through ``PX`` on
-the lock keys, the sweeper lease and the last claim of due threads on theirs, and a done
-shared effect record on its own; no other key has a Redis TTL: finished threads are
-removed by ``gc()``, which also keeps the indexes consistent. A staged snapshot (one over
-``INLINE_SNAPSHOT_BYTES``; smaller ones go to the commit script as an argument) exists
-only within one MULTI, unless its script never ran (a server that lost its scripts and
-then the connection): the thread's next staged commit overwrites it, deleting the thread
-deletes it.
+the lock keys, the sweeper lease and the last claim of due threads on theirs; no other
+key has a Redis TTL: finished threads are removed by ``gc()``, which
+also keeps the indexes consistent. A staged snapshot (one over ``INLINE_SNAPSHOT_BYTES``;
+smaller ones go to the commit script as an argument) exists only within one MULTI, unless
+its script never ran (a server that lost its scripts and then the connection): the
+thread's next staged commit overwrites it, deleting the thread deletes it.
 """
 
 from __future__ import annotations
@@ -122,9 +114,6 @@ class Keys:
 
     def effect(self, thread_id: str, key: str) -> str:
         return f"{self.thread(thread_id)}effect:{key}"
-
-    def shared_copy(self, thread_id: str, key: str) -> str:
-        return f"{self.thread(thread_id)}shared:{key}"
 
     def artifact(self, thread_id: str, digest: str) -> str:
         return f"{self.thread(thread_id)}artifact:{digest}"

@@ -45,7 +45,6 @@ STORE_SCRIPTS = (
     "release_effect",
     "resolve_effect",
     "settle_shared",
-    "shared_copy",
     "take_limits",
     "pause_limit",
     "limit_paused",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import sqlite3
 import time
-from typing import Any, Final
+from typing import Any
 
 from agentq.codec.envelope import decode_value
 from agentq.errors import EffectError, StaleToken, ThreadNotFound
@@ -20,30 +20,11 @@ from agentq.store.contract.effects import (
 from agentq.store.sqlite.connection import SharedConnection
 from agentq.store.sqlite.queries import NOT_FOUND, encode, fenced, read_meta, update
 
-_LIVE: Final = "(expires_at IS NULL OR expires_at > ?)"
-"""A record not yet expired at the time bound to it: an expired one reads as absent, so
-its key is claimed afresh before ``gc`` gets to delete it."""
-
 
 class EffectsMixin:
-    """The effect operations of :class:`~agentq.store.sqlite.store.SQLiteStore`.
-
-    A shared record goes with no thread: made ``done``, it gets an ``expires_at``
-    ``shared_effect_ttl`` ahead, past which it reads as absent until ``gc`` deletes it. A
-    thread that used its outcome keeps a copy (``shared_copies``), written in the same
-    transaction that records or answers the shared record, which the thread's claims of
-    the key answer from first: its replays never run the call again.
-    """
+    """The effect operations of :class:`~agentq.store.sqlite.store.SQLiteStore`."""
 
     _conn: SharedConnection
-    shared_effect_ttl: float
-
-    def _expiry(self, scope: str, now: float) -> float | None:
-        """When a record made done ``now`` is forgotten: ``None`` for a thread's own (it
-        goes with its thread) or when kept for good."""
-        if scope != "" or math.isinf(self.shared_effect_ttl):
-            return None
-        return now + self.shared_effect_ttl
 
     def _do_claim_effect(
         self,
@@ -59,11 +40,7 @@ class EffectsMixin:
         scope = "" if shared else thread_id
         with self._conn.write() as db:
             fenced(db, thread_id, token)
-            kept = _shared_copy(db, thread_id, key) if shared else None
-            if kept is not None:
-                return Claim(ClaimOutcome.DONE, kept)
-            now = time.time()
-            found = _read_effect(db, thread_id, scope, key, now)
+            found = _read_effect(db, thread_id, scope, key)
             resent = (
                 found is not None
                 and found.state == EffectState.PENDING
@@ -74,12 +51,10 @@ class EffectsMixin:
                 db.execute(
                     'INSERT OR REPLACE INTO effects (scope, "key", state, token, claim, tool, '
                     "claimed_at, claimed_by) VALUES (?, ?, 'pending', ?, ?, ?, ?, ?)",
-                    (scope, key, token, claim_id, tool or None, now, thread_id),
+                    (scope, key, token, claim_id, tool or None, time.time(), thread_id),
                 )
                 return Claim(ClaimOutcome.CLAIMED, Effect(key, EffectState.PENDING, token))
-            done = found.state == EffectState.DONE
-            if done and shared:
-                _keep_shared_copy(db, thread_id, key)
+        done = found.state == EffectState.DONE
         return Claim(ClaimOutcome.DONE if done else ClaimOutcome.UNKNOWN, found)
 
     def _do_complete_effect(
@@ -89,8 +64,7 @@ class EffectsMixin:
         scope = "" if shared else thread_id
         with self._conn.write() as db:
             fenced(db, thread_id, token)
-            now = time.time()
-            found = _read_effect(db, thread_id, scope, key, now)
+            found = _read_effect(db, thread_id, scope, key)
             if found is None:
                 raise EffectError(
                     f"effect {key!r} has no record to complete; claim it with claim_effect() "
@@ -108,12 +82,10 @@ class EffectsMixin:
                     thread_id=thread_id,
                 )
             db.execute(
-                "UPDATE effects SET state = 'done', result = ?, claim = NULL, expires_at = ? "
+                "UPDATE effects SET state = 'done', result = ?, claim = NULL "
                 'WHERE scope = ? AND "key" = ?',
-                (data, self._expiry(scope, now), scope, key),
+                (data, scope, key),
             )
-            if shared:
-                _keep_shared_copy(db, thread_id, key)
 
     def _do_release_effect(
         self, thread_id: str, key: str, token: int, *, claim_id: str, shared: bool
@@ -122,9 +94,8 @@ class EffectsMixin:
         with self._conn.write() as db:
             fenced(db, thread_id, token)
             found = db.execute(
-                'SELECT state, token, claim FROM effects WHERE scope = ? AND "key" = ? '
-                f"AND {_LIVE}",
-                (scope, key, time.time()),
+                'SELECT state, token, claim FROM effects WHERE scope = ? AND "key" = ?',
+                (scope, key),
             ).fetchone()
             if found is None:
                 return  # already dropped: the same release again
@@ -138,13 +109,12 @@ class EffectsMixin:
 
     def _do_effect(self, thread_id: str, key: str, *, shared: bool) -> Effect | None:
         with self._conn.locked() as db:
-            return _read_effect(db, thread_id, "" if shared else thread_id, key, time.time())
+            return _read_effect(db, thread_id, "" if shared else thread_id, key)
 
     def _do_effects(self, thread_id: str) -> list[Effect]:
         with self._conn.locked() as db:
             keys = db.execute('SELECT "key" FROM effects WHERE scope = ?', (thread_id,))
-            now = time.time()
-            found = [_read_effect(db, thread_id, thread_id, row[0], now) for row in keys.fetchall()]
+            found = [_read_effect(db, thread_id, thread_id, row[0]) for row in keys.fetchall()]
         return [effect for effect in found if effect is not None]
 
     def _do_resolve_effect(
@@ -171,7 +141,7 @@ class EffectsMixin:
                 raise held_while_resolving(thread_id, ttl_ms)
             if Status(row["status"]) not in RESOLVABLE:
                 raise status_not_resolvable(thread_id, row["status"])
-            found = _read_effect(db, thread_id, scope, key, now)
+            found = _read_effect(db, thread_id, scope, key)
             if found is None or found.state != EffectState.PENDING:
                 state = None if found is None else found.state
                 raise not_resolvable(thread_id, key, state, shared=shared)
@@ -190,13 +160,9 @@ class EffectsMixin:
                 # Tokens count per thread: the new one is this thread's.
                 db.execute(
                     "UPDATE effects SET state = 'done', token = ?, result = ?, claim = NULL, "
-                    'claimed_by = ?, expires_at = ? WHERE scope = ? AND "key" = ?',
-                    (fence, data, thread_id, self._expiry(scope, now), scope, key),
+                    'claimed_by = ? WHERE scope = ? AND "key" = ?',
+                    (fence, data, thread_id, scope, key),
                 )
-                if shared:
-                    # The thread runs its node again with this outcome, also once the
-                    # record expired.
-                    _keep_shared_copy(db, thread_id, key)
             update(
                 db,
                 thread_id,
@@ -223,36 +189,11 @@ def _lease_left(row: sqlite3.Row, now: float) -> int | None:
     return max(1, math.ceil((expires - now) * 1000))
 
 
-def _shared_copy(db: sqlite3.Connection, thread_id: str, key: str) -> Effect | None:
-    """The thread's copy of the shared record ``key``'s outcome, ``None`` if it has none."""
-    row = db.execute(
-        'SELECT token, result FROM shared_copies WHERE thread_id = ? AND "key" = ?',
-        (thread_id, key),
-    ).fetchone()
-    if row is None:
-        return None
-    what = f"effect {key!r} result"
-    value = decode_value(bytes(row["result"]), what=what, thread_id=thread_id, step=None)
-    return Effect(key, EffectState.DONE, row["token"], value)
-
-
-def _keep_shared_copy(db: sqlite3.Connection, thread_id: str, key: str) -> None:
-    """Copy the shared record ``key``'s outcome, which the thread used, to the thread."""
-    db.execute(
-        'INSERT OR REPLACE INTO shared_copies (thread_id, "key", token, result) '
-        'SELECT ?, "key", token, result FROM effects WHERE scope = \'\' AND "key" = ?',
-        (thread_id, key),
-    )
-
-
-def _read_effect(
-    db: sqlite3.Connection, thread_id: str, scope: str, key: str, now: float
-) -> Effect | None:
-    """The record as of ``now``: ``None`` when there is none or it expired."""
+def _read_effect(db: sqlite3.Connection, thread_id: str, scope: str, key: str) -> Effect | None:
     row = db.execute(
         "SELECT state, token, result, tool, claimed_at, claimed_by FROM effects "
-        f'WHERE scope = ? AND "key" = ? AND {_LIVE}',
-        (scope, key, now),
+        'WHERE scope = ? AND "key" = ?',
+        (scope, key),
     ).fetchone()
     if row is None:
         return None

@@ -91,7 +91,6 @@ def delete_threads(db: sqlite3.Connection, thread_ids: list[str]) -> int:
     places = marks(thread_ids)
     db.execute(f"DELETE FROM checkpoints WHERE thread_id IN ({places})", thread_ids)
     db.execute(f"DELETE FROM effects WHERE scope IN ({places})", thread_ids)
-    db.execute(f"DELETE FROM shared_copies WHERE thread_id IN ({places})", thread_ids)
     db.execute(f"DELETE FROM artifacts WHERE thread_id IN ({places})", thread_ids)
     db.execute(f"DELETE FROM logs WHERE thread_id IN ({places})", thread_ids)
     db.execute(f"DELETE FROM key_waiters WHERE thread_id IN ({places})", thread_ids)

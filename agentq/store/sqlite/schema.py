@@ -3,9 +3,7 @@
 The tables mirror the Redis layout in :mod:`agentq.ids`: ``threads`` holds the meta (the
 columns named in :data:`~agentq.store.meta_fields.META_FIELDS`), the lease and the due time;
 ``checkpoints`` the snapshots; ``effects`` the idempotency records, scoped by thread id or
-``''`` for the global ones (a done one until its ``expires_at``); ``shared_copies`` a
-thread's copies of the global outcomes it used; ``artifacts`` the content-addressed bytes
-a thread refers to.
+``''`` for the global ones; ``artifacts`` the content-addressed bytes a thread refers to.
 """
 
 from __future__ import annotations
@@ -16,7 +14,7 @@ from typing import Final
 from agentq.errors import StoreConfigError
 from agentq.store.meta_fields import META_FIELDS
 
-SCHEMA_VERSION: Final = 10
+SCHEMA_VERSION: Final = 9
 
 _META_TYPES: Final = {
     "status": "TEXT NOT NULL",
@@ -57,11 +55,7 @@ SCHEMA: Final = (
     "data BLOB NOT NULL, PRIMARY KEY (thread_id, step))",
     'CREATE TABLE IF NOT EXISTS effects (scope TEXT NOT NULL, "key" TEXT NOT NULL, '
     "state TEXT NOT NULL, token INTEGER NOT NULL, result BLOB, claim TEXT, tool TEXT, "
-    'claimed_at REAL, claimed_by TEXT, expires_at REAL, PRIMARY KEY (scope, "key"))',
-    # A thread's copy of each shared record's outcome it used: its replays answer from it
-    # once the shared record expired, and it goes with the thread (version 10).
-    'CREATE TABLE IF NOT EXISTS shared_copies (thread_id TEXT NOT NULL, "key" TEXT NOT NULL, '
-    'token INTEGER NOT NULL, result BLOB NOT NULL, PRIMARY KEY (thread_id, "key"))',
+    'claimed_at REAL, claimed_by TEXT, PRIMARY KEY (scope, "key"))',
     "CREATE TABLE IF NOT EXISTS artifacts (thread_id TEXT NOT NULL, digest TEXT NOT NULL, "
     "data BLOB NOT NULL, PRIMARY KEY (thread_id, digest))",
     "CREATE TABLE IF NOT EXISTS leases (name TEXT PRIMARY KEY, owner TEXT NOT NULL, "
@@ -100,15 +94,8 @@ _ADDED_COLUMNS: Final = (
     ("threads", "incarnation TEXT"),  # 7: what its tools' downstream keys derive from
     ("effects", "claimed_by TEXT"),  # 8: the thread that claimed a shared effect
     ("threads", "reopened INTEGER NOT NULL DEFAULT 0"),  # 9: whether a person sent it on
-    ("effects", "expires_at REAL"),  # 10: when a done shared record is forgotten
 )
 """The columns added to the first version's tables, each in the version it came with."""
-
-_ADDED_INDEXES: Final = (
-    # gc finds the shared records past their time without reading every record.
-    "CREATE INDEX IF NOT EXISTS effects_expiry ON effects(expires_at) WHERE expires_at IS NOT NULL",
-)
-"""Indexes on added columns: made once the columns are there."""
 
 
 def _missing_columns(db: sqlite3.Connection) -> list[tuple[str, str]]:
@@ -145,6 +132,4 @@ def migrate(db: sqlite3.Connection, path: str) -> None:
         db.execute(statement)
     for table, column in _missing_columns(db):
         db.execute(f"ALTER TABLE {table} ADD COLUMN {column}")
-    for statement in _ADDED_INDEXES:
-        db.execute(statement)
     db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")

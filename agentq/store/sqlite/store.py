@@ -23,11 +23,7 @@ from agentq.errors import (
 )
 from agentq.ids import new_incarnation
 from agentq.records import Finding, Schedule, Status, ThreadMeta
-from agentq.settings import (
-    DEFAULT_FINISHED_TTL,
-    DEFAULT_KEEP_LAST,
-    DEFAULT_MAX_CHECKPOINT_BYTES,
-)
+from agentq.settings import DEFAULT_KEEP_LAST, DEFAULT_MAX_CHECKPOINT_BYTES
 from agentq.store.contract import UNSET, Store, final_checkpoint, refuse_graph_fork
 from agentq.store.contract.threads import not_reopenable
 from agentq.store.meta_fields import meta_from_fields
@@ -98,13 +94,8 @@ class SQLiteStore(
         *,
         keep_last: int = DEFAULT_KEEP_LAST,
         max_checkpoint_bytes: int = DEFAULT_MAX_CHECKPOINT_BYTES,
-        shared_effect_ttl: float = DEFAULT_FINISHED_TTL,
     ) -> None:
-        super().__init__(
-            keep_last=keep_last,
-            max_checkpoint_bytes=max_checkpoint_bytes,
-            shared_effect_ttl=shared_effect_ttl,
-        )
+        super().__init__(keep_last=keep_last, max_checkpoint_bytes=max_checkpoint_bytes)
         given = os.fspath(path)
         if given in ("", ":memory:"):
             raise StoreConfigError(
@@ -381,7 +372,6 @@ class SQLiteStore(
         return bytes(row[0])
 
     def _do_gc(self, finished_ttl: float, statuses: frozenset[Status], limit: int | None) -> int:
-        self._drop_expired_shared_effects()
         names = sorted(s.value for s in statuses)
         deleted = 0
         while True:
@@ -396,20 +386,6 @@ class SQLiteStore(
                 deleted += delete_threads(db, [row[0] for row in rows])
             if len(rows) < batch or deleted == limit:
                 return deleted
-
-    def _drop_expired_shared_effects(self) -> None:
-        """Delete the shared effect records past their ``expires_at``. They read as absent
-        already; this frees their rows, a batch a transaction so that workers' commits
-        are not held up behind a backlog."""
-        while True:
-            with self._conn.write() as db:
-                dropped = db.execute(
-                    "DELETE FROM effects WHERE rowid IN (SELECT rowid FROM effects "
-                    "WHERE expires_at <= ? LIMIT ?)",
-                    (time.time(), _GC_BATCH),
-                ).rowcount
-            if dropped < _GC_BATCH:
-                return
 
     # -- operations ----------------------------------------------------------------------
 

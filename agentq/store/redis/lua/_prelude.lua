@@ -182,12 +182,3 @@ local function refuse_stale_effect(token)
   end
   return nil
 end
-
--- Keeps the thread's own copy of a shared record's outcome it used (recorded, or got back
--- from another thread's record): the shared record expires, and the thread's replays of
--- the call answer from the copy for as long as the thread lives. Owned, so that deleting
--- the thread deletes it.
-local function keep_shared_copy(copy, owned, token, result)
-  redis.call('HSET', copy, 'token', token, 'result', result)
-  redis.call('SADD', owned, copy)
-end

@@ -1,7 +1,6 @@
 -- Claims an idempotency record.
--- KEYS[1]: effect record, [2]: meta, [3]: the thread's set of owned keys, [4]: for a
--- shared record, the thread's copy of its outcome; a shared record on Redis Cluster has
--- KEYS[1] only (shared_copy.lua reads and keeps the copy in the thread's slot).
+-- KEYS[1]: effect record, [2]: meta (omitted for a shared record on Redis Cluster),
+-- [3]: the thread's set of owned keys (thread-scoped records only).
 -- ARGV[1]: token, [2]: '1' to take over a pending record, [3]: the claim's id ('' for
 -- none): a pending record holding the same id is this very claim, resent; [4] the tool's
 -- name; [5] for a shared record the claiming thread's id, kept for the operator who must
@@ -12,21 +11,9 @@ local refused = refuse_stale_effect(ARGV[1])
 if refused then
   return refused
 end
-local copy = #KEYS == 4 and KEYS[4]
-if copy then
-  -- Before the shared record, which may have expired since the thread used it.
-  local kept = redis.call('HMGET', copy, 'token', 'result')
-  if kept[1] then
-    return {2, tonumber(kept[1]), kept[2]}
-  end
-end
 local state = redis.call('HGET', KEYS[1], 'state')
 if state == 'done' then
-  local done = redis.call('HMGET', KEYS[1], 'token', 'result')
-  if copy then
-    keep_shared_copy(copy, KEYS[3], done[1], done[2])
-  end
-  return {2, tonumber(done[1]), done[2]}
+  return {2, tonumber(redis.call('HGET', KEYS[1], 'token')), redis.call('HGET', KEYS[1], 'result')}
 end
 if state == 'pending' and ARGV[3] ~= '' and redis.call('HGET', KEYS[1], 'claim') == ARGV[3]
     and redis.call('HGET', KEYS[1], 'token') == ARGV[1] then
@@ -40,7 +27,7 @@ redis.call('HSET', KEYS[1], 'state', 'pending', 'token', ARGV[1], 'claim', ARGV[
 if ARGV[5] ~= '' then
   redis.call('HSET', KEYS[1], 'thread', ARGV[5])
 end
-if #KEYS == 3 then
+if #KEYS >= 3 then
   redis.call('SADD', KEYS[3], KEYS[1])
 end
 return {1, tonumber(ARGV[1]), 0}

@@ -1,11 +1,7 @@
 -- Records an effect's result under the claim that ran it.
--- KEYS[1]: effect record, [2]: meta, and for a shared record [3] the thread's set of
--- owned keys and [4] its copy of the outcome, kept in the same step; a shared record on
--- Redis Cluster has KEYS[1] only (shared_copy.lua keeps the copy just after).
+-- KEYS[1]: effect record, [2]: meta (omitted for a shared record on Redis Cluster).
 -- ARGV[1]: token, [2]: result bytes, [3]: the thread completing a shared record ('' for
--- a thread's own): tokens count per thread, so another thread's claim may hold the same;
--- [4] the milliseconds a done shared record is kept ('' for good, and for a thread's own,
--- which goes with its thread).
+-- a thread's own): tokens count per thread, so another thread's claim may hold the same.
 -- Returns {1, token, 0}; {STALE_TOKEN, fence, 0}; {THREAD_NOT_FOUND, 0, 0};
 -- {NOT_CLAIMED, 0, 0} no record; {NOT_HOLDER, holder, 0} when not pending under this token.
 local refused = refuse_stale_effect(ARGV[1])
@@ -29,10 +25,4 @@ end
 redis.call('HSET', KEYS[1], 'state', 'done', 'result', ARGV[2])
 -- A done record is answered from its state; the claim's id only served while pending.
 redis.call('HDEL', KEYS[1], 'claim')
-if ARGV[4] ~= '' then
-  redis.call('PEXPIRE', KEYS[1], ARGV[4])
-end
-if #KEYS == 4 then
-  keep_shared_copy(KEYS[4], KEYS[3], ARGV[1], ARGV[2])
-end
 return {1, tonumber(ARGV[1]), 0}

@@ -1,14 +1,13 @@
 --!df flags=allow-undeclared-keys
 -- Settles a pending effect record as an operator found it, then queues the thread again.
--- KEYS[1]: meta, [2]: lock, [3]: effect record (none for 'apart'), then the thread's set
--- of owned keys and, for a shared record, the thread's copy of its outcome, [due index].
+-- KEYS[1]: meta, [2]: lock, [3]: effect record (none for 'apart'), [4]: the thread's set
+-- of owned keys ('own' only), [due index].
 -- ARGV[1]: status prefix or '', [2] thread id, [3] start grace in seconds, [4] '1' when
 -- the effect did not run (the record goes) else '0', [5] the result (msgpack) it recorded,
 -- [6] the request's id, [7] the record: 'own' (the thread's), 'shared' (a global one) or
 -- 'apart' (a global one on Redis Cluster, in another slot: settle_shared.lua settled it
 -- just before, this only checks and queues the thread), [8] the key prefix of threads
--- ('<prefix>thread:'), [9] the milliseconds a shared record settled done is kept ('' for
--- good), [10..] the statuses it may be settled in.
+-- ('<prefix>thread:'), [9..] the statuses it may be settled in.
 -- A shared record is refused while the thread that claimed it (its 'thread' field) holds
 -- its lease: that thread may still be running the call, and records it itself.
 -- Returns {1, meta as a flat HGETALL list, ops}, also to the same request resent after
@@ -28,7 +27,7 @@ local ttl = redis.call('PTTL', KEYS[2])
 if ttl > 0 then
   return {REFUSAL.LEASE_HELD, ttl, sync(meta, ARGV[2])}
 end
-if not listed_from(10, status) then
+if not listed_from(9, status) then
   return {REFUSAL.STATUS_REFUSED, status, sync(meta, ARGV[2])}
 end
 local record = ARGV[7] ~= 'apart' and KEYS[3]
@@ -61,15 +60,7 @@ elseif record then
   if ARGV[7] == 'shared' then
     -- Its token is this thread's now, and tokens count per thread.
     redis.call('HSET', record, 'thread', ARGV[2])
-    if ARGV[9] ~= '' then
-      redis.call('PEXPIRE', record, ARGV[9])
-    end
   end
-end
-if ARGV[7] ~= 'own' and ARGV[4] ~= '1' then
-  -- The thread runs its node again with this outcome, also once the record expired.
-  local owned = ARGV[7] == 'shared' and 4 or 3
-  keep_shared_copy(KEYS[owned + 1], KEYS[owned], fence, ARGV[5])
 end
 local now = now_seconds()
 redis.call('HSET', meta, 'status', STATUS.QUEUED, 'attempts', 0, 'crashes', 0, 'updated_at',

@@ -6,8 +6,7 @@
 -- under: a record claimed again since is left alone, its new claimant may be running the
 -- call; [3] '1' when the effect did not run (the record goes) else '0', [4] the result
 -- (msgpack) it recorded, [5] the token and [6] the thread it is then held under (the
--- thread's next fence: tokens count per thread), [7] the request's id, [8] the
--- milliseconds a done record is kept ('' for good).
+-- thread's next fence: tokens count per thread), [7] the request's id.
 -- Returns {1, 0, 0} settled, also to the same request resent after its reply was lost;
 -- {NOT_CLAIMED, 0, 0} no record; {NOT_HOLDER, holder, 0} when it is done already or was
 -- claimed again.
@@ -32,8 +31,5 @@ else
   redis.call('HSET', KEYS[1], 'state', 'done', 'token', ARGV[5], 'result', ARGV[4], 'thread', ARGV[6],
     'request', ARGV[7])
   redis.call('HDEL', KEYS[1], 'claim')
-  if ARGV[8] ~= '' then
-    redis.call('PEXPIRE', KEYS[1], ARGV[8])
-  end
 end
 return {1, 0, 0}

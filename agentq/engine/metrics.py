@@ -23,12 +23,9 @@ _lock = threading.RLock()
 _available: list[bool] = []
 """Empty until first use, then whether prometheus_client could be imported."""
 
-# A prefork worker's parent forks children (replacements for those that exited) while its
-# sweeper may be loading the metrics or counting a recovery, and its metrics server
-# reading them: a child forked then would inherit the lock held (this one, or
-# prometheus_client's own, which it does not make anew after a fork), and its first step
-# would wait on it for good. Every use of prometheus_client's counters holds this lock,
-# and a fork waits for it.
+# A prefork worker's parent forks children while its sweeper may be loading the metrics:
+# a child forked then would inherit the lock held, and its first step would wait on it
+# for good. The fork waits for the loading to finish instead.
 os.register_at_fork(
     before=_lock.acquire, after_in_parent=_lock.release, after_in_child=_lock.release
 )
@@ -53,41 +50,36 @@ def committed(seconds: float) -> None:
     if _enabled():
         from agentq.engine import prometheus
 
-        with _lock:
-            prometheus.STEPS.inc()
-            prometheus.COMMIT_SECONDS.observe(seconds)
+        prometheus.STEPS.inc()
+        prometheus.COMMIT_SECONDS.observe(seconds)
 
 
 def lease_lost() -> None:
     if _enabled():
         from agentq.engine import prometheus
 
-        with _lock:
-            prometheus.LEASES_LOST.inc()
+        prometheus.LEASES_LOST.inc()
 
 
 def taken_over() -> None:
     if _enabled():
         from agentq.engine import prometheus
 
-        with _lock:
-            prometheus.TAKEOVERS.inc()
+        prometheus.TAKEOVERS.inc()
 
 
 def recovered(count: int) -> None:
     if count and _enabled():
         from agentq.engine import prometheus
 
-        with _lock:
-            prometheus.RECOVERIES.inc(count)
+        prometheus.RECOVERIES.inc(count)
 
 
 def retried(exc: BaseException) -> None:
     if _enabled():
         from agentq.engine import prometheus
 
-        with _lock:
-            prometheus.RETRIES.labels(cause=type(exc).__name__).inc()
+        prometheus.RETRIES.labels(cause=type(exc).__name__).inc()
 
 
 def _required() -> None:
@@ -105,7 +97,7 @@ def registry(store: Store, *, counters: bool) -> CollectorRegistry:
     _required()
     from agentq.engine import prometheus
 
-    return prometheus.registry(store, counters=counters, guard=_lock)
+    return prometheus.registry(store, counters=counters)
 
 
 def serve(store: Store, port: int) -> Callable[[], None]:
@@ -114,7 +106,7 @@ def serve(store: Store, port: int) -> Callable[[], None]:
     _required()
     from agentq.engine import prometheus
 
-    return prometheus.serve(store, port, guard=_lock)
+    return prometheus.serve(store, port)
 
 
 def exposition(collected: CollectorRegistry) -> tuple[bytes, str]:

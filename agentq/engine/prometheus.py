@@ -9,7 +9,6 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager
 from typing import Any
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, multiprocess
@@ -87,38 +86,28 @@ class _ThisProcess(Collector):
     """The process's default registry (agentq's counters and whatever else the application
     registered there), read at scrape time. The store's collector is served beside it,
     never added to it: a worker started again in the process would report every thread
-    twice, and the application's own exposition of that registry would reach the store.
-
-    Read under ``guard``, the lock a fork waits for: reading a counter holds its lock,
-    which a child forked meanwhile would inherit held."""
-
-    def __init__(self, guard: AbstractContextManager[Any]) -> None:
-        self._guard = guard
+    twice, and the application's own exposition of that registry would reach the store."""
 
     def describe(self) -> list[Any]:
         return []
 
     def collect(self) -> Iterator[Any]:
-        with self._guard:
-            collected = list(REGISTRY.collect())
-        yield from collected
+        yield from REGISTRY.collect()
 
 
-def registry(
-    store: Store, *, counters: bool, guard: AbstractContextManager[Any]
-) -> CollectorRegistry:
+def registry(store: Store, *, counters: bool) -> CollectorRegistry:
     collected = CollectorRegistry(auto_describe=True)
     if counters and os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         multiprocess.MultiProcessCollector(collected)  # type: ignore[no-untyped-call]
     elif counters:
-        collected.register(_ThisProcess(guard))
+        collected.register(_ThisProcess())
     collected.register(StoreCollector(store))
     return collected
 
 
-def serve(store: Store, port: int, guard: AbstractContextManager[Any]) -> Callable[[], None]:
+def serve(store: Store, port: int) -> Callable[[], None]:
     try:
-        server, thread = _serve(port, registry=registry(store, counters=True, guard=guard))
+        server, thread = _serve(port, registry=registry(store, counters=True))
     except OSError as exc:
         raise ConfigError(
             f"cannot serve metrics on port {port} ({exc.strerror or exc}): another process "

@@ -382,32 +382,6 @@ class AgentqSaver(BaseCheckpointSaver[str]):
                 step=step,
             )
 
-    def _check_writes_size(
-        self, thread_id: str, checkpoint_id: str, task_id: str, sizes: dict[str, int]
-    ) -> None:
-        """Refuse, before anything is written, one task's pending writes over the store's
-        ``max_checkpoint_bytes``: they are what its node returned, bound for the next
-        checkpoint's channel values, and are stored ahead of it (all of them at once, so
-        the bound is on the call, as ``put``'s is on the super-step)."""
-        size = sum(sizes.values())
-        limit = self.store.max_checkpoint_bytes
-        if size <= limit:
-            return
-        channel = max(sizes, key=lambda c: sizes[c])
-        # Named by the checkpoint, not its step: LangGraph may still be saving that
-        # checkpoint while the next super-step's tasks write, so its step cannot be read.
-        raise CheckpointTooLarge(
-            f"the pending writes of LangGraph task {task_id} against checkpoint "
-            f"{checkpoint_id} are {size} bytes (channel {channel!r}: {sizes[channel]}), over "
-            f"the limit of {limit}; keep large data (documents, files, images) out of what "
-            "a node returns: store it elsewhere (in a graph task, "
-            "current_run().artifacts.put(data)) and return the reference, or raise "
-            "max_checkpoint_bytes",
-            size=size,
-            limit=limit,
-            thread_id=thread_id,
-        )
-
     def put_writes(
         self,
         config: RunnableConfig,
@@ -423,16 +397,18 @@ class AgentqSaver(BaseCheckpointSaver[str]):
                 thread_id=thread_id,
             )
         rows = []
-        sizes: dict[str, int] = {}
         for idx, (channel, value) in enumerate(writes):
             # Special writes (errors, interrupts, resumes) have fixed negative indexes and
             # the latest one wins; a regular write, once stored, is kept (first wins).
             index = WRITES_IDX_MAP.get(channel, idx)
             typed = self._dumps(value, f"pending write to {channel!r}", thread_id)
-            encoded = records.encode_write(channel, typed, task_path)
-            sizes[channel] = sizes.get(channel, 0) + len(encoded)
-            rows.append((records.write_field(task_id, index), encoded, index < 0))
-        self._check_writes_size(thread_id, checkpoint_id, task_id, sizes)
+            rows.append(
+                (
+                    records.write_field(task_id, index),
+                    records.encode_write(channel, typed, task_path),
+                    index < 0,
+                )
+            )
         if rows:
             # The run LangGraph was invoked for, as put records it for its checkpoints.
             run_id = get_checkpoint_metadata(config, {}).get("run_id")

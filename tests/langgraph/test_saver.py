@@ -20,7 +20,6 @@ from langgraph.graph import START, StateGraph
 from langgraph.types import Command, interrupt
 
 from agentq.errors import (
-    CheckpointTooLarge,
     CodecError,
     InvalidArgument,
     InvalidThreadId,
@@ -209,28 +208,6 @@ def test_pending_writes_order_and_precedence(saver: AgentqSaver) -> None:
         ("task-z", "b", 1),
         ("task-z", "a", 2),
     ]
-
-
-def test_pending_writes_over_the_size_limit_are_refused_whole(
-    saver: AgentqSaver, store: Store
-) -> None:
-    """A node returning a whole document stores it as a pending write first: the store's
-    bound applies to one task's writes together, and a refused call stores none of them."""
-    store.max_checkpoint_bytes = 4096
-    stored = saver.put(config("t1"), checkpoint({}, {}), metadata(0), {})
-    saver.put_writes(stored, [("note", "small")], "task-a")
-    checkpoint_id = stored["configurable"]["checkpoint_id"]
-    for writes in ([("doc", "x" * 10_000)], [("head", "x" * 2000), ("doc", "y" * 3000)]):
-        with pytest.raises(CheckpointTooLarge) as refused:
-            saver.put_writes(stored, [("n", 1), *writes], "task-b")
-        assert refused.value.thread_id == "t1" and refused.value.limit == 4096
-        assert (refused.value.size or 0) > 4096
-        message = str(refused.value)
-        assert checkpoint_id in message and "task-b" in message and "'doc'" in message
-        assert "max_checkpoint_bytes" in message
-        got = saver.get_tuple(stored)
-        assert got is not None and got.pending_writes == [("task-a", "note", "small")]
-    saver.put_writes(stored, [("head", "x" * 3000)], "task-b")  # under the limit alone
 
 
 def test_messages_and_odd_names_round_trip(saver: AgentqSaver) -> None:

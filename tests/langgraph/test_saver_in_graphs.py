@@ -403,16 +403,13 @@ def test_an_oversized_state_is_refused_and_what_is_stored_stays(store: Store) ->
     config = {"configurable": {"thread_id": "t-big"}}
     with pytest.raises(CheckpointTooLarge) as refused:
         graph.invoke({"text": "small"}, config)
-    # fetch's output is refused as its pending write, ahead of step 1's checkpoint.
-    assert refused.value.thread_id == "t-big"
+    assert refused.value.thread_id == "t-big" and refused.value.step == 1
     assert refused.value.limit == 4096 and (refused.value.size or 0) > 10_000
-    assert "'text'" in str(refused.value) and "max_checkpoint_bytes" in str(refused.value)
+    assert "max_checkpoint_bytes" in str(refused.value)
     # Nothing of step 1 was stored: the super-step before is the latest checkpoint, whole
-    # and without fetch's output, and the graph runs on from it.
-    history = list(graph.get_state_history(config))
-    assert [snapshot.metadata["step"] for snapshot in history] == [0, -1]
-    latest = AgentqSaver(store).get_tuple(config)
-    assert latest is not None and latest.pending_writes == []
-    assert latest.config["configurable"]["checkpoint_id"] in str(refused.value)
+    # (with fetch's output as its pending write, as LangGraph keeps a finished node's),
+    # and the graph runs on from it.
+    steps = [snapshot.metadata["step"] for snapshot in graph.get_state_history(config)]
+    assert steps == [0, -1]
     store.max_checkpoint_bytes = 1 << 20
     assert graph.invoke(None, config) == {"text": "x" * 10_000, "words": 1}

@@ -7,10 +7,12 @@ SQLite store, whose outage is another process holding its write lock.
 
 The machinery lives in :mod:`tests.support.chaos`, shared with ``python -m bench.chaos``.
 
-A known limit this test could hit by chance, now only if a SIGSTOP lands inside a
-``reconcile`` tool between the lease check before the call and the call itself:
-``notify:call-notify-N ran 2 times``; ``test_zombie_effect.py`` reproduces it
-deterministically. Store faults it can only hit rarely are in ``test_store_faults.py``.
+A SIGSTOP landing inside a ``reconcile`` tool between the lease check before the call and
+the call itself hits the known limit: the email goes out twice, the late one with the
+frozen worker's older fencing token. The run counts those as ``stale_token_calls`` (a
+service that checks the token refuses them) and fails on any other second email;
+``test_zombie_effect.py`` reproduces the limit deterministically. Store faults it can only
+hit rarely are in ``test_store_faults.py``.
 """
 
 from __future__ import annotations

@@ -406,8 +406,20 @@ class ChaosLedger(Ledger):
     every tool invocation carries a fresh attempt id, and what it records is a set member.
 
     ``calls:<thread>`` is a set of ``<tool>:<key>|<attempt>``: one member per time a tool
-    function really ran. ``effects:<thread>`` maps ``<tool>:<key>`` to the applied value,
-    set once. ``starts:<thread>`` lists ``{"step", "node", "pid", "t"}`` per node start.
+    function really ran. ``arrivals:<thread>`` maps each member to ``<n> <token>``: its
+    place in the order the calls reached the service and the fencing token it carried.
+    ``effects:<thread>`` maps ``<tool>:<key>`` to the applied value, set once.
+    ``starts:<thread>`` lists ``{"step", "node", "pid", "t"}`` per node start.
+    """
+
+    # One script, so that a call counted is a call placed in the order, even when redis-py
+    # resends it after a lost reply.
+    _APPLY = """
+    if redis.call('SADD', KEYS[1], ARGV[1]) == 1 then
+        local n = redis.call('INCR', KEYS[4])
+        redis.call('HSET', KEYS[3], ARGV[1], n .. ' ' .. ARGV[4])
+    end
+    redis.call('HSETNX', KEYS[2], ARGV[2], ARGV[3])
     """
 
     def record_start(self, thread_id: str, step: int, node: str) -> None:
@@ -417,12 +429,23 @@ class ChaosLedger(Ledger):
     def starts(self, thread_id: str) -> list[dict[str, Any]]:
         return [json.loads(e) for e in self.client.lrange(self.key("starts", thread_id), 0, -1)]
 
-    def apply(self, thread_id: str, tool: str, key: str, value: Any) -> None:
-        """One invocation of ``tool`` reaching the downstream service, atomically."""
-        pipe = self.client.pipeline(transaction=True)
-        pipe.sadd(self.key("calls", thread_id), f"{tool}:{key}|{uuid.uuid4().hex}")
-        pipe.hsetnx(self.key("effects", thread_id), f"{tool}:{key}", json.dumps(value))
-        pipe.execute()
+    def apply(self, thread_id: str, tool: str, key: str, value: Any, token: int) -> None:
+        """One invocation of ``tool`` with fencing token ``token`` reaching the downstream
+        service, atomically."""
+        keys = [self.key(kind, thread_id) for kind in ("calls", "effects", "arrivals", "n")]
+        member = f"{tool}:{key}|{uuid.uuid4().hex}"
+        self.client.eval(self._APPLY, 4, *keys, member, f"{tool}:{key}", json.dumps(value), token)
+
+    def tokens(self, thread_id: str) -> dict[str, list[int]]:
+        """The fencing tokens each ``<tool>:<key>`` was called with, in arrival order."""
+        arrivals = []
+        for member, arrival in self.client.hgetall(self.key("arrivals", thread_id)).items():
+            n, token = arrival.split()
+            arrivals.append((int(n), member.rsplit("|", 1)[0], int(token)))
+        tokens: dict[str, list[int]] = {}
+        for _, name, token in sorted(arrivals):
+            tokens.setdefault(name, []).append(token)
+        return tokens
 
     def invocations(self, thread_id: str) -> dict[str, int]:
         """How many times each ``<tool>:<key>`` really ran."""
@@ -474,17 +497,17 @@ def chaos_tools(ledger: ChaosLedger, thread_id: str, latency: float) -> tuple[An
     pause_in_notify = ledger.armed(thread_id, "notify")
 
     @agentq.tool(idempotent=True)
-    def refund(amount: int, *, idempotency_key: str) -> dict[str, Any]:
-        ledger.apply(thread_id, "refund", idempotency_key, amount)
+    def refund(amount: int, *, idempotency_key: str, fencing_token: int) -> dict[str, Any]:
+        ledger.apply(thread_id, "refund", idempotency_key, amount, fencing_token)
         _latency(latency)
         # Nothing of the key: it is the thread's, and results must match the reference's.
         return {"refunded": amount}
 
     @agentq.tool(reconcile=_mail_log(ledger, thread_id))
-    def notify(to: str, *, idempotency_key: str) -> dict[str, Any]:
+    def notify(to: str, *, idempotency_key: str, fencing_token: int) -> dict[str, Any]:
         if pause_in_notify:
             ledger.pause_point(thread_id, "notify")
-        ledger.apply(thread_id, "notify", idempotency_key, to)
+        ledger.apply(thread_id, "notify", idempotency_key, to, fencing_token)
         _latency(latency)
         return {"sent_to": to}
 
@@ -496,14 +519,18 @@ def async_chaos_tools(ledger: ChaosLedger, thread_id: str, latency: float) -> tu
     ledger's blocking calls go off the loop, as a sync client's must."""
 
     @agentq.tool(idempotent=True)
-    async def refund(amount: int, *, idempotency_key: str) -> dict[str, Any]:
-        await asyncio.to_thread(ledger.apply, thread_id, "refund", idempotency_key, amount)
+    async def refund(amount: int, *, idempotency_key: str, fencing_token: int) -> dict[str, Any]:
+        await asyncio.to_thread(
+            ledger.apply, thread_id, "refund", idempotency_key, amount, fencing_token
+        )
         await asyncio.sleep(latency)
         return {"refunded": amount}
 
     @agentq.tool(reconcile=_mail_log(ledger, thread_id))
-    async def notify(to: str, *, idempotency_key: str) -> dict[str, Any]:
-        await asyncio.to_thread(ledger.apply, thread_id, "notify", idempotency_key, to)
+    async def notify(to: str, *, idempotency_key: str, fencing_token: int) -> dict[str, Any]:
+        await asyncio.to_thread(
+            ledger.apply, thread_id, "notify", idempotency_key, to, fencing_token
+        )
         await asyncio.sleep(latency)
         return {"sent_to": to}
 

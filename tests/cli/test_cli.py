@@ -702,11 +702,12 @@ def command(args: list[str], env: dict[str, str] | None = None) -> subprocess.Co
     )
 
 
-def test_console_script(threads: Backend) -> None:
-    listed = command([str(BIN / "agentq"), *threads.args, "threads", "--json"])
+@pytest.mark.parametrize("agentq", [[str(BIN / "agentq")], [sys.executable, "-m", "agentq"]])
+def test_console_script(threads: Backend, agentq: list[str]) -> None:
+    listed = command([*agentq, *threads.args, "threads", "--json"])
     assert listed.returncode == 0, listed.stderr
     assert len(json.loads(listed.stdout)) == 4
-    missing = command([str(BIN / "agentq"), *threads.args, "show", "nobody"])
+    missing = command([*agentq, *threads.args, "show", "nobody"])
     assert missing.returncode == 1
     assert missing.stderr.count("\n") == 1 and "no such thread" in missing.stderr
     assert "Traceback" not in missing.stderr

@@ -8,6 +8,9 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from celery.app.utils import filter_hidden_settings
+from kombu.utils.url import maybe_sanitize_url
+
 from agentq.errors import LimitError
 from agentq.limits import Limit, Limits
 from agentq.records import Finding
@@ -124,12 +127,21 @@ def _unknown_settings(conf: Any) -> list[Finding]:
         findings.append(
             Finding(
                 key,
-                repr(conf[key]),
+                _shown(key, conf[key]),
                 "names no agentq setting: nothing reads it, and the default stays in force.",
                 fix,
             )
         )
     return findings
+
+
+def _shown(key: str, value: Any) -> str:
+    """``value`` as a report may show it: masked as Celery masks its own settings, and
+    a URL's password left out (a misspelt ``agentq_store`` is still a URL)."""
+    shown = filter_hidden_settings({key: value})[key]
+    if isinstance(shown, str):
+        shown = maybe_sanitize_url(shown, mask="***")
+    return repr(shown)
 
 
 def unused_limits(limits: Limits, takes: Mapping[str, int]) -> list[Finding]:

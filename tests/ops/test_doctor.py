@@ -93,6 +93,22 @@ def test_a_misspelt_agentq_setting_is_named_with_the_one_meant(
     assert "agentq_store" in findings["agentq_colour"].fix
 
 
+def test_a_misspelt_setting_is_shown_without_its_secrets(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("REMAP_SIGTERM", raising=False)
+    app = Celery("doctor", broker="redis://broker.invalid/0", set_as_current=False)
+    app.conf.update(
+        worker_prefetch_multiplier=1,
+        agentq_stor="redis://:s3cret@store.invalid:6379/0",
+        agentq_api_token="t0ken",
+    )
+    agentq.init_app(app, store="sqlite:///unused.db")
+    findings = {f.setting: f.value for f in celery_findings(app, runtime_of(app).settings)}
+    assert findings == {
+        "agentq_api_token": "'********'",
+        "agentq_stor": "'redis://:***@store.invalid:6379/0'",
+    }
+
+
 def test_under_a_namespace_the_settings_read_are_not_named(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

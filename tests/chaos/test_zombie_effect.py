@@ -62,6 +62,7 @@ def test_a_frozen_claim_holders_late_call_carries_a_token_a_fencing_service_refu
     # The known limit (README, "Limits"): the frozen worker makes the call too, late, as
     # nothing on the client side can stop a process frozen past its last check. It carries
     # the older fencing token, below the one the email already went out with.
-    wait_until(lambda: len(ledger.tokens("z1")[email]) == 2, timeout=60, what="the late call")
-    first, late = ledger.tokens("z1")[email]
-    assert late < first, ledger.tokens("z1")
+    wait_until(lambda: len(ledger.arrivals("z1")[email]) == 2, timeout=60, what="the late call")
+    first, late = ledger.arrivals("z1")[email]
+    assert late.group == frozen.pid != first.group
+    assert late.token < first.token, (first, late)

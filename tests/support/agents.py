@@ -14,7 +14,7 @@ import json
 import os
 import time
 import uuid
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, NamedTuple, TypeVar
 
 import redis
 from celery import Celery
@@ -400,14 +400,24 @@ class BrokenAgent(AgentTask):
         return Done("fixed")
 
 
+class Arrival(NamedTuple):
+    """A tool call as the downstream service saw it arrive."""
+
+    token: int
+    """The fencing token the call carried."""
+    group: int
+    """The process group of the worker that made it."""
+
+
 class ChaosLedger(Ledger):
     """The outside world of :class:`ChaosAgent`, written so that a command redis-py resends
     after a lost reply (the server was killed after executing it) changes nothing twice:
     every tool invocation carries a fresh attempt id, and what it records is a set member.
 
     ``calls:<thread>`` is a set of ``<tool>:<key>|<attempt>``: one member per time a tool
-    function really ran. ``arrivals:<thread>`` maps each member to ``<n> <token>``: its
-    place in the order the calls reached the service and the fencing token it carried.
+    function really ran. ``arrivals:<thread>`` maps each member to ``<n> <token> <group>``:
+    its place in the order the calls reached the service, the fencing token it carried and
+    the process group (the worker) that made it.
     ``effects:<thread>`` maps ``<tool>:<key>`` to the applied value, set once.
     ``starts:<thread>`` lists ``{"step", "node", "pid", "t"}`` per node start.
     """
@@ -417,7 +427,7 @@ class ChaosLedger(Ledger):
     _APPLY = """
     if redis.call('SADD', KEYS[1], ARGV[1]) == 1 then
         local n = redis.call('INCR', KEYS[4])
-        redis.call('HSET', KEYS[3], ARGV[1], n .. ' ' .. ARGV[4])
+        redis.call('HSET', KEYS[3], ARGV[1], n .. ' ' .. ARGV[4] .. ' ' .. ARGV[5])
     end
     redis.call('HSETNX', KEYS[2], ARGV[2], ARGV[3])
     """
@@ -434,18 +444,19 @@ class ChaosLedger(Ledger):
         service, atomically."""
         keys = [self.key(kind, thread_id) for kind in ("calls", "effects", "arrivals", "n")]
         member = f"{tool}:{key}|{uuid.uuid4().hex}"
-        self.client.eval(self._APPLY, 4, *keys, member, f"{tool}:{key}", json.dumps(value), token)
+        args = (member, f"{tool}:{key}", json.dumps(value), token, os.getpgrp())
+        self.client.eval(self._APPLY, len(keys), *keys, *args)
 
-    def tokens(self, thread_id: str) -> dict[str, list[int]]:
-        """The fencing tokens each ``<tool>:<key>`` was called with, in arrival order."""
+    def arrivals(self, thread_id: str) -> dict[str, list[Arrival]]:
+        """The calls each ``<tool>:<key>`` received, in the order they arrived."""
         arrivals = []
         for member, arrival in self.client.hgetall(self.key("arrivals", thread_id)).items():
-            n, token = arrival.split()
-            arrivals.append((int(n), member.rsplit("|", 1)[0], int(token)))
-        tokens: dict[str, list[int]] = {}
-        for _, name, token in sorted(arrivals):
-            tokens.setdefault(name, []).append(token)
-        return tokens
+            n, token, group = (int(part) for part in arrival.split())
+            arrivals.append((n, member.rsplit("|", 1)[0], Arrival(token, group)))
+        by_name: dict[str, list[Arrival]] = {}
+        for _, name, call in sorted(arrivals):
+            by_name.setdefault(name, []).append(call)
+        return by_name
 
     def invocations(self, thread_id: str) -> dict[str, int]:
         """How many times each ``<tool>:<key>`` really ran."""

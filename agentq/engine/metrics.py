@@ -23,9 +23,11 @@ _lock = threading.RLock()
 _available: list[bool] = []
 """Empty until first use, then whether prometheus_client could be imported."""
 
-# A prefork worker's parent forks children while its sweeper may be loading the metrics:
-# a child forked then would inherit the lock held, and its first step would wait on it
-# for good. The fork waits for the loading to finish instead.
+# A prefork worker's parent forks children while its sweeper may be loading the metrics or
+# counting a recovery, and its metrics server reading the counters: a child forked then
+# would inherit the lock held (this one, or prometheus_client's own on a counter, which it
+# does not make anew after a fork), and its first step would wait on it for good. Every
+# update and read of agentq's counters holds this lock, and the fork waits for it.
 os.register_at_fork(
     before=_lock.acquire, after_in_parent=_lock.release, after_in_child=_lock.release
 )
@@ -38,10 +40,11 @@ def _enabled() -> bool:
         with _lock:
             if not _available:
                 try:
-                    from agentq.engine import prometheus  # noqa: F401
+                    from agentq.engine import prometheus
                 except ImportError:  # the extra is not installed: metrics are off
                     _available.append(False)
                 else:
+                    prometheus.show_counters(_lock)
                     _available.append(True)
     return _available[0]
 
@@ -50,36 +53,41 @@ def committed(seconds: float) -> None:
     if _enabled():
         from agentq.engine import prometheus
 
-        prometheus.STEPS.inc()
-        prometheus.COMMIT_SECONDS.observe(seconds)
+        with _lock:
+            prometheus.STEPS.inc()
+            prometheus.COMMIT_SECONDS.observe(seconds)
 
 
 def lease_lost() -> None:
     if _enabled():
         from agentq.engine import prometheus
 
-        prometheus.LEASES_LOST.inc()
+        with _lock:
+            prometheus.LEASES_LOST.inc()
 
 
 def taken_over() -> None:
     if _enabled():
         from agentq.engine import prometheus
 
-        prometheus.TAKEOVERS.inc()
+        with _lock:
+            prometheus.TAKEOVERS.inc()
 
 
 def recovered(count: int) -> None:
     if count and _enabled():
         from agentq.engine import prometheus
 
-        prometheus.RECOVERIES.inc(count)
+        with _lock:
+            prometheus.RECOVERIES.inc(count)
 
 
 def retried(exc: BaseException) -> None:
     if _enabled():
         from agentq.engine import prometheus
 
-        prometheus.RETRIES.labels(cause=type(exc).__name__).inc()
+        with _lock:
+            prometheus.RETRIES.labels(cause=type(exc).__name__).inc()
 
 
 def _required() -> None:

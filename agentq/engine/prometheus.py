@@ -9,6 +9,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from typing import Any
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, multiprocess
@@ -23,7 +24,11 @@ from agentq.store.contract import Store
 
 logger = logging.getLogger("agentq")
 
-STEPS = Counter("agentq_steps_committed", "Steps committed")
+COUNTERS = CollectorRegistry()
+"""agentq's own counters, kept out of the default registry: reading them runs none of the
+application's collectors, so it can be done under the lock a fork waits for."""
+
+STEPS = Counter("agentq_steps_committed", "Steps committed", registry=COUNTERS)
 COMMIT_SECONDS = Histogram(
     "agentq_commit_seconds",
     "Time to commit a step",
@@ -31,11 +36,42 @@ COMMIT_SECONDS = Histogram(
     # prometheus_client's default buckets start at 5 ms, so a store slowing from
     # 0.3 to 4 ms would not move a quantile.
     buckets=(0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+    registry=COUNTERS,
 )
-LEASES_LOST = Counter("agentq_leases_lost", "Leases a worker lost while driving a thread")
-TAKEOVERS = Counter("agentq_takeovers", "Threads taken over from a worker that was lost")
-RECOVERIES = Counter("agentq_recoveries", "Due threads re-sent by the sweeper")
-RETRIES = Counter("agentq_retries", "Steps scheduled to retry", ["cause"])
+LEASES_LOST = Counter(
+    "agentq_leases_lost", "Leases a worker lost while driving a thread", registry=COUNTERS
+)
+TAKEOVERS = Counter(
+    "agentq_takeovers", "Threads taken over from a worker that was lost", registry=COUNTERS
+)
+RECOVERIES = Counter("agentq_recoveries", "Due threads re-sent by the sweeper", registry=COUNTERS)
+RETRIES = Counter("agentq_retries", "Steps scheduled to retry", ["cause"], registry=COUNTERS)
+
+
+class _Counters(Collector):
+    """agentq's counters as the default registry shows them, read under ``lock``, the lock
+    a fork waits for: reading a counter holds prometheus_client's lock on it, which a child
+    forked meanwhile would inherit held. Read whole inside the lock and handed out after,
+    so that the fork waits for agentq's counters only, never for the collectors read
+    beside them."""
+
+    def __init__(self, lock: AbstractContextManager[Any]) -> None:
+        self._lock = lock
+
+    def describe(self) -> list[Any]:
+        # The default registry notes these names, and so refuses another metric of one of
+        # them, as it did when the counters were registered in it directly.
+        return self.collect()
+
+    def collect(self) -> list[Any]:
+        with self._lock:
+            return list(COUNTERS.collect())
+
+
+def show_counters(lock: AbstractContextManager[Any]) -> None:
+    """Show agentq's counters in the default registry: the application's own exposition of
+    it, and this process's scrape, read them there."""
+    REGISTRY.register(_Counters(lock))
 
 
 class StoreCollector(Collector):

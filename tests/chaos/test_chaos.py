@@ -8,9 +8,10 @@ SQLite store, whose outage is another process holding its write lock.
 The machinery lives in :mod:`tests.support.chaos`, shared with ``python -m bench.chaos``.
 
 A SIGSTOP landing inside a ``reconcile`` tool between the lease check before the call and
-the call itself hits the known limit: the email goes out twice, the late one from the
-frozen worker with its older fencing token. The run counts those as ``stale_token_calls``
-(a service that checks the token refuses them) and fails on any other second email;
+the call itself hits the known limit: the email goes out twice, once from the frozen worker
+under the lease it held when frozen and once under the newer token of the worker that took
+the thread over. The run counts those as ``frozen_worker_calls`` and fails on any other
+second email;
 ``test_zombie_effect.py`` reproduces the limit deterministically. Store faults it can only
 hit rarely are in ``test_store_faults.py``.
 """

@@ -117,6 +117,45 @@ def test_a_child_forked_while_a_scrape_reads_the_counters_records_its_steps(
     assert _run(READING + CHILD_RECORDS, tmp_path) == "child recorded"
 
 
+UPDATING = textwrap.dedent(
+    """
+    import os
+    import threading
+    import time
+
+    from agentq.engine import metrics, prometheus
+
+    metrics.committed(0.001)
+    inside, forking = threading.Event(), threading.Event()
+    real = prometheus.STEPS._value
+
+    class Updating:
+        # Holds the counter's own lock, as prometheus_client does while it adds to the
+        # value (the sweeper counting a recovery, a step committed), until a fork began.
+        def inc(self, amount):
+            with real._lock:
+                inside.set()
+                forking.wait()
+                real._value += amount
+
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+    prometheus.STEPS._value = Updating()
+    # Registered last, so run first of the fork's handlers.
+    os.register_at_fork(before=forking.set)
+    using = threading.Thread(target=metrics.committed, args=(0.001,))
+    using.start()
+    inside.wait()
+    prometheus.STEPS._value = real
+    """
+)
+
+
+def test_a_child_forked_while_a_counter_is_counted_records_its_steps(tmp_path: Path) -> None:
+    assert _run(UPDATING + CHILD_RECORDS, tmp_path) == "child recorded"
+
+
 APPLICATION_COLLECTOR = textwrap.dedent(
     """
     import os

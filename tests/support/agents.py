@@ -412,22 +412,21 @@ class Arrival(NamedTuple):
 class ChaosLedger(Ledger):
     """The outside world of :class:`ChaosAgent`, written so that a command redis-py resends
     after a lost reply (the server was killed after executing it) changes nothing twice:
-    every tool invocation carries a fresh attempt id, and what it records is a set member.
+    every tool invocation carries a fresh attempt id, and what it records is a hash field.
 
-    ``calls:<thread>`` is a set of ``<tool>:<key>|<attempt>``: one member per time a tool
-    function really ran. ``arrivals:<thread>`` maps each member to ``<n> <token> <group>``:
-    its place in the order the calls reached the service, the fencing token it carried and
-    the process group (the worker) that made it.
-    ``effects:<thread>`` maps ``<tool>:<key>`` to the applied value, set once.
+    ``arrivals:<thread>`` maps ``<tool>:<key>|<attempt>``, one field per time a tool
+    function really ran, to ``<n> <token> <group>``: its place in the order the calls
+    reached the service, the fencing token it carried and the process group (the worker)
+    that made it. ``effects:<thread>`` maps ``<tool>:<key>`` to the applied value, set once.
     ``starts:<thread>`` lists ``{"step", "node", "pid", "t"}`` per node start.
     """
 
-    # One script, so that a call counted is a call placed in the order, even when redis-py
-    # resends it after a lost reply.
+    # One script, so that the call's place in the order is the number of calls before it,
+    # even when redis-py resends it after a lost reply.
     _APPLY = """
-    if redis.call('SADD', KEYS[1], ARGV[1]) == 1 then
-        local n = redis.call('INCR', KEYS[4])
-        redis.call('HSET', KEYS[3], ARGV[1], n .. ' ' .. ARGV[4] .. ' ' .. ARGV[5])
+    if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then
+        local n = redis.call('HLEN', KEYS[1])
+        redis.call('HSET', KEYS[1], ARGV[1], n .. ' ' .. ARGV[4] .. ' ' .. ARGV[5])
     end
     redis.call('HSETNX', KEYS[2], ARGV[2], ARGV[3])
     """
@@ -442,7 +441,7 @@ class ChaosLedger(Ledger):
     def apply(self, thread_id: str, tool: str, key: str, value: Any, token: int) -> None:
         """One invocation of ``tool`` with fencing token ``token`` reaching the downstream
         service, atomically."""
-        keys = [self.key(kind, thread_id) for kind in ("calls", "effects", "arrivals", "n")]
+        keys = [self.key(kind, thread_id) for kind in ("arrivals", "effects")]
         member = f"{tool}:{key}|{uuid.uuid4().hex}"
         args = (member, f"{tool}:{key}", json.dumps(value), token, os.getpgrp())
         self.client.eval(self._APPLY, len(keys), *keys, *args)
@@ -460,11 +459,7 @@ class ChaosLedger(Ledger):
 
     def invocations(self, thread_id: str) -> dict[str, int]:
         """How many times each ``<tool>:<key>`` really ran."""
-        counts: dict[str, int] = {}
-        for member in self.client.smembers(self.key("calls", thread_id)):
-            name = member.rsplit("|", 1)[0]
-            counts[name] = counts.get(name, 0) + 1
-        return counts
+        return {name: len(calls) for name, calls in self.arrivals(thread_id).items()}
 
     def applied(self, thread_id: str, tool: str, key: str) -> Any:
         value = self.client.hget(self.key("effects", thread_id), f"{tool}:{key}")

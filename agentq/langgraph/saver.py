@@ -382,6 +382,36 @@ class AgentqSaver(BaseCheckpointSaver[str]):
                 step=step,
             )
 
+    def _check_writes_size(
+        self,
+        thread_id: str,
+        checkpoint_id: str,
+        task_id: str,
+        task_path: str,
+        rows: Sequence[tuple[bytes, bytes, bool]],
+    ) -> None:
+        """Refuse, before anything is written, one task's pending writes over the store's
+        ``max_checkpoint_bytes``: they become the next checkpoint's channel values, which
+        :meth:`_check_size` would refuse, and until then they would sit in the store.
+        The error names no step: LangGraph may still be storing the checkpoint that
+        would tell it."""
+        size = sum(len(field) + len(value) for field, value, _ in rows)
+        limit = self.store.max_checkpoint_bytes
+        if size > limit:
+            # LangGraph's path of a node's own task: "~__pregel_pull, <node>".
+            kind, _, node = task_path.partition(", ")
+            task = f"node {node!r}" if kind == "~__pregel_pull" else f"task {task_id!r}"
+            raise CheckpointTooLarge(
+                f"LangGraph {task} writes {size} bytes after checkpoint {checkpoint_id}, "
+                f"over the limit of {limit}; keep large data (documents, files, images) "
+                "out of the graph's state: store it elsewhere (in a graph task, "
+                "current_run().artifacts.put(data)) and return the reference, or raise "
+                "max_checkpoint_bytes",
+                size=size,
+                limit=limit,
+                thread_id=thread_id,
+            )
+
     def put_writes(
         self,
         config: RunnableConfig,
@@ -409,6 +439,7 @@ class AgentqSaver(BaseCheckpointSaver[str]):
                     index < 0,
                 )
             )
+        self._check_writes_size(thread_id, checkpoint_id, task_id, task_path, rows)
         if rows:
             # The run LangGraph was invoked for, as put records it for its checkpoints.
             run_id = get_checkpoint_metadata(config, {}).get("run_id")

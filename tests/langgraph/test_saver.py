@@ -20,6 +20,7 @@ from langgraph.graph import START, StateGraph
 from langgraph.types import Command, interrupt
 
 from agentq.errors import (
+    CheckpointTooLarge,
     CodecError,
     InvalidArgument,
     InvalidThreadId,
@@ -208,6 +209,29 @@ def test_pending_writes_order_and_precedence(saver: AgentqSaver) -> None:
         ("task-z", "b", 1),
         ("task-z", "a", 2),
     ]
+
+
+def test_oversized_pending_writes_are_refused_and_stored_ones_stay(
+    saver: AgentqSaver, store: Store
+) -> None:
+    store.max_checkpoint_bytes = 4096
+    stored = saver.put(config("t1"), checkpoint({}, {}), metadata(0), {})
+    saver.put_writes(stored, [("notes", "small")], "task-a", task_path="~__pregel_pull, a")
+    with pytest.raises(CheckpointTooLarge) as refused:
+        saver.put_writes(
+            stored,
+            [("notes", "x" * 3000), ("body", "y" * 3000)],  # each under the limit, not both
+            "task-b",
+            task_path="~__pregel_pull, summarize",
+        )
+    assert refused.value.thread_id == "t1" and refused.value.limit == 4096
+    assert (refused.value.size or 0) > 6000
+    message = str(refused.value)
+    assert "LangGraph node 'summarize'" in message and "max_checkpoint_bytes" in message
+    with pytest.raises(CheckpointTooLarge, match="LangGraph task 'task-c'"):
+        saver.put_writes(stored, [(ERROR, "z" * 5000)], "task-c")
+    got = saver.get_tuple(stored)
+    assert got is not None and got.pending_writes == [("task-a", "notes", "small")]
 
 
 def test_messages_and_odd_names_round_trip(saver: AgentqSaver) -> None:

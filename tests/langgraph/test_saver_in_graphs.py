@@ -403,13 +403,15 @@ def test_an_oversized_state_is_refused_and_what_is_stored_stays(store: Store) ->
     config = {"configurable": {"thread_id": "t-big"}}
     with pytest.raises(CheckpointTooLarge) as refused:
         graph.invoke({"text": "small"}, config)
-    assert refused.value.thread_id == "t-big" and refused.value.step == 1
+    # Refused first as fetch's pending write, before step 1's checkpoint.
+    assert refused.value.thread_id == "t-big" and "LangGraph node 'fetch'" in str(refused.value)
     assert refused.value.limit == 4096 and (refused.value.size or 0) > 10_000
     assert "max_checkpoint_bytes" in str(refused.value)
     # Nothing of step 1 was stored: the super-step before is the latest checkpoint, whole
-    # (with fetch's output as its pending write, as LangGraph keeps a finished node's),
-    # and the graph runs on from it.
-    steps = [snapshot.metadata["step"] for snapshot in graph.get_state_history(config)]
-    assert steps == [0, -1]
+    # and without fetch's output, and the graph runs on from it.
+    history = list(graph.get_state_history(config))
+    assert [snapshot.metadata["step"] for snapshot in history] == [0, -1]
+    assert history[0].values == {"text": "small"} and history[0].tasks[0].name == "fetch"
+    assert history[0].tasks[0].result is None
     store.max_checkpoint_bytes = 1 << 20
     assert graph.invoke(None, config) == {"text": "x" * 10_000, "words": 1}

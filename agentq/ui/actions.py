@@ -75,8 +75,12 @@ def fork_target(form: Form) -> tuple[int, str]:
 
 def whole_number(raw: str, what: str, thread_id: str | None = None) -> int:
     # isdecimal alone lets in other scripts' digits, which int() reads but a person
-    # typing a step did not mean.
-    if not (raw.isascii() and raw.isdecimal()) or int(raw) > MAX_NUMBER:
+    # typing a step did not mean; the length first, as int() refuses past 4300 digits.
+    if (
+        not (raw.isascii() and raw.isdecimal())
+        or len(raw.lstrip("0")) > len(str(MAX_NUMBER))
+        or int(raw) > MAX_NUMBER
+    ):
         raise InvalidArgument(
             f"{what} must be a whole number from 0 to {MAX_NUMBER}, got {raw!r}",
             thread_id=thread_id,

@@ -211,7 +211,12 @@ def test_a_resume_value_holding_nan_is_refused(base: str, store: RedisStore) -> 
     assert store.meta("t-waiting").status == Status.WAITING  # type: ignore[union-attr]
 
 
-@pytest.mark.parametrize("number", ["²", "\u0661", "99999999999999999999", "-1", "1.5"])
+@pytest.mark.parametrize(
+    "number",
+    # Past 4300 digits int() itself refuses (CPython's limit on reading long numbers).
+    ["²", "\u0661", "99999999999999999999", "9" * 5000, "-1", "1.5"],
+    ids=["superscript", "arabic", "past-max", "past-int-digits", "negative", "fraction"],
+)
 def test_a_number_that_is_not_a_plain_whole_one_is_a_bad_request(
     base: str, number: str, store: RedisStore
 ) -> None:

@@ -213,7 +213,14 @@ def check(action: Action, form: Form, meta: ThreadMeta) -> None:
     if action.guarded:
         _unmoved(form, meta)
     if action.name == "resume":
-        json_field(form, "value", "the resume value")
+        if json_field(form, "value", "the resume value") is UNSET and meta.status != Status.WAITING:
+            # As _resume asks the store: only a waiting thread runs on without an answer.
+            raise ThreadStateError(
+                f"the thread is {meta.status.value}, and holds the answer its failed node was "
+                "given: give the answer it takes now, or retry it to give it the same one again",
+                thread_id=meta.thread_id,
+                status=meta.status.value,
+            )
     elif action.name == "fork":
         # Named now, so the confirmation shows the new thread's id and confirming makes it.
         form["to"] = fork_target(form)[1]

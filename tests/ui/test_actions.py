@@ -100,6 +100,20 @@ def test_a_failed_thread_holding_an_answer_takes_a_new_one(base: str, store: Red
     assert meta is not None and meta.status == Status.QUEUED and meta.resume_value == "no"
 
 
+def test_a_failed_thread_holding_an_answer_is_not_promised_a_resume_without_one(
+    base: str, store: RedisStore
+) -> None:
+    # Only a waiting thread runs on without an answer: the confirmation must not say it
+    # will, for the store to refuse it once confirmed.
+    store.reopen("t-waiting", from_statuses={Status.WAITING}, resume_value="yes")
+    token = store.acquire("t-waiting", OWNER, 60)
+    store.set_status("t-waiting", token, Status.FAILED, error="ValueError", release_owner=OWNER)
+    asked = httpx.post(base + "/thread/action", data=page_form(base, "t-waiting", "resume-form"))
+    assert asked.status_code == 409, asked.text
+    assert 'id="confirm"' not in asked.text
+    assert "give the answer" in html.unescape(asked.text)
+
+
 def test_a_retry_whose_message_the_broker_refuses_says_the_thread_is_queued(
     threads: dict[Status, str], serve: Serve, store: RedisStore
 ) -> None:

@@ -7,6 +7,7 @@ from typing import Any
 
 import click
 from rich.table import Table
+from rich.text import Text
 
 from agentq.cli.output import emit_json
 from agentq.cli.read_commands import json_option, pass_session
@@ -110,8 +111,12 @@ def limits(session: Session, as_json: bool) -> None:
             )
             if row[name] is not None
         )
+        # Text, not str: a key or thread id holds the application's data, brackets too,
+        # which rich would read as markup.
         table.add_row(
-            row["key"] if row["key"] == row["declared"] else f"{row['key']} ({row['declared']})",
+            Text(
+                row["key"] if row["key"] == row["declared"] else f"{row['key']} ({row['declared']})"
+            ),
             budget,
             "-" if row["requests_left"] is None else f"{row['requests_left']:.0f}",
             "-" if row["tokens_left"] is None else f"{row['tokens_left']:.0f}",
@@ -124,9 +129,9 @@ def limits(session: Session, as_json: bool) -> None:
     for row in rows:
         for waiter in row["waiting"]:
             waiting.add_row(
-                row["key"],
+                Text(row["key"]),
                 str(waiter["position"]),
-                waiter["thread_id"],
+                Text(waiter["thread_id"]),
                 f"{waiter['waited']:.1f} s",
             )
     if waiting.row_count:

@@ -47,13 +47,14 @@ def ui(session: Session, host: str, port: int, read_only: bool) -> None:
         token=token,
         loopback=loopback,
     )
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    address = host.strip("[]")  # [::1] as a URL writes it, or ::1
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
     try:
-        listener = socket.create_server((host.strip("[]"), port), family=family)
+        listener = socket.create_server((address, port), family=family)
     except OSError as exc:
         raise CliError(f"cannot listen on {host}:{port}: {exc}") from exc
     bound = listener.getsockname()[1]
-    shown = f"[{host}]" if ":" in host else host
+    shown = f"[{address}]" if ":" in address else address
     link = f"http://{shown}:{bound}/" + (f"?token={token}" if printed_token else "")
     notes = [session.store_label]
     if read_only:

@@ -75,8 +75,12 @@ def fork_target(form: Form) -> tuple[int, str]:
 
 def whole_number(raw: str, what: str, thread_id: str | None = None) -> int:
     # isdecimal alone lets in other scripts' digits, which int() reads but a person
-    # typing a step did not mean.
-    if not (raw.isascii() and raw.isdecimal()) or int(raw) > MAX_NUMBER:
+    # typing a step did not mean; the length first, as int() refuses past 4300 digits.
+    if (
+        not (raw.isascii() and raw.isdecimal())
+        or len(raw.lstrip("0")) > len(str(MAX_NUMBER))
+        or int(raw) > MAX_NUMBER
+    ):
         raise InvalidArgument(
             f"{what} must be a whole number from 0 to {MAX_NUMBER}, got {raw!r}",
             thread_id=thread_id,
@@ -209,7 +213,14 @@ def check(action: Action, form: Form, meta: ThreadMeta) -> None:
     if action.guarded:
         _unmoved(form, meta)
     if action.name == "resume":
-        json_field(form, "value", "the resume value")
+        if json_field(form, "value", "the resume value") is UNSET and meta.status != Status.WAITING:
+            # As _resume asks the store: only a waiting thread runs on without an answer.
+            raise ThreadStateError(
+                f"the thread is {meta.status.value}, and holds the answer its failed node was "
+                "given: give the answer it takes now, or retry it to give it the same one again",
+                thread_id=meta.thread_id,
+                status=meta.status.value,
+            )
     elif action.name == "fork":
         # Named now, so the confirmation shows the new thread's id and confirming makes it.
         form["to"] = fork_target(form)[1]

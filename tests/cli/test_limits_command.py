@@ -118,3 +118,26 @@ def test_limits_without_the_app_asks_for_it_rather_than_saying_none_are_declared
         assert result.stdout == ""
         assert "-A module:app" in result.stderr
         assert "no limits declared" not in result.output
+
+
+def test_limits_prints_keys_and_thread_ids_with_brackets_as_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A concurrency key's family part and a thread id come from the application's data
+    # (a tenant's name, an order id): rich must not read their brackets as markup, as the
+    # other commands' tables do not (they print them as Text).
+    db = tmp_path / "agentq.db"
+    module = f"keyed_app_{uuid.uuid4().hex[:6]}"
+    (tmp_path / f"{module}.py").write_text(KEYED_APP.format(db=db))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    store = SQLiteStore(db)
+    for thread_id in ("order[bold]1", "order[/]2"):
+        store.open_thread(thread_id, task="t")
+        token = store.acquire(thread_id, "me", 60)
+        store.enter_key(thread_id, "me", token, "team:[red]", 1)
+    store.close()
+
+    table = CliRunner().invoke(cli, ["-A", f"{module}:app", "limits"])
+    assert table.exit_code == 0, table.output
+    assert "team:[red] (team:{team})" in table.output
+    assert "order[/]2" in table.output

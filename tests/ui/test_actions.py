@@ -100,6 +100,20 @@ def test_a_failed_thread_holding_an_answer_takes_a_new_one(base: str, store: Red
     assert meta is not None and meta.status == Status.QUEUED and meta.resume_value == "no"
 
 
+def test_a_failed_thread_holding_an_answer_is_not_promised_a_resume_without_one(
+    base: str, store: RedisStore
+) -> None:
+    # Only a waiting thread runs on without an answer: the confirmation must not say it
+    # will, for the store to refuse it once confirmed.
+    store.reopen("t-waiting", from_statuses={Status.WAITING}, resume_value="yes")
+    token = store.acquire("t-waiting", OWNER, 60)
+    store.set_status("t-waiting", token, Status.FAILED, error="ValueError", release_owner=OWNER)
+    asked = httpx.post(base + "/thread/action", data=page_form(base, "t-waiting", "resume-form"))
+    assert asked.status_code == 409, asked.text
+    assert 'id="confirm"' not in asked.text
+    assert "give the answer" in html.unescape(asked.text)
+
+
 def test_a_retry_whose_message_the_broker_refuses_says_the_thread_is_queued(
     threads: dict[Status, str], serve: Serve, store: RedisStore
 ) -> None:
@@ -211,7 +225,12 @@ def test_a_resume_value_holding_nan_is_refused(base: str, store: RedisStore) -> 
     assert store.meta("t-waiting").status == Status.WAITING  # type: ignore[union-attr]
 
 
-@pytest.mark.parametrize("number", ["²", "\u0661", "99999999999999999999", "-1", "1.5"])
+@pytest.mark.parametrize(
+    "number",
+    # Past 4300 digits int() itself refuses (CPython's limit on reading long numbers).
+    ["²", "\u0661", "99999999999999999999", "9" * 5000, "-1", "1.5"],
+    ids=["superscript", "arabic", "past-max", "past-int-digits", "negative", "fraction"],
+)
 def test_a_number_that_is_not_a_plain_whole_one_is_a_bad_request(
     base: str, number: str, store: RedisStore
 ) -> None:

@@ -124,3 +124,15 @@ def test_under_celery_it_serves_the_apps_store(tmp_path: Path) -> None:
     with running(celery, env) as (_, base):
         page = httpx.get(base + "/threads?status=waiting")
         assert page.status_code == 200 and 'data-thread="t-waiting"' in page.text
+
+
+def test_an_ipv6_host_given_in_brackets_prints_a_link_that_opens(
+    redis_store: tuple[list[str], RedisStore],
+) -> None:
+    # --host takes [::1] as it takes ::1 (it listens on the address inside the brackets):
+    # the link it prints must be one a browser opens, not http://[[::1]]:PORT/.
+    agentq, _ = redis_store
+    with running([*agentq, "ui", "--host", "[::1]", "--port", "0"]) as (line, _):
+        link = line.split()[3]
+        assert link.startswith("http://[::1]:"), line
+        assert httpx.get(link + "threads").status_code == 200

@@ -97,7 +97,14 @@ local function index(meta, thread_id, old_status, new_status, due, now)
     return 0
   end
   if new_status == '-' then
-    return {thread_id, '-', '0', 'clear', '0'}
+    -- Counted as one more change of the life being deleted, and from the server's clock
+    -- in microseconds: the id made again meanwhile by another client (a thread sent again
+    -- while gc deletes it) counts on from its creation's later time, and index.lua leaves
+    -- that newer life's entries alone when this call arrives after them.
+    local t = redis.call('TIME')
+    local seq = tonumber(t[1] .. string.format('%06d', tonumber(t[2])))
+    local kept = tonumber(redis.call('HGET', meta, 'index_seq') or '0')
+    return {thread_id, '-', '0', 'clear', string.format('%.0f', math.max(seq, kept + 1))}
   end
   if due ~= 'keep' then
     redis.call('HSET', meta, 'due_at', due == 'clear' and due or string.format('%.17g', due))

@@ -44,5 +44,7 @@ for _, field in ipairs(redis.call('SMEMBERS', ARGV[5] .. 'logs')) do
   redis.call('DEL', ARGV[5] .. 'log:' .. field)
 end
 redis.call('DEL', ARGV[5] .. 'logs', ARGV[5] .. 'staged')
+-- The index ops before the meta goes: they count on from its index_seq.
+local ops = index(meta, ARGV[2], status, '-', 'clear', now_seconds())
 redis.call('DEL', meta, KEYS[2], KEYS[3], KEYS[4])
-return {1, runs, index(meta, ARGV[2], status, '-', 'clear', now_seconds())}
+return {1, runs, ops}

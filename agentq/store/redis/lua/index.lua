@@ -11,6 +11,11 @@
 -- Returns 1 if applied, 0 if older than what is there.
 local id, status, due = ARGV[2], ARGV[3], ARGV[5]
 if status == '-' then
+  -- A delete's entries arriving after the id was made again (a newer life, counted from
+  -- its later creation) leave that life's entries alone.
+  if tonumber(ARGV[6]) < tonumber(redis.call('HGET', KEYS[2], id) or '-1') then
+    return 0
+  end
   for _, each in pairs(STATUS) do
     redis.call('ZREM', ARGV[1] .. each, id)
   end

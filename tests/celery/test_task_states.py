@@ -417,11 +417,6 @@ def test_a_thread_ended_as_soon_as_it_waits_is_not_hidden_by_its_waiting_state(
         reader.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review: a later delay() of an unfinished thread returns an AsyncResult that no "
-    "task ever ends: its message ends WAITING/HANDED_OVER and the end goes to the first id",
-)
 def test_get_of_a_second_delay_of_an_unfinished_thread_ends_with_the_thread(env: Env) -> None:
     """``delay()`` is idempotent by thread id (a web request retried, a job run twice): the
     AsyncResult the second call returns ends when the thread does, as a plain task's

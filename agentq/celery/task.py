@@ -342,7 +342,9 @@ class AgentTask(Task):  # type: ignore[misc]
         ``concurrency_key`` (else :attr:`concurrency_key`'s), and its canvas (``link``,
         ``link_error``, the chain or chord it is in), which the task that ends the thread
         carries on. An existing thread keeps its first input and options and is only
-        re-sent, as :meth:`resend` sends it."""
+        re-sent, as :meth:`resend` sends it; the result returned then is its first task's,
+        which holds the thread's end whichever task ends it (the message's own, if
+        ``task_id`` is given)."""
         if not args or len(args) != 1:
             raise InvalidArgument(
                 f"{self.name} takes exactly one positional argument, the thread id (got "
@@ -353,6 +355,7 @@ class AgentTask(Task):  # type: ignore[misc]
         key = self._key_for(thread_id, kwargs or {}, options.pop("concurrency_key", None))
         # Chosen here so that the thread remembers it: the result stored under it is the
         # thread's, whichever task finishes the thread.
+        chose_id = "task_id" in options
         task_id = options.setdefault("task_id", uuid())
         # The caller's trace context, kept with the thread: every later send carries it.
         headers = {**(options.get("headers") or {}), **tracing.sending_headers()}
@@ -373,7 +376,13 @@ class AgentTask(Task):  # type: ignore[misc]
             canvas=canvas.captured(options, options.get("serializer") or self.serializer),
         )
         if not created:
-            return self.resend(meta, **options)
+            sent = self.resend(meta, **options)
+            if chose_id or meta.origin is None:
+                return sent
+            # The thread's result, as for its first delay(): the message just sent only
+            # nudges a thread that exists, and ends WAITING or HANDED_OVER, never to be
+            # ended later, unless it finds the thread ended or ends it itself.
+            return self.AsyncResult(meta.origin)
         return super().apply_async((thread_id,), None, **_stored(_with_headers(kept, options)))
 
     def _open(

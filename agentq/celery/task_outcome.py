@@ -99,10 +99,12 @@ def finish(
         raise Retry(message, exc=exc, when=due) from exc
     if status == Status.CANCELLED:
         _event(task, "task-revoked", terminated=False, signum=None, expired=False, **fields)
+        # The canvas first: this task's own end, once stored, says a copy of its message
+        # that it ran to its end (and carried the canvas on) already.
+        cancelled(task, meta, retried=True)
         if task.request.id != meta.origin:
             reason = f"thread {meta.thread_id} was cancelled"
             _store(task, lambda backend, id: backend.mark_as_revoked(id, reason))
-        cancelled(task, meta, retried=True)
         raise Ignore()
     if status == Status.FAILED:  # failed for lost workers, or before this message came
         raise _stopped(task, meta, carries)
@@ -263,7 +265,10 @@ def _store_unfinished(task: Task, meta: ThreadMeta, state: str, fields: dict[str
 
 def _ready(task: Task, task_id: str) -> bool:
     """Whether the backend holds a final state for ``task_id``; ``False`` if it cannot
-    say, so that the task's own state is stored (or, the backend out, logged)."""
+    say (no results stored, an ``rpc://`` backend, the backend out), so that the task's
+    own state is stored (or, the backend out, logged)."""
+    if not stores_results(task) or _is_rpc(task.backend):
+        return False
     try:
         return task.backend.get_state(task_id) in states.READY_STATES
     except Exception:
@@ -343,7 +348,22 @@ def _takes_canvas(task: Task, meta: ThreadMeta, taker: str, *, retried: bool = F
     if retried:
         calls = RetriedCalls(store, meta.thread_id, task.agentq.settings.lease_ttl)
         take = functools.partial(calls, what, store.take_canvas)
-    return bool(task._store_call(what, meta.thread_id, take, meta.thread_id, taker))
+    taken = bool(task._store_call(what, meta.thread_id, take, meta.thread_id, taker))
+    if taken and taker and taker == task.request.id and _ready(task, taker):
+        # This message ran to its end before (a copy of it: RabbitMQ redelivering on a
+        # lost connection, a visibility timeout restoring it), and its end is stored only
+        # once the canvas went on: by Celery's tracer after the callbacks and the chain,
+        # the chord counted with it; by canvas.succeeded and failed alike. Taken again,
+        # the callbacks would run twice and the chord count the part twice. A run cut off
+        # before its end was stored carries the canvas on again, as acks_late runs it.
+        logger.info(
+            "thread %s: %s[%s] ran to its end before; its canvas went on then",
+            meta.thread_id,
+            task.name,
+            taker,
+        )
+        return False
+    return taken
 
 
 def _first_request(task: Task, meta: ThreadMeta, carries: bool) -> Context | None:

@@ -20,7 +20,7 @@ from celery import Celery, Task, chain, chord
 from celery.contrib.testing.worker import start_worker
 from celery.exceptions import ChordError
 from celery.result import AsyncResult
-from celery.signals import task_postrun, task_revoked
+from celery.signals import before_task_publish, task_postrun, task_revoked
 from celery.worker import state as worker_state
 from kombu.exceptions import ContentDisallowed
 from redis.backoff import ExponentialBackoff
@@ -440,3 +440,67 @@ def back_after_retries(proxy: FlakyProxy) -> None:
     """Let calls through again once the first one failed through all of redis-py's tries."""
     wait_until(lambda: proxy.dropped >= 3, timeout=20, what="three dropped tries")
     proxy.drop = None
+
+
+def test_the_first_message_again_after_its_own_run_applied_the_canvas_applies_nothing(
+    env: Env,
+) -> None:
+    """The first task ended its thread and Celery applied its canvas; then a copy of its
+    message comes (RabbitMQ redelivering on a connection loss, a Redis visibility timeout
+    restoring it, queued behind a backlog while the first run finished): the canvas went
+    on already, and must not go on again."""
+    ran: list[str] = []
+    sent: list[str] = []
+
+    def record(task_id: str, **kwargs: Any) -> None:
+        ran.append(task_id)
+
+    def publishing(sender: str | None = None, **kwargs: Any) -> None:
+        sent.append(str(sender))
+
+    task_postrun.connect(record, weak=False)
+    try:
+        first = env.agent.apply_async(("d1",), {"mode": "fast"}, link=env.notify.s())
+        assert first.get(timeout=20) == "d1"
+        wait_until(lambda: env.notified, timeout=20, what="the link run")
+        before_task_publish.connect(publishing, weak=False)
+        redelivered = {"task_id": first.id, "headers": {STORED_HEADER: True}}
+        Task.apply_async(env.agent, ("d1",), None, link=env.notify.s(), **redelivered)
+        # Celery applies a task's canvas before task_postrun: all is sent by then.
+        wait_until(lambda: ran.count(first.id) == 2, timeout=20, what="the copy run")
+    finally:
+        task_postrun.disconnect(record)
+        before_task_publish.disconnect(publishing)
+    assert sent == [env.agent.name]  # the copy itself, and no second notify
+    assert AsyncResult(first.id, app=env.app).get(timeout=20) == "d1"
+
+
+def test_a_copy_of_the_message_that_ended_the_thread_applies_nothing(env: Env) -> None:
+    """A later message (a resume's) ended the thread and carried the first task's canvas
+    on; a copy of it, delivered again once it had run, carries nothing on again."""
+    ran: list[str] = []
+    sent: list[str] = []
+
+    def record(task_id: str, **kwargs: Any) -> None:
+        ran.append(task_id)
+
+    def publishing(sender: str | None = None, **kwargs: Any) -> None:
+        sent.append(str(sender))
+
+    task_postrun.connect(record, weak=False)
+    try:
+        first = env.agent.apply_async(("d2",), {"mode": "wait"}, link=env.notify.s())
+        env.waiting(first)
+        resumed = env.agent.resume("d2", "ok")
+        assert first.get(timeout=20) == {"answer": "ok"}
+        wait_until(lambda: env.notified, timeout=20, what="the link run")
+        wait_until(lambda: resumed.id in ran, timeout=20, what="the resume's run")
+        before_task_publish.connect(publishing, weak=False)
+        again = {"task_id": resumed.id, "headers": {STORED_HEADER: True}}
+        Task.apply_async(env.agent, ("d2",), None, **again)
+        wait_until(lambda: ran.count(resumed.id) == 2, timeout=20, what="the copy run")
+    finally:
+        task_postrun.disconnect(record)
+        before_task_publish.disconnect(publishing)
+    assert sent == [env.agent.name]
+    assert env.notified == [{"answer": "ok"}]

@@ -415,3 +415,27 @@ def test_a_thread_ended_as_soon_as_it_waits_is_not_hidden_by_its_waiting_state(
             AsyncResult(failed.id, app=reader).get(timeout=20)
     finally:
         reader.close()
+
+
+def test_get_of_a_second_delay_of_an_unfinished_thread_ends_with_the_thread(env: Env) -> None:
+    """``delay()`` is idempotent by thread id (a web request retried, a job run twice): the
+    AsyncResult the second call returns ends when the thread does, as a plain task's
+    second ``delay()`` would."""
+    ran: list[str] = []
+
+    def record(task_id: str | None = None, **_: Any) -> None:
+        ran.append(str(task_id))
+
+    task_postrun.connect(record, weak=False)
+    try:
+        first = env.agent.delay("t-again", mode="wait")
+        wait_until(lambda: first.state == WAITING, timeout=20, what="WAITING")
+        second = env.agent.delay("t-again", mode="wait")
+        wait_until(lambda: second.id in ran, timeout=20, what="the second message run")
+        env.agent.resume("t-again", True)
+        assert first.get(timeout=20) == {"approved": True}
+    finally:
+        task_postrun.disconnect(record)
+    # The thread is done and no message of it is left: nothing will store another state
+    # under the second id, so its get() would wait for ever.
+    assert AsyncResult(second.id, app=env.app).state == "SUCCESS"

@@ -376,14 +376,17 @@ class AgentTask(Task):  # type: ignore[misc]
             canvas=canvas.captured(options, options.get("serializer") or self.serializer),
         )
         if not created:
-            sent = self.resend(meta, **options)
+            sent = _sent_or_told(meta, lambda: self.resend(meta, **options))
             if chose_id or meta.origin is None:
                 return sent
             # The thread's result, as for its first delay(): the message just sent only
             # nudges a thread that exists, and ends WAITING or HANDED_OVER, never to be
             # ended later, unless it finds the thread ended or ends it itself.
             return self.AsyncResult(meta.origin)
-        return super().apply_async((thread_id,), None, **_stored(_with_headers(kept, options)))
+        stored = _stored(_with_headers(kept, options))
+        return _sent_or_told(
+            meta, lambda: super(AgentTask, self).apply_async((thread_id,), None, **stored)
+        )
 
     def _open(
         self, thread_id: str, sending: dict[str, Any], /, **opening: Any
@@ -694,6 +697,27 @@ def resend_thread(app: Any, meta: ThreadMeta) -> Any:
     if isinstance(task, AgentTask):
         return task.resend(meta)
     return app.send_task(meta.task, args=(meta.thread_id,), **_stored(meta.options, meta.origin))
+
+
+def _sent_or_told(meta: ThreadMeta, send: Callable[[], T]) -> T:
+    """``send()`` the message of a thread ``delay`` stored or found. A thread that runs by
+    itself runs whatever the broker does (a worker's sweeper sends it when it is due), so a
+    failed send raises :class:`~agentq.errors.MessageNotSent`, which says so: the broker's
+    bare error reads as "nothing will run", and a caller who sent the work another way
+    would have it done twice."""
+    try:
+        return send()
+    except Exception as exc:
+        if not meta.runs_by_itself:
+            raise
+        raise MessageNotSent(
+            f"stored ({meta.status.value}), but its message was not sent "
+            f"({type(exc).__name__}: {exc}); it is not lost: a worker's sweeper sends it when "
+            "it is due, once the broker is reachable. Sending it again with delay() is safe: "
+            "it is the same thread, not a second one",
+            thread_id=meta.thread_id,
+            status=meta.status.value,
+        ) from exc
 
 
 def send_reopened(meta: ThreadMeta, start_grace: float, send: Callable[[], T]) -> T:

@@ -78,25 +78,30 @@ def test_resume_retry_and_settle_say_the_thread_is_queued_when_the_send_fails(
     assert store.effect("t-stuck", "call-1") is None
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review: delay() raises the broker's bare OperationalError, which a Celery caller "
-    "reads as 'not sent', yet the thread it stored first is queued and runs a start grace "
-    "later",
-)
-def test_a_delay_whose_send_fails_says_whether_the_thread_will_run(app: Celery) -> None:
+def test_a_delay_whose_send_fails_says_the_thread_will_run(app: Celery) -> None:
     """Celery's ``delay()`` that raises sent nothing: nothing runs. agentq's stores the
-    thread first; if it stays queued for the sweeper to send, the caller must be told so
-    (as ``resume`` tells it with ``MessageNotSent``), not handed an error that says the
-    opposite: a caller that falls back (tells the user to submit again, runs it another
-    way) gets the agent's tools run twice."""
+    thread first, and it stays queued for a sweeper to send: the caller is told so, not
+    handed an error that says the opposite (a caller that sent the work another way would
+    have the agent's tools run twice). Sending it again is the same thread, told the same."""
     agent = app.tasks["tests.approval_agent"]
     store: Store = app._agentq_runtime.store
-    with pytest.raises(Exception) as told:
-        agent.delay("t-new", amount=5)
-    meta = store.meta("t-new")
-    ran_anyway = meta is not None and meta.runs_by_itself
-    assert not ran_anyway or isinstance(told.value, MessageNotSent), (
-        f"{type(told.value).__name__} raised, yet the thread is {meta.status.value}: the "  # type: ignore[union-attr]
-        "sweeper sends it in start_grace"
-    )
+    for _ in range(2):
+        with pytest.raises(MessageNotSent) as told:
+            agent.delay("t-new", amount=5)
+        assert (told.value.thread_id, told.value.status) == ("t-new", "queued")
+        assert isinstance(told.value.__cause__, kombu.exceptions.OperationalError)
+        for fragment in ("not sent", "sweeper", "not lost", "delay() is safe"):
+            assert fragment in str(told.value), str(told.value)
+        meta = store.meta("t-new")
+        assert meta is not None and meta.status == Status.QUEUED and meta.runs_by_itself
+        assert meta.input == {"amount": 5}
+
+
+def test_a_delay_of_a_finished_thread_whose_send_fails_raises_the_brokers_error(
+    app: Celery,
+) -> None:
+    # Nothing runs by itself there: the broker's error says all.
+    store: Store = app._agentq_runtime.store
+    stopped(store, "t-failed", Status.FAILED)
+    with pytest.raises(kombu.exceptions.OperationalError):
+        app.tasks["tests.approval_agent"].delay("t-failed", amount=5)

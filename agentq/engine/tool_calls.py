@@ -280,24 +280,9 @@ class ToolCalls:
         # Names this call, so that a claim resent after a lost reply is known as ours.
         call = _Call(key, downstream, uuid.uuid4().hex, policy, dict(kwargs), tool_name(fn))
         call.callee = _callee(fn)
-        signature = inspect.signature(fn)
-        if "idempotency_key" in signature.parameters:
-            call.kwargs["idempotency_key"] = downstream
-        if "fencing_token" in signature.parameters:
-            call.kwargs["fencing_token"] = self._token
-        try:
-            _takes(fn, signature).bind(*args, **call.kwargs)
-        except TypeError as exc:
-            # Before the claim: a call the tool cannot even take never ran, and a claim
-            # left pending would stop the retried thread for a person over it.
-            raise InvalidInput(
-                f"tool {tool_name(fn)}{signature} cannot take these arguments "
-                f"({misfit(signature, kwargs, exc)}); "
-                f"nothing was claimed nor run: pass the arguments it declares (a model's "
-                "tool call naming other ones can be caught as TypeError and answered)",
-                thread_id=self.thread_id,
-                step=self.step,
-            ) from exc
+        signature = _signature(fn)
+        if signature is not None:
+            self._fit(fn, signature, call, downstream, args, kwargs)
         made = self._returned.get((key, policy.shared))
         if made is not None and not made.same(call.tool, args, kwargs, call.callee):
             # Its claim would answer with that call's result: this one would never run.
@@ -316,6 +301,35 @@ class ToolCalls:
                 step=self.step,
             )
         return call
+
+    def _fit(
+        self,
+        fn: Callable[..., Any],
+        signature: inspect.Signature,
+        call: _Call,
+        downstream: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> None:
+        """Pass ``fn`` the key and token it asks for; arguments that do not fit its
+        ``signature`` raise :class:`~agentq.errors.InvalidInput`."""
+        if "idempotency_key" in signature.parameters:
+            call.kwargs["idempotency_key"] = downstream
+        if "fencing_token" in signature.parameters:
+            call.kwargs["fencing_token"] = self._token
+        try:
+            _takes(fn, signature).bind(*args, **call.kwargs)
+        except TypeError as exc:
+            # Before the claim: a call the tool cannot even take never ran, and a claim
+            # left pending would stop the retried thread for a person over it.
+            raise InvalidInput(
+                f"tool {tool_name(fn)}{signature} cannot take these arguments "
+                f"({misfit(signature, kwargs, exc)}); "
+                f"nothing was claimed nor run: pass the arguments it declares (a model's "
+                "tool call naming other ones can be caught as TypeError and answered)",
+                thread_id=self.thread_id,
+                step=self.step,
+            ) from exc
 
     def _unrecorded(self, call: _Call) -> bool:
         """Whether the call's key has no record yet: a first call, which runs."""
@@ -772,6 +786,17 @@ def _shared_unknown(thread_id: str, key: str, name: str, token: int, holder: Eff
     )
 
 
+def _signature(fn: Callable[..., Any]) -> inspect.Signature | None:
+    """``fn``'s signature, or ``None`` for a callable that has none to read (a C function
+    without a text signature, such as ``time.time`` or ``max``, or an
+    ``operator.methodcaller``): a tool still, called with what the node passes, its
+    arguments checked by the call itself."""
+    try:
+        return inspect.signature(fn)
+    except (TypeError, ValueError):
+        return None
+
+
 def _takes(fn: Callable[..., Any], signature: inspect.Signature) -> inspect.Signature:
     """The signature ``fn``'s arguments must fit. ``inspect.signature`` follows
     ``__wrapped__`` to the function a decorator wraps, which may take an argument the
@@ -779,7 +804,10 @@ def _takes(fn: Callable[..., Any], signature: inspect.Signature) -> inspect.Sign
     call meets, and a call it takes is not refused on the inner function's say."""
     if getattr(fn, "__wrapped__", None) is None:
         return signature
-    return inspect.signature(fn, follow_wrapped=False)
+    try:
+        return inspect.signature(fn, follow_wrapped=False)
+    except (TypeError, ValueError):
+        return signature
 
 
 def _short(text: str, limit: int = 200) -> str:

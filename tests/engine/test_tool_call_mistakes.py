@@ -488,3 +488,25 @@ def test_a_tool_that_is_an_object_or_a_partial_is_recorded_under_its_class_name(
     assert drive(Agent(go), store) == ["sent to a@example.com", "sent to b@example.com"]
     tools = [effect.tool for effect in store.effects("t1")]
     assert tools == ["Mailer", "Mailer"]
+
+
+def test_a_builtin_tool_without_a_signature_is_called_and_recorded(store: Store) -> None:
+    """``run.tool(time.time)`` is how a node records a value that must not change on a
+    replay (the clock, a max of inputs): C functions without a text signature have no
+    ``inspect.signature``, which is no mistake of the call's, so the call is made and
+    recorded, and the replay gets the same value back."""
+    import operator
+    import time
+
+    def go(agent: Agent, run: Run) -> Done:
+        now = run.tool(time.time, key="now")
+        biggest = run.tool(max, 3, 7, key="max")
+        upper = run.tool(operator.methodcaller("upper"), "mail", key="upper")
+        return Done([now, biggest, upper])
+
+    store.open_thread("t1", task="tests.tool_call_mistakes")
+    now, biggest, upper = drive(Agent(go), store)
+    assert isinstance(now, float) and biggest == 7 and upper == "MAIL"
+    assert {effect.key for effect in store.effects("t1")} == {"now", "max", "upper"}
+    recorded = store.effect("t1", "now")
+    assert recorded is not None and recorded.result == now

@@ -261,6 +261,17 @@ class ToolCalls:
             reconcile=declared.reconcile if options.reconcile is None else options.reconcile,
             shared=declared.shared if options.shared is None else options.shared,
         )
+        if policy.reconcile is not None and not callable(policy.reconcile):
+            # Called only once a worker died mid-call: there, it would fail the recovery
+            # that needs it with a bare TypeError, every time the thread is retried.
+            raise InvalidArgument(
+                f"tool {tool_name(fn)}: reconcile={policy.reconcile!r} is not a function; "
+                "pass reconcile=fn, where fn(idempotency_key, *args, **kwargs) returns the "
+                "call's result if it happened, else agentq.DID_NOT_RUN (or idempotent=True "
+                "for a tool safe to call again); nothing was claimed nor run",
+                thread_id=self.thread_id,
+                step=self.step,
+            )
         self._calls += 1
         key = options.key if options.key is not None else f"step{self.step}.call{self._calls}"
         try:

@@ -510,3 +510,34 @@ def test_a_builtin_tool_without_a_signature_is_called_and_recorded(store: Store)
     assert {effect.key for effect in store.effects("t1")} == {"now", "max", "upper"}
     recorded = store.effect("t1", "now")
     assert recorded is not None and recorded.result == now
+
+
+@pytest.mark.parametrize("where", ["call", "declared"])
+def test_a_reconcile_that_is_not_a_function_is_refused_before_the_call_is_claimed(
+    store: Store, where: str
+) -> None:
+    """``reconcile=True`` (read as a flag, beside ``idempotent=True``) is only called once a
+    worker died mid-call: taken then, the recovery that needs it fails with a bare
+    ``TypeError: 'bool' object is not callable``, the claim taken over and still unknown.
+    Refused at the first call instead, naming the step, with nothing claimed nor run."""
+    import agentq
+
+    def send(to: str) -> str:
+        agent.calls.append(to)
+        return f"sent to {to}"
+
+    flag: Any = True  # what a type checker would refuse
+    declared = agentq.tool(reconcile=flag)(send)
+
+    def go(agent: Agent, run: Run) -> Done:
+        if where == "call":
+            return Done(run.tool(send, "a@example.com", key="mail", reconcile=flag))
+        return Done(run.tool(declared, "a@example.com", key="mail"))
+
+    agent = Agent(go)
+    store.open_thread("t1", task=agent.name)
+    with pytest.raises(InvalidArgument, match="reconcile=True is not a function") as info:
+        drive(agent, store)
+    assert (info.value.thread_id, info.value.step) == ("t1", 0)
+    assert store.effect("t1", "mail") is None
+    assert agent.calls == []

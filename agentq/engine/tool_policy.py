@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final, TypeVar, overload
@@ -71,5 +72,13 @@ def tool(
 
 
 def policy_of(fn: Callable[..., Any]) -> ToolPolicy:
-    policy = getattr(fn, "__agentq_policy__", None)
-    return policy if isinstance(policy, ToolPolicy) else ToolPolicy()
+    """The policy declared on ``fn``, or on the tool a ``functools.partial`` binds
+    arguments of (which has no attributes of the function's): the same tool, whose
+    ``shared=True`` lost would let two threads each make the call."""
+    while True:
+        policy = getattr(fn, "__agentq_policy__", None)
+        if isinstance(policy, ToolPolicy):
+            return policy
+        if not isinstance(fn, functools.partial):
+            return ToolPolicy()
+        fn = fn.func

@@ -541,3 +541,26 @@ def test_a_reconcile_that_is_not_a_function_is_refused_before_the_call_is_claime
     assert (info.value.thread_id, info.value.step) == ("t1", 0)
     assert store.effect("t1", "mail") is None
     assert agent.calls == []
+
+
+def test_a_declared_tool_called_through_a_partial_keeps_its_policy(store: Store) -> None:
+    """``functools.partial(charge, customer)`` is the same tool, bound to an argument: its
+    declared ``shared=True`` makes the key one record across threads, so the invoice is
+    charged once whichever thread calls it first, and the other gets that result."""
+    import agentq
+
+    @agentq.tool(shared=True)
+    def charge(customer: str, invoice: str) -> str:
+        agent.calls.append(invoice)
+        return f"charged {customer} for {invoice}"
+
+    def go(agent: Agent, run: Run) -> Done:
+        return Done(run.tool(functools.partial(charge, "acme"), "inv-7", key="invoice-7"))
+
+    agent = Agent(go)
+    for thread_id in ("t1", "t2"):
+        store.open_thread(thread_id, task=agent.name)
+        assert drive(agent, store, thread_id) == "charged acme for inv-7"
+    assert agent.calls == ["inv-7"]
+    recorded = store.effect("t1", "invoice-7", shared=True)
+    assert recorded is not None and recorded.result == "charged acme for inv-7"

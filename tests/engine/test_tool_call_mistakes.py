@@ -564,3 +564,24 @@ def test_a_declared_tool_called_through_a_partial_keeps_its_policy(store: Store)
     assert agent.calls == ["inv-7"]
     recorded = store.effect("t1", "invoice-7", shared=True)
     assert recorded is not None and recorded.result == "charged acme for inv-7"
+
+
+def test_an_object_whose_call_is_a_declared_tool_keeps_its_policy(store: Store) -> None:
+    """A client object whose class declares ``__call__`` with ``shared=True``: its key is
+    one record across threads, as for the function itself."""
+    import agentq
+
+    class Charger:
+        @agentq.tool(shared=True)
+        def __call__(self, invoice: str) -> str:
+            agent.calls.append(invoice)
+            return f"charged {invoice}"
+
+    def go(agent: Agent, run: Run) -> Done:
+        return Done(run.tool(Charger(), "inv-8", key="invoice-8"))
+
+    agent = Agent(go)
+    for thread_id in ("t1", "t2"):
+        store.open_thread(thread_id, task=agent.name)
+        assert drive(agent, store, thread_id) == "charged inv-8"
+    assert agent.calls == ["inv-8"]

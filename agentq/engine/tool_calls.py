@@ -272,6 +272,17 @@ class ToolCalls:
                 thread_id=self.thread_id,
                 step=self.step,
             )
+        if policy.shared and options.key is None:
+            # The default key is the same in every thread: one thread's call would get
+            # another's result back, and its own effect would never be made.
+            raise InvalidArgument(
+                f"tool {tool_name(fn)} is shared (shared=True), so its key names one record "
+                f"for every thread, and the default key (step{self.step}.call"
+                f"{self._calls + 1}) is the same in each; pass key= naming the effect "
+                "itself (the invoice or order it is for); nothing was claimed nor run",
+                thread_id=self.thread_id,
+                step=self.step,
+            )
         self._calls += 1
         key = options.key if options.key is not None else f"step{self.step}.call{self._calls}"
         try:

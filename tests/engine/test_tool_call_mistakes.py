@@ -585,3 +585,29 @@ def test_an_object_whose_call_is_a_declared_tool_keeps_its_policy(store: Store) 
         store.open_thread(thread_id, task=agent.name)
         assert drive(agent, store, thread_id) == "charged inv-8"
     assert agent.calls == ["inv-8"]
+
+
+def test_a_shared_call_without_a_key_is_refused_before_it_is_claimed(store: Store) -> None:
+    """A shared key is one record across threads; the default key (the step and the
+    call's place in the node, ``step0.call1``) is the same in every thread, so thread
+    t2's call of a ``shared=True`` tool got t1's result back ("charged inv-1") and
+    inv-2 was never charged. The call must name its key."""
+    import agentq
+
+    @agentq.tool(shared=True)
+    def charge(invoice: str) -> str:
+        agent.calls.append(invoice)
+        return f"charged {invoice}"
+
+    invoices = {"t1": "inv-1", "t2": "inv-2"}
+
+    def go(agent: Agent, run: Run) -> Done:
+        return Done(run.tool(charge, invoices[run.thread_id]))
+
+    agent = Agent(go)
+    for thread_id in invoices:
+        store.open_thread(thread_id, task=agent.name)
+        with pytest.raises(InvalidArgument, match="shared") as info:
+            drive(agent, store, thread_id)
+        assert (info.value.thread_id, info.value.step) == (thread_id, 0)
+    assert agent.calls == []

@@ -545,7 +545,7 @@ class Driver:
                 raise  # raised in the node's body
             raise unfit from exc
         if inspect.isawaitable(result):
-            return run_coroutine(_awaited(result))
+            return run_coroutine(_awaited(result, run))
         return result
 
     def _unfit(
@@ -602,5 +602,10 @@ class Driver:
         raise exc
 
 
-async def _awaited(awaitable: Any) -> Any:
-    return await awaitable
+async def _awaited(awaitable: Any, run: Run) -> Any:
+    """The node's result, once the tool calls it started have ended: a claim left pending
+    by a call still running would stop the step's retry for a person (or run it twice)."""
+    try:
+        return await awaitable
+    finally:
+        await run.awaited_tools_ended()

@@ -77,6 +77,8 @@ class ToolCalls:
         made again under one finds it pending, left by this run rather than a dead worker."""
         self._plain_running = 0
         self._plain_ended = threading.Condition()
+        self._awaited_running: set[asyncio.Future[None]] = set()
+        """One future per ``atool`` call under way, done when it ends (on its loop)."""
         self.limit_waits: list[dict[str, Any]] = []
         """The calls' waits for their limits, as ``run.limit_waits`` reports them."""
 
@@ -150,7 +152,31 @@ class ToolCalls:
         off it, in the pool slot waiting for the node, so a slow store never stalls the
         other nodes sharing the loop."""
         self._callable(fn, "atool")
-        return await self._effect(fn, args, kwargs, options, _to_its_end, _called_awaited)
+        ended = asyncio.get_running_loop().create_future()
+        self._awaited_running.add(ended)
+        try:
+            return await self._effect(fn, args, kwargs, options, _to_its_end, _called_awaited)
+        finally:
+            self._awaited_running.discard(ended)
+            ended.set_result(None)
+
+    async def awaited_ended(self) -> None:
+        """Wait until no ``atool`` call of this run is under way on the running loop: a
+        node whose ``asyncio.gather`` raised at its first failed call returns with the
+        others still running, and a step that ended without their records would leave
+        their claims pending for its retry, as a dead worker's."""
+        loop = asyncio.get_running_loop()
+        running = {ended for ended in self._awaited_running if ended.get_loop() is loop}
+        if not running:
+            return
+        logger.info(
+            "thread %s: step %d: its node returned with %d tool call(s) still running; "
+            "the step ends once they are recorded",
+            self.thread_id,
+            self.step,
+            len(running),
+        )
+        await asyncio.wait(running)
 
     async def _effect(
         self,

@@ -611,3 +611,73 @@ def test_a_shared_call_without_a_key_is_refused_before_it_is_claimed(store: Stor
             drive(agent, store, thread_id)
         assert (info.value.thread_id, info.value.step) == (thread_id, 0)
     assert agent.calls == []
+
+
+class RateLimited(Exception):
+    """A provider's 429, with the Retry-After of a step that may go again at once."""
+
+    retry_after = 0.0
+
+
+class RetryingAgent(Agent):
+    def should_retry(self, exc: BaseException) -> bool:
+        return isinstance(exc, RateLimited)
+
+
+def test_a_gathered_call_still_running_when_its_node_raises_is_recorded_first(
+    store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``asyncio.gather(run.atool(a), run.atool(b))``: ``a`` is refused with a 429, and
+    gather raises at once while ``b`` still runs. Had the step ended as retrying (due
+    now) with ``b`` unrecorded, its retry would find ``b``'s claim pending as if a worker
+    had died, and stop the thread for a person. The step ends once ``b`` is recorded,
+    and its retry gets ``b``'s result back."""
+    import asyncio
+    import logging
+    import threading
+
+    from tests.support.redis_server import wait_until
+
+    caplog.set_level(logging.INFO, logger="agentq")
+    started, released = threading.Event(), threading.Event()
+
+    async def refused() -> str:
+        await asyncio.to_thread(started.wait)  # once b runs
+        raise RateLimited("429")
+
+    async def slow(item: str) -> str:
+        agent.calls.append(item)
+        started.set()
+        await asyncio.to_thread(released.wait)
+        return f"done {item}"
+
+    async def go(agent: Agent, run: Run) -> Done:
+        if run.retries == 0:
+            calls = run.atool(refused, key="a"), run.atool(slow, "b", key="b")
+            return Done(await asyncio.gather(*calls))
+        return Done([await run.atool(slow, "b", key="b")])
+
+    def waits_for_b() -> bool:
+        return any("still running" in record.getMessage() for record in caplog.records)
+
+    agent = RetryingAgent(go)
+    store.open_thread("t1", task=agent.name)
+    first = threading.Thread(target=drive, args=(agent, store))
+    first.start()
+    try:
+        # Either the step ended with b still running, or it waits for b.
+        wait_until(
+            lambda: _meta(store).status == Status.RETRYING or waits_for_b(),
+            timeout=20,
+            what="the step to end or wait for b",
+        )
+        if waits_for_b():
+            released.set()
+        first.join()
+        assert _meta(store).status == Status.RETRYING
+        retried = drive(agent, store)
+    finally:
+        released.set()
+        first.join()
+    assert retried == ["done b"]
+    assert agent.calls == ["b"]

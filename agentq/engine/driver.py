@@ -403,6 +403,10 @@ class Driver:
                 outcome = self._call(pos.node, run, meta.input if step == 0 else None)
             finally:
                 run.end()
+                # A call the node handed to a thread it stopped waiting for (it raised at
+                # the first that failed) ends, recorded, before the step does: left
+                # pending, its claim would stop the step's retry as a dead worker's.
+                run.wait_for_tools()
         except Interrupted as pause:
             return self._pause(token, step, pause, run.retries)
         except LimitWait as wait:  # not a failure: no attempt is counted

@@ -139,6 +139,14 @@ class ToolCalls:
     def wait_for_plain(self) -> None:
         """Block until no plain call of this run is under way in any thread."""
         with self._plain_ended:
+            if self._plain_running:
+                logger.info(
+                    "thread %s: step %d: its node returned with %d tool call(s) still "
+                    "running in other threads; the step ends once they are recorded",
+                    self.thread_id,
+                    self.step,
+                    self._plain_running,
+                )
             self._plain_ended.wait_for(lambda: self._plain_running == 0)
 
     async def awaited(

@@ -681,3 +681,63 @@ def test_a_gathered_call_still_running_when_its_node_raises_is_recorded_first(
         first.join()
     assert retried == ["done b"]
     assert agent.calls == ["b"]
+
+
+def test_a_call_in_a_thread_still_running_when_its_node_raises_is_recorded_first(
+    store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A sync node that hands its calls to a thread pool and raises at the first failed
+    one (``next(pool.map(...))``, ``future.result()`` outside a ``with`` block) leaves
+    the others running: the step ends once they are recorded, not with their claims
+    pending for its retry to take for a dead worker's."""
+    import concurrent.futures
+    import logging
+    import threading
+
+    from tests.support.redis_server import wait_until
+
+    caplog.set_level(logging.INFO, logger="agentq")
+    started, released = threading.Event(), threading.Event()
+    pool = concurrent.futures.ThreadPoolExecutor(2)
+
+    def refused() -> str:
+        started.wait()  # once b runs
+        raise RateLimited("429")
+
+    def slow(item: str) -> str:
+        agent.calls.append(item)
+        started.set()
+        released.wait()
+        return f"done {item}"
+
+    def go(agent: Agent, run: Run) -> Done:
+        if run.retries == 0:
+            a = pool.submit(lambda: run.tool(refused, key="a"))
+            b = pool.submit(lambda: run.tool(slow, "b", key="b"))
+            return Done([a.result(), b.result()])
+        return Done([run.tool(slow, "b", key="b")])
+
+    def waits_for_b() -> bool:
+        return any("still running" in record.getMessage() for record in caplog.records)
+
+    agent = RetryingAgent(go)
+    store.open_thread("t1", task=agent.name)
+    first = threading.Thread(target=drive, args=(agent, store))
+    first.start()
+    try:
+        wait_until(
+            lambda: _meta(store).status == Status.RETRYING or waits_for_b(),
+            timeout=20,
+            what="the step to end or wait for b",
+        )
+        if waits_for_b():
+            released.set()
+        first.join()
+        assert _meta(store).status == Status.RETRYING
+        retried = drive(agent, store)
+    finally:
+        released.set()
+        first.join()
+        pool.shutdown()
+    assert retried == ["done b"]
+    assert agent.calls == ["b"]

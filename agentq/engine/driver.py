@@ -403,6 +403,10 @@ class Driver:
                 outcome = self._call(pos.node, run, meta.input if step == 0 else None)
             finally:
                 run.end()
+                # A call the node handed to a thread it stopped waiting for (it raised at
+                # the first that failed) ends, recorded, before the step does: left
+                # pending, its claim would stop the step's retry as a dead worker's.
+                run.wait_for_tools()
         except Interrupted as pause:
             return self._pause(token, step, pause, run.retries)
         except LimitWait as wait:  # not a failure: no attempt is counted
@@ -545,7 +549,7 @@ class Driver:
                 raise  # raised in the node's body
             raise unfit from exc
         if inspect.isawaitable(result):
-            return run_coroutine(_awaited(result))
+            return run_coroutine(_awaited(result, run))
         return result
 
     def _unfit(
@@ -602,5 +606,10 @@ class Driver:
         raise exc
 
 
-async def _awaited(awaitable: Any) -> Any:
-    return await awaitable
+async def _awaited(awaitable: Any, run: Run) -> Any:
+    """The node's result, once the tool calls it started have ended: a claim left pending
+    by a call still running would stop the step's retry for a person (or run it twice)."""
+    try:
+        return await awaitable
+    finally:
+        await run.awaited_tools_ended()

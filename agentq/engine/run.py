@@ -383,6 +383,12 @@ class Run:
         options = Options(key, idempotent, reconcile, shared, limit, cost, actual_cost)
         return await self._tools.awaited(fn, args, kwargs, options)
 
+    async def awaited_tools_ended(self) -> None:
+        """Wait until the ``run.atool`` calls this run made on the running loop have ended
+        (recorded): what the driver awaits after an async node, which may leave some
+        running (``asyncio.gather`` raises at the first call that failed)."""
+        await self._tools.awaited_ended()
+
     def wait_for_tools(self) -> None:
         """Block until the ``run.tool`` calls this run made in other threads have ended.
 

@@ -77,6 +77,8 @@ class ToolCalls:
         made again under one finds it pending, left by this run rather than a dead worker."""
         self._plain_running = 0
         self._plain_ended = threading.Condition()
+        self._awaited_running: set[asyncio.Future[None]] = set()
+        """One future per ``atool`` call under way, done when it ends (on its loop)."""
         self.limit_waits: list[dict[str, Any]] = []
         """The calls' waits for their limits, as ``run.limit_waits`` reports them."""
 
@@ -137,6 +139,14 @@ class ToolCalls:
     def wait_for_plain(self) -> None:
         """Block until no plain call of this run is under way in any thread."""
         with self._plain_ended:
+            if self._plain_running:
+                logger.info(
+                    "thread %s: step %d: its node returned with %d tool call(s) still "
+                    "running in other threads; the step ends once they are recorded",
+                    self.thread_id,
+                    self.step,
+                    self._plain_running,
+                )
             self._plain_ended.wait_for(lambda: self._plain_running == 0)
 
     async def awaited(
@@ -150,7 +160,31 @@ class ToolCalls:
         off it, in the pool slot waiting for the node, so a slow store never stalls the
         other nodes sharing the loop."""
         self._callable(fn, "atool")
-        return await self._effect(fn, args, kwargs, options, _to_its_end, _called_awaited)
+        ended = asyncio.get_running_loop().create_future()
+        self._awaited_running.add(ended)
+        try:
+            return await self._effect(fn, args, kwargs, options, _to_its_end, _called_awaited)
+        finally:
+            self._awaited_running.discard(ended)
+            ended.set_result(None)
+
+    async def awaited_ended(self) -> None:
+        """Wait until no ``atool`` call of this run is under way on the running loop: a
+        node whose ``asyncio.gather`` raised at its first failed call returns with the
+        others still running, and a step that ended without their records would leave
+        their claims pending for its retry, as a dead worker's."""
+        loop = asyncio.get_running_loop()
+        running = {ended for ended in self._awaited_running if ended.get_loop() is loop}
+        if not running:
+            return
+        logger.info(
+            "thread %s: step %d: its node returned with %d tool call(s) still running; "
+            "the step ends once they are recorded",
+            self.thread_id,
+            self.step,
+            len(running),
+        )
+        await asyncio.wait(running)
 
     async def _effect(
         self,
@@ -261,6 +295,28 @@ class ToolCalls:
             reconcile=declared.reconcile if options.reconcile is None else options.reconcile,
             shared=declared.shared if options.shared is None else options.shared,
         )
+        if policy.reconcile is not None and not callable(policy.reconcile):
+            # Called only once a worker died mid-call: there, it would fail the recovery
+            # that needs it with a bare TypeError, every time the thread is retried.
+            raise InvalidArgument(
+                f"tool {tool_name(fn)}: reconcile={policy.reconcile!r} is not a function; "
+                "pass reconcile=fn, where fn(idempotency_key, *args, **kwargs) returns the "
+                "call's result if it happened, else agentq.DID_NOT_RUN (or idempotent=True "
+                "for a tool safe to call again); nothing was claimed nor run",
+                thread_id=self.thread_id,
+                step=self.step,
+            )
+        if policy.shared and options.key is None:
+            # The default key is the same in every thread: one thread's call would get
+            # another's result back, and its own effect would never be made.
+            raise InvalidArgument(
+                f"tool {tool_name(fn)} is shared (shared=True), so its key names one record "
+                f"for every thread, and the default key (step{self.step}.call"
+                f"{self._calls + 1}) is the same in each; pass key= naming the effect "
+                "itself (the invoice or order it is for); nothing was claimed nor run",
+                thread_id=self.thread_id,
+                step=self.step,
+            )
         self._calls += 1
         key = options.key if options.key is not None else f"step{self.step}.call{self._calls}"
         try:
@@ -280,24 +336,9 @@ class ToolCalls:
         # Names this call, so that a claim resent after a lost reply is known as ours.
         call = _Call(key, downstream, uuid.uuid4().hex, policy, dict(kwargs), tool_name(fn))
         call.callee = _callee(fn)
-        signature = inspect.signature(fn)
-        if "idempotency_key" in signature.parameters:
-            call.kwargs["idempotency_key"] = downstream
-        if "fencing_token" in signature.parameters:
-            call.kwargs["fencing_token"] = self._token
-        try:
-            _takes(fn, signature).bind(*args, **call.kwargs)
-        except TypeError as exc:
-            # Before the claim: a call the tool cannot even take never ran, and a claim
-            # left pending would stop the retried thread for a person over it.
-            raise InvalidInput(
-                f"tool {tool_name(fn)}{signature} cannot take these arguments "
-                f"({misfit(signature, kwargs, exc)}); "
-                f"nothing was claimed nor run: pass the arguments it declares (a model's "
-                "tool call naming other ones can be caught as TypeError and answered)",
-                thread_id=self.thread_id,
-                step=self.step,
-            ) from exc
+        signature = _signature(fn)
+        if signature is not None:
+            self._fit(fn, signature, call, downstream, args, kwargs)
         made = self._returned.get((key, policy.shared))
         if made is not None and not made.same(call.tool, args, kwargs, call.callee):
             # Its claim would answer with that call's result: this one would never run.
@@ -316,6 +357,35 @@ class ToolCalls:
                 step=self.step,
             )
         return call
+
+    def _fit(
+        self,
+        fn: Callable[..., Any],
+        signature: inspect.Signature,
+        call: _Call,
+        downstream: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> None:
+        """Pass ``fn`` the key and token it asks for; arguments that do not fit its
+        ``signature`` raise :class:`~agentq.errors.InvalidInput`."""
+        if "idempotency_key" in signature.parameters:
+            call.kwargs["idempotency_key"] = downstream
+        if "fencing_token" in signature.parameters:
+            call.kwargs["fencing_token"] = self._token
+        try:
+            _takes(fn, signature).bind(*args, **call.kwargs)
+        except TypeError as exc:
+            # Before the claim: a call the tool cannot even take never ran, and a claim
+            # left pending would stop the retried thread for a person over it.
+            raise InvalidInput(
+                f"tool {tool_name(fn)}{signature} cannot take these arguments "
+                f"({misfit(signature, kwargs, exc)}); "
+                f"nothing was claimed nor run: pass the arguments it declares (a model's "
+                "tool call naming other ones can be caught as TypeError and answered)",
+                thread_id=self.thread_id,
+                step=self.step,
+            ) from exc
 
     def _unrecorded(self, call: _Call) -> bool:
         """Whether the call's key has no record yet: a first call, which runs."""
@@ -772,6 +842,17 @@ def _shared_unknown(thread_id: str, key: str, name: str, token: int, holder: Eff
     )
 
 
+def _signature(fn: Callable[..., Any]) -> inspect.Signature | None:
+    """``fn``'s signature, or ``None`` for a callable that has none to read (a C function
+    without a text signature, such as ``time.time`` or ``max``, or an
+    ``operator.methodcaller``): a tool still, called with what the node passes, its
+    arguments checked by the call itself."""
+    try:
+        return inspect.signature(fn)
+    except (TypeError, ValueError):
+        return None
+
+
 def _takes(fn: Callable[..., Any], signature: inspect.Signature) -> inspect.Signature:
     """The signature ``fn``'s arguments must fit. ``inspect.signature`` follows
     ``__wrapped__`` to the function a decorator wraps, which may take an argument the
@@ -779,7 +860,10 @@ def _takes(fn: Callable[..., Any], signature: inspect.Signature) -> inspect.Sign
     call meets, and a call it takes is not refused on the inner function's say."""
     if getattr(fn, "__wrapped__", None) is None:
         return signature
-    return inspect.signature(fn, follow_wrapped=False)
+    try:
+        return inspect.signature(fn, follow_wrapped=False)
+    except (TypeError, ValueError):
+        return signature
 
 
 def _short(text: str, limit: int = 200) -> str:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final, TypeVar, overload
@@ -71,5 +73,18 @@ def tool(
 
 
 def policy_of(fn: Callable[..., Any]) -> ToolPolicy:
-    policy = getattr(fn, "__agentq_policy__", None)
+    """The policy declared on ``fn``, on the tool a ``functools.partial`` binds arguments
+    of (which has no attributes of the function's), or on the ``__call__`` of the object
+    ``fn`` is: the same tool each time, whose ``shared=True`` lost would let two threads
+    each make the call."""
+    while True:
+        policy = getattr(fn, "__agentq_policy__", None)
+        if isinstance(policy, ToolPolicy):
+            return policy
+        if not isinstance(fn, functools.partial):
+            break
+        fn = fn.func
+    # An object whose class declared its __call__ a tool (a client holding its session).
+    call = None if isinstance(fn, type) else inspect.getattr_static(type(fn), "__call__", None)
+    policy = getattr(call, "__agentq_policy__", None)
     return policy if isinstance(policy, ToolPolicy) else ToolPolicy()

@@ -488,3 +488,256 @@ def test_a_tool_that_is_an_object_or_a_partial_is_recorded_under_its_class_name(
     assert drive(Agent(go), store) == ["sent to a@example.com", "sent to b@example.com"]
     tools = [effect.tool for effect in store.effects("t1")]
     assert tools == ["Mailer", "Mailer"]
+
+
+def test_a_builtin_tool_without_a_signature_is_called_and_recorded(store: Store) -> None:
+    """``run.tool(time.time)`` is how a node records a value that must not change on a
+    replay (the clock, a max of inputs): C functions without a text signature have no
+    ``inspect.signature``, which is no mistake of the call's, so the call is made and
+    recorded, and the replay gets the same value back."""
+    import operator
+    import time
+
+    def go(agent: Agent, run: Run) -> Done:
+        now = run.tool(time.time, key="now")
+        biggest = run.tool(max, 3, 7, key="max")
+        upper = run.tool(operator.methodcaller("upper"), "mail", key="upper")
+        return Done([now, biggest, upper])
+
+    store.open_thread("t1", task="tests.tool_call_mistakes")
+    now, biggest, upper = drive(Agent(go), store)
+    assert isinstance(now, float) and biggest == 7 and upper == "MAIL"
+    assert {effect.key for effect in store.effects("t1")} == {"now", "max", "upper"}
+    recorded = store.effect("t1", "now")
+    assert recorded is not None and recorded.result == now
+
+
+@pytest.mark.parametrize("where", ["call", "declared"])
+def test_a_reconcile_that_is_not_a_function_is_refused_before_the_call_is_claimed(
+    store: Store, where: str
+) -> None:
+    """``reconcile=True`` (read as a flag, beside ``idempotent=True``) is only called once a
+    worker died mid-call: taken then, the recovery that needs it fails with a bare
+    ``TypeError: 'bool' object is not callable``, the claim taken over and still unknown.
+    Refused at the first call instead, naming the step, with nothing claimed nor run."""
+    import agentq
+
+    def send(to: str) -> str:
+        agent.calls.append(to)
+        return f"sent to {to}"
+
+    flag: Any = True  # what a type checker would refuse
+    declared = agentq.tool(reconcile=flag)(send)
+
+    def go(agent: Agent, run: Run) -> Done:
+        if where == "call":
+            return Done(run.tool(send, "a@example.com", key="mail", reconcile=flag))
+        return Done(run.tool(declared, "a@example.com", key="mail"))
+
+    agent = Agent(go)
+    store.open_thread("t1", task=agent.name)
+    with pytest.raises(InvalidArgument, match="reconcile=True is not a function") as info:
+        drive(agent, store)
+    assert (info.value.thread_id, info.value.step) == ("t1", 0)
+    assert store.effect("t1", "mail") is None
+    assert agent.calls == []
+
+
+def test_a_declared_tool_called_through_a_partial_keeps_its_policy(store: Store) -> None:
+    """``functools.partial(charge, customer)`` is the same tool, bound to an argument: its
+    declared ``shared=True`` makes the key one record across threads, so the invoice is
+    charged once whichever thread calls it first, and the other gets that result."""
+    import agentq
+
+    @agentq.tool(shared=True)
+    def charge(customer: str, invoice: str) -> str:
+        agent.calls.append(invoice)
+        return f"charged {customer} for {invoice}"
+
+    def go(agent: Agent, run: Run) -> Done:
+        return Done(run.tool(functools.partial(charge, "acme"), "inv-7", key="invoice-7"))
+
+    agent = Agent(go)
+    for thread_id in ("t1", "t2"):
+        store.open_thread(thread_id, task=agent.name)
+        assert drive(agent, store, thread_id) == "charged acme for inv-7"
+    assert agent.calls == ["inv-7"]
+    recorded = store.effect("t1", "invoice-7", shared=True)
+    assert recorded is not None and recorded.result == "charged acme for inv-7"
+
+
+def test_an_object_whose_call_is_a_declared_tool_keeps_its_policy(store: Store) -> None:
+    """A client object whose class declares ``__call__`` with ``shared=True``: its key is
+    one record across threads, as for the function itself."""
+    import agentq
+
+    class Charger:
+        @agentq.tool(shared=True)
+        def __call__(self, invoice: str) -> str:
+            agent.calls.append(invoice)
+            return f"charged {invoice}"
+
+    def go(agent: Agent, run: Run) -> Done:
+        return Done(run.tool(Charger(), "inv-8", key="invoice-8"))
+
+    agent = Agent(go)
+    for thread_id in ("t1", "t2"):
+        store.open_thread(thread_id, task=agent.name)
+        assert drive(agent, store, thread_id) == "charged inv-8"
+    assert agent.calls == ["inv-8"]
+
+
+def test_a_shared_call_without_a_key_is_refused_before_it_is_claimed(store: Store) -> None:
+    """A shared key is one record across threads; the default key (the step and the
+    call's place in the node, ``step0.call1``) is the same in every thread, so thread
+    t2's call of a ``shared=True`` tool got t1's result back ("charged inv-1") and
+    inv-2 was never charged. The call must name its key."""
+    import agentq
+
+    @agentq.tool(shared=True)
+    def charge(invoice: str) -> str:
+        agent.calls.append(invoice)
+        return f"charged {invoice}"
+
+    invoices = {"t1": "inv-1", "t2": "inv-2"}
+
+    def go(agent: Agent, run: Run) -> Done:
+        return Done(run.tool(charge, invoices[run.thread_id]))
+
+    agent = Agent(go)
+    for thread_id in invoices:
+        store.open_thread(thread_id, task=agent.name)
+        with pytest.raises(InvalidArgument, match="shared") as info:
+            drive(agent, store, thread_id)
+        assert (info.value.thread_id, info.value.step) == (thread_id, 0)
+    assert agent.calls == []
+
+
+class RateLimited(Exception):
+    """A provider's 429, with the Retry-After of a step that may go again at once."""
+
+    retry_after = 0.0
+
+
+class RetryingAgent(Agent):
+    def should_retry(self, exc: BaseException) -> bool:
+        return isinstance(exc, RateLimited)
+
+
+def test_a_gathered_call_still_running_when_its_node_raises_is_recorded_first(
+    store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``asyncio.gather(run.atool(a), run.atool(b))``: ``a`` is refused with a 429, and
+    gather raises at once while ``b`` still runs. Had the step ended as retrying (due
+    now) with ``b`` unrecorded, its retry would find ``b``'s claim pending as if a worker
+    had died, and stop the thread for a person. The step ends once ``b`` is recorded,
+    and its retry gets ``b``'s result back."""
+    import asyncio
+    import logging
+    import threading
+
+    from tests.support.redis_server import wait_until
+
+    caplog.set_level(logging.INFO, logger="agentq")
+    started, released = threading.Event(), threading.Event()
+
+    async def refused() -> str:
+        await asyncio.to_thread(started.wait)  # once b runs
+        raise RateLimited("429")
+
+    async def slow(item: str) -> str:
+        agent.calls.append(item)
+        started.set()
+        await asyncio.to_thread(released.wait)
+        return f"done {item}"
+
+    async def go(agent: Agent, run: Run) -> Done:
+        if run.retries == 0:
+            calls = run.atool(refused, key="a"), run.atool(slow, "b", key="b")
+            return Done(await asyncio.gather(*calls))
+        return Done([await run.atool(slow, "b", key="b")])
+
+    def waits_for_b() -> bool:
+        return any("still running" in record.getMessage() for record in caplog.records)
+
+    agent = RetryingAgent(go)
+    store.open_thread("t1", task=agent.name)
+    first = threading.Thread(target=drive, args=(agent, store))
+    first.start()
+    try:
+        # Either the step ended with b still running, or it waits for b.
+        wait_until(
+            lambda: _meta(store).status == Status.RETRYING or waits_for_b(),
+            timeout=20,
+            what="the step to end or wait for b",
+        )
+        if waits_for_b():
+            released.set()
+        first.join()
+        assert _meta(store).status == Status.RETRYING
+        retried = drive(agent, store)
+    finally:
+        released.set()
+        first.join()
+    assert retried == ["done b"]
+    assert agent.calls == ["b"]
+
+
+def test_a_call_in_a_thread_still_running_when_its_node_raises_is_recorded_first(
+    store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A sync node that hands its calls to a thread pool and raises at the first failed
+    one (``next(pool.map(...))``, ``future.result()`` outside a ``with`` block) leaves
+    the others running: the step ends once they are recorded, not with their claims
+    pending for its retry to take for a dead worker's."""
+    import concurrent.futures
+    import logging
+    import threading
+
+    from tests.support.redis_server import wait_until
+
+    caplog.set_level(logging.INFO, logger="agentq")
+    started, released = threading.Event(), threading.Event()
+    pool = concurrent.futures.ThreadPoolExecutor(2)
+
+    def refused() -> str:
+        started.wait()  # once b runs
+        raise RateLimited("429")
+
+    def slow(item: str) -> str:
+        agent.calls.append(item)
+        started.set()
+        released.wait()
+        return f"done {item}"
+
+    def go(agent: Agent, run: Run) -> Done:
+        if run.retries == 0:
+            a = pool.submit(lambda: run.tool(refused, key="a"))
+            b = pool.submit(lambda: run.tool(slow, "b", key="b"))
+            return Done([a.result(), b.result()])
+        return Done([run.tool(slow, "b", key="b")])
+
+    def waits_for_b() -> bool:
+        return any("still running" in record.getMessage() for record in caplog.records)
+
+    agent = RetryingAgent(go)
+    store.open_thread("t1", task=agent.name)
+    first = threading.Thread(target=drive, args=(agent, store))
+    first.start()
+    try:
+        wait_until(
+            lambda: _meta(store).status == Status.RETRYING or waits_for_b(),
+            timeout=20,
+            what="the step to end or wait for b",
+        )
+        if waits_for_b():
+            released.set()
+        first.join()
+        assert _meta(store).status == Status.RETRYING
+        retried = drive(agent, store)
+    finally:
+        released.set()
+        first.join()
+        pool.shutdown()
+    assert retried == ["done b"]
+    assert agent.calls == ["b"]

@@ -24,6 +24,8 @@ CLAIM_BATCH = 500
 GC_BATCH = 100
 """Finished threads one sweep deletes at most (tens of milliseconds): a backlog of them
 is worked off a batch a sweep, never holding up the sends of due threads behind it."""
+RESEND_SPACING_CAP = 16
+"""A thread sent again and again is sent at most this many ``start_grace`` apart."""
 STORE_CHECK_INTERVAL = 30.0
 """Seconds between two looks at the store's settings in every worker, leader or not."""
 
@@ -95,7 +97,7 @@ class Sweeper:
                     again = True  # its message is on its way: the claim held it off again
                     continue
                 try:
-                    resent = self._send(thread_id)
+                    resent = self._send(thread_id, hold)
                 except Exception:
                     self._unclaim([t for t in claimed[at + 1 :] if t not in done])
                     raise
@@ -105,7 +107,7 @@ class Sweeper:
             if again or len(claimed) < CLAIM_BATCH or self._stop.is_set():
                 return sent  # a stopping worker leaves the rest to the other sweepers
 
-    def _send(self, thread_id: str) -> bool:
+    def _send(self, thread_id: str, hold: float) -> bool:
         """Send a message for the claimed thread if it still runs by itself; return
         whether one was sent (the sweep reports only those, as ``agentq sweep`` prints)."""
         store = runtime_of(self.app).store
@@ -117,6 +119,20 @@ class Sweeper:
             return False
         resend_thread(self.app, meta)
         logger.info("thread %s (%s, step %d) re-sent", thread_id, meta.status.value, meta.step)
+        # Unchanged for longer than two holds, it was sent before and no worker took it:
+        # its messages most likely wait in a backlog, where a message every hold would
+        # pile up (a hundred each in an hour's backlog). Due again after as long as it has
+        # waited, its sends come twice as far apart each time, up to a cap; a worker
+        # taking it sets its due time anew. A first send defers nothing: the claim's hold
+        # is its wait, and a sweep after a crash makes no more round trips than before.
+        waited = time.time() - meta.updated_at
+        if waited > 2 * hold:
+            try:
+                store.defer_due(
+                    thread_id, meta.status.value, meta.fence, min(waited, RESEND_SPACING_CAP * hold)
+                )
+            except Exception as exc:  # it is only sent again after a hold, as before
+                logger.warning("thread %s: its next send is not deferred (%s)", thread_id, exc)
         return True
 
     def _unclaim(self, unsent: list[str]) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import threading
 import time
 import uuid
@@ -206,6 +207,38 @@ def test_a_sweep_sends_each_due_thread_once_when_sending_outlasts_the_start_grac
         sweeping.join(timeout=20)
         assert ended, "the sweep kept sending the threads it had sent already"
         assert sorted(sent) == sorted(f"t{n}" for n in range(due))
+    finally:
+        store.close()
+        with contextlib.closing(redis.Redis.from_url(redis_broker)) as broker:
+            broker.delete(app.conf.task_default_queue)
+        app.close()
+
+
+def test_a_thread_whose_messages_wait_in_a_backlog_is_sent_ever_less_often(
+    redis_broker: str, redis_server: RedisServer
+) -> None:
+    """No worker takes the thread (its messages wait behind a backlog): every send would
+    add one more message to that backlog. Sent again after as long as it has waited, its
+    sends come twice as far apart each time, not once a start grace."""
+    grace = 0.2
+    app = Celery("agentq-sweeper-backlog", broker=redis_broker, set_as_current=False)
+    app.conf.task_default_queue = f"agentq-test-sweep-backlog-{uuid.uuid4().hex[:8]}"
+    agentq.init_app(
+        app, store=redis_server.url, prefix=f"sb{uuid.uuid4().hex[:8]}:", start_grace=grace
+    )
+    store: Store = app._agentq_runtime.store
+    sweeper = Sweeper(app)
+    try:
+        store.open_thread("t1", task="elsewhere.agent", start_grace=0)
+        opened = time.monotonic()
+        sends = 0
+        while (waited := time.monotonic() - opened) < 20 * grace:
+            sends += len(sweeper.sweep_once())
+            time.sleep(grace / 20)  # the sweep interval
+        # Sent at once, then after waiting 1, 2, 4, 8, 16 graces (a grace each: 20 sends).
+        assert 3 <= sends <= 3 + math.log2(waited / grace), sends
+        with contextlib.closing(redis.Redis.from_url(redis_broker)) as broker:
+            assert broker.llen(app.conf.task_default_queue) == sends
     finally:
         store.close()
         with contextlib.closing(redis.Redis.from_url(redis_broker)) as broker:

@@ -1164,6 +1164,19 @@ def test_unclaim_due_brings_claimed_entries_back_and_leaves_the_rest(store: Stor
     assert store.claim_due(hold=3600) == ["t2"]
 
 
+def test_defer_due_pushes_a_sent_thread_until_a_worker_takes_it(store: Store) -> None:
+    for thread_id in ("t1", "t2", "t3"):
+        store.open_thread(thread_id, task="agent", start_grace=0)
+    assert store.claim_due(hold=0) == ["t1", "t2", "t3"]  # sent, and due again at once
+    store.acquire("t2", "w1", 3600)  # a worker took it: its due time is its lease's
+    store.defer_due("t1", "queued", 0, 3600)
+    store.defer_due("t2", "queued", 0, 3600)  # as the sweeper saw it before the worker
+    store.defer_due("t3", "retrying", 0, 3600)  # not the status it is in
+    assert [thread_id for thread_id, _ in store.due()] == ["t3"]
+    store.defer_due("t3", "queued", 0, 3600)
+    assert store.due() == []
+
+
 # -- bad input ---------------------------------------------------------------------------
 
 

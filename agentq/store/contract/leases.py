@@ -115,6 +115,17 @@ class LeaseContract(ABC):
     @abstractmethod
     def _do_unclaim_due(self, thread_ids: Sequence[str]) -> None: ...
 
+    def defer_due(self, thread_id: str, status: str, fence: int, delay: float) -> None:
+        """Make due ``delay`` seconds from now a thread the sweeper has just sent, still in
+        ``status`` with fencing token ``fence``: a thread whose message waits in a backlog
+        is sent again less and less often, not once a ``hold``. Changes nothing once a
+        worker took the thread (its token went up) or its status changed. Atomic."""
+        validate_thread_id(thread_id)
+        self._do_defer_due(thread_id, status, fence, delay)
+
+    @abstractmethod
+    def _do_defer_due(self, thread_id: str, status: str, fence: int, delay: float) -> None: ...
+
     def sync_index(self, thread_id: str) -> None:
         """Set the thread's entries in the global indexes (its status, its due time) from
         its meta, or remove them if the thread does not exist. The sweeper calls it for a

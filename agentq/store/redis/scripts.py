@@ -37,6 +37,7 @@ STORE_SCRIPTS = (
     "complete_effect",
     "claim_due",
     "unclaim_due",
+    "defer_due",
     "reopen",
     "request_cancel",
     "take_canvas",

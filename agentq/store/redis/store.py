@@ -523,6 +523,14 @@ class RedisStore(RedisCheckpoints, RedisEffects, RedisLimits, RedisListing, Redi
     def _do_unclaim_due(self, thread_ids: Sequence[str]) -> None:
         self._scripts["unclaim_due"](keys=[self.keys.due()], args=list(thread_ids))
 
+    def _do_defer_due(self, thread_id: str, status: str, fence: int, delay: float) -> None:
+        self._run(
+            "defer_due",
+            [self.keys.meta(thread_id)],
+            [thread_id, status, fence, delay],
+            indexed=True,
+        )
+
     def _do_lease_sweeper(self, owner: str, ttl: float) -> bool:
         return bool(
             self._scripts["lease_sweeper"](keys=[self.keys.sweeper()], args=[owner, _millis(ttl)])

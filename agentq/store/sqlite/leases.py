@@ -103,6 +103,14 @@ class LeasesMixin:
                 (now, now, *ids),
             )
 
+    def _do_defer_due(self, thread_id: str, status: str, fence: int, delay: float) -> None:
+        with self._conn.write() as db:
+            db.execute(
+                "UPDATE threads SET due_at = ? WHERE thread_id = ? AND status = ? AND fence = ? "
+                "AND due_at IS NOT NULL",
+                (time.time() + delay, thread_id, status, fence),
+            )
+
     def _do_lease_sweeper(self, owner: str, ttl: float) -> bool:
         with self._conn.write() as db:
             now = time.time()

@@ -9,7 +9,10 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ClassVar, Final, Never, TypeVar
 
+import kombu.exceptions
 from celery import Task
+from celery.backends.base import DisabledBackend
+from celery.backends.rpc import RPCBackend
 from celery.exceptions import Ignore, SoftTimeLimitExceeded
 from celery.result import AsyncResult
 from celery.utils import uuid
@@ -35,7 +38,7 @@ from agentq.errors import (
     WaitTimeout,
 )
 from agentq.ids import validate_thread_id
-from agentq.records import Status, ThreadMeta
+from agentq.records import FINISHED, Status, ThreadMeta
 from agentq.store.contract import UNSET
 
 logger = logging.getLogger("agentq")
@@ -377,11 +380,15 @@ class AgentTask(Task):  # type: ignore[misc]
         )
         if not created:
             sent = _sent_or_told(meta, lambda: self.resend(meta, **options))
-            if chose_id or meta.origin is None:
+            if chose_id or meta.origin is None or meta.status in FINISHED:
+                return sent  # a message finding its thread ended stores that end as its own
+            if self.ignore_result or meta.options.get("ignore_result"):
                 return sent
+            if isinstance(self.backend, (DisabledBackend, RPCBackend)):
+                return sent  # the first task's end goes to its own caller, if anywhere
             # The thread's result, as for its first delay(): the message just sent only
-            # nudges a thread that exists, and ends WAITING or HANDED_OVER, never to be
-            # ended later, unless it finds the thread ended or ends it itself.
+            # nudges a thread that runs on, and ends WAITING or HANDED_OVER, never to be
+            # ended later; the task that ends the thread stores its end under this id.
             return self.AsyncResult(meta.origin)
         stored = _stored(_with_headers(kept, options))
         return _sent_or_told(
@@ -707,7 +714,9 @@ def _sent_or_told(meta: ThreadMeta, send: Callable[[], T]) -> T:
     would have it done twice."""
     try:
         return send()
-    except Exception as exc:
+    except (kombu.exceptions.OperationalError, ConnectionError) as exc:
+        # The broker out of reach, as later sends may not be; an error of the message
+        # itself (a queue that does not exist) would stop the sweeper's sends too.
         if not meta.runs_by_itself:
             raise
         raise MessageNotSent(

@@ -275,6 +275,16 @@ def _ready(task: Task, task_id: str) -> bool:
         return False
 
 
+def _succeeded(task: Task, task_id: str) -> bool:
+    """Whether the backend holds ``SUCCESS`` for ``task_id``; ``False`` if it cannot say."""
+    if not stores_results(task) or _is_rpc(task.backend):
+        return False
+    try:
+        return bool(task.backend.get_state(task_id) == states.SUCCESS)
+    except Exception:
+        return False
+
+
 def _restore_end(task: Task, meta: ThreadMeta) -> None:
     """Store the end of the thread under its first task id again, if it has ended since
     ``meta`` was read and the backend does not hold a final state for it now. Without its
@@ -349,13 +359,15 @@ def _takes_canvas(task: Task, meta: ThreadMeta, taker: str, *, retried: bool = F
         calls = RetriedCalls(store, meta.thread_id, task.agentq.settings.lease_ttl)
         take = functools.partial(calls, what, store.take_canvas)
     taken = bool(task._store_call(what, meta.thread_id, take, meta.thread_id, taker))
-    if taken and taker and taker == task.request.id and _ready(task, taker):
+    if taken and taker and taker == task.request.id and _succeeded(task, taker):
         # This message ran to its end before (a copy of it: RabbitMQ redelivering on a
-        # lost connection, a visibility timeout restoring it), and its end is stored only
-        # once the canvas went on: by Celery's tracer after the callbacks and the chain,
-        # the chord counted with it; by canvas.succeeded and failed alike. Taken again,
-        # the callbacks would run twice and the chord count the part twice. A run cut off
-        # before its end was stored carries the canvas on again, as acks_late runs it.
+        # lost connection, a visibility timeout restoring it), and its success is stored
+        # only once its callbacks and the chain's next task went out (by Celery's tracer,
+        # after canvas.succeeded): taken again, the callbacks would run twice (a chord
+        # counts the part just after the success is stored; a worker killed in between
+        # leaves it uncounted, as in Celery without agentq). A failure
+        # is stored before the errbacks run, and when sending a callback failed: a copy
+        # of that message carries the canvas on again, as acks_late runs it.
         logger.info(
             "thread %s: %s[%s] ran to its end before; its canvas went on then",
             meta.thread_id,

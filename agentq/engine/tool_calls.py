@@ -174,17 +174,21 @@ class ToolCalls:
         others still running, and a step that ended without their records would leave
         their claims pending for its retry, as a dead worker's."""
         loop = asyncio.get_running_loop()
-        running = {ended for ended in self._awaited_running if ended.get_loop() is loop}
-        if not running:
-            return
-        logger.info(
-            "thread %s: step %d: its node returned with %d tool call(s) still running; "
-            "the step ends once they are recorded",
-            self.thread_id,
-            self.step,
-            len(running),
-        )
-        await asyncio.wait(running)
+        while True:
+            # A turn of the loop first, and again after each wait: a task that a call
+            # just ended wakes, and the next call it makes is waited for too.
+            await asyncio.sleep(0)
+            running = {ended for ended in self._awaited_running if ended.get_loop() is loop}
+            if not running:
+                return
+            logger.info(
+                "thread %s: step %d: its node returned with %d tool call(s) still running; "
+                "the step ends once they are recorded",
+                self.thread_id,
+                self.step,
+                len(running),
+            )
+            await asyncio.wait(running)
 
     async def _effect(
         self,

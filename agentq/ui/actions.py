@@ -75,17 +75,19 @@ def fork_target(form: Form) -> tuple[int, str]:
 
 def whole_number(raw: str, what: str, thread_id: str | None = None) -> int:
     # isdecimal alone lets in other scripts' digits, which int() reads but a person
-    # typing a step did not mean; the length first, as int() refuses past 4300 digits.
+    # typing a step did not mean; leading zeros off and the length first, as int()
+    # refuses past 4300 digits.
+    digits = raw.lstrip("0") or "0"
     if (
         not (raw.isascii() and raw.isdecimal())
-        or len(raw.lstrip("0")) > len(str(MAX_NUMBER))
-        or int(raw) > MAX_NUMBER
+        or len(digits) > len(str(MAX_NUMBER))
+        or int(digits) > MAX_NUMBER
     ):
         raise InvalidArgument(
             f"{what} must be a whole number from 0 to {MAX_NUMBER}, got {raw!r}",
             thread_id=thread_id,
         )
-    return int(raw)
+    return int(digits)
 
 
 def _outcome(requeued: Requeued) -> Outcome:

@@ -439,3 +439,17 @@ def test_get_of_a_second_delay_of_an_unfinished_thread_ends_with_the_thread(env:
     # The thread is done and no message of it is left: nothing will store another state
     # under the second id, so its get() would wait for ever.
     assert AsyncResult(second.id, app=env.app).state == "SUCCESS"
+
+
+def test_a_delay_of_a_finished_thread_returns_its_own_message_which_gets_the_end(
+    env: Env,
+) -> None:
+    # The first task's result may have expired since: the new message stores the end anew.
+    first = env.agent.delay("t-over", mode="wait")
+    wait_until(lambda: first.state == WAITING, timeout=20, what="WAITING")
+    env.agent.resume("t-over", True)
+    assert first.get(timeout=20) == {"approved": True}
+    env.app.backend.forget(first.id)
+    again = env.agent.delay("t-over", mode="wait")
+    assert again.id != first.id
+    assert again.get(timeout=20) == {"approved": True}

@@ -683,6 +683,67 @@ def test_a_gathered_call_still_running_when_its_node_raises_is_recorded_first(
     assert agent.calls == ["b"]
 
 
+def test_a_call_a_gathered_task_makes_after_the_node_raised_is_recorded_first(
+    store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    """As above, but the task still running makes a second call once its first ends,
+    after the node raised: the step waits for that one too."""
+    import asyncio
+    import logging
+    import threading
+
+    from tests.support.redis_server import wait_until
+
+    caplog.set_level(logging.INFO, logger="agentq")
+    started = {item: threading.Event() for item in ("b", "c")}
+    released = {item: threading.Event() for item in ("b", "c")}
+
+    async def refused() -> str:
+        await asyncio.to_thread(started["b"].wait)
+        raise RateLimited("429")
+
+    async def slow(item: str) -> str:
+        agent.calls.append(item)
+        started[item].set()
+        await asyncio.to_thread(released[item].wait)
+        return f"done {item}"
+
+    async def two_calls(run: Run) -> list[str]:
+        return [await run.atool(slow, "b", key="b"), await run.atool(slow, "c", key="c")]
+
+    async def go(agent: Agent, run: Run) -> Done:
+        if run.retries == 0:
+            return Done(await asyncio.gather(run.atool(refused, key="a"), two_calls(run)))
+        return Done(await two_calls(run))
+
+    def waits(n: int) -> bool:
+        return sum("still running" in record.getMessage() for record in caplog.records) >= n
+
+    agent = RetryingAgent(go)
+    store.open_thread("t1", task=agent.name)
+    first = threading.Thread(target=drive, args=(agent, store))
+    first.start()
+    try:
+        wait_until(lambda: waits(1), timeout=20, what="the step to wait for b")
+        released["b"].set()
+        wait_until(
+            lambda: _meta(store).status == Status.RETRYING or waits(2),
+            timeout=20,
+            what="the step to end or wait for c",
+        )
+        assert _meta(store).status == Status.RUNNING, "the step ended with c unrecorded"
+        released["c"].set()
+        first.join()
+        assert _meta(store).status == Status.RETRYING
+        retried = drive(agent, store)
+    finally:
+        for event in released.values():
+            event.set()
+        first.join()
+    assert retried == ["done b", "done c"]
+    assert agent.calls == ["b", "c"]
+
+
 def test_a_call_in_a_thread_still_running_when_its_node_raises_is_recorded_first(
     store: Store, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -243,6 +243,11 @@ def test_a_number_that_is_not_a_plain_whole_one_is_a_bad_request(
     assert store.meta("t-fork") is None
 
 
+def test_a_step_given_with_thousands_of_leading_zeros_is_that_step(base: str) -> None:
+    answer = httpx.get(base + "/thread", params={"id": "t-done", "step": "0" * 5000 + "1"})
+    assert answer.status_code == 200, answer.text
+
+
 def test_error_pages_carry_the_security_headers(
     base: str, store: RedisStore, redis_server: RedisServer
 ) -> None:

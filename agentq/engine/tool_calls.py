@@ -175,9 +175,8 @@ class ToolCalls:
         their claims pending for its retry, as a dead worker's."""
         loop = asyncio.get_running_loop()
         while True:
-            # A turn of the loop first, and again after each wait: a task that a call
-            # just ended wakes, and the next call it makes is waited for too.
-            await asyncio.sleep(0)
+            # Looked at again after each wait: the task a call returned to went on at once,
+            # and the next call it made is waited for too.
             running = {ended for ended in self._awaited_running if ended.get_loop() is loop}
             if not running:
                 return

@@ -14,6 +14,7 @@ from agentq.celery.store_guard import recheck_store
 from agentq.celery.task import resend_thread
 from agentq.engine import metrics
 from agentq.ids import owner_id
+from agentq.records import Status
 from agentq.store.contract import Store
 
 logger = logging.getLogger("agentq.celery.recovery")
@@ -24,8 +25,6 @@ CLAIM_BATCH = 500
 GC_BATCH = 100
 """Finished threads one sweep deletes at most (tens of milliseconds): a backlog of them
 is worked off a batch a sweep, never holding up the sends of due threads behind it."""
-RESEND_SPACING_CAP = 16
-"""A thread sent again and again is sent at most this many ``start_grace`` apart."""
 STORE_CHECK_INTERVAL = 30.0
 """Seconds between two looks at the store's settings in every worker, leader or not."""
 
@@ -119,18 +118,14 @@ class Sweeper:
             return False
         resend_thread(self.app, meta)
         logger.info("thread %s (%s, step %d) re-sent", thread_id, meta.status.value, meta.step)
-        # Unchanged for longer than two holds, it was sent before and no worker took it:
-        # its messages most likely wait in a backlog, where a message every hold would
-        # pile up (a hundred each in an hour's backlog). Due again after as long as it has
-        # waited, its sends come twice as far apart each time, up to a cap; a worker
-        # taking it sets its due time anew. A first send defers nothing: the claim's hold
-        # is its wait, and a sweep after a crash makes no more round trips than before.
-        waited = time.time() - meta.updated_at
-        if waited > 2 * hold:
+        if meta.status == Status.QUEUED and time.time() - meta.updated_at > 1.5 * hold:
+            # Queued that long, it was sent before and no worker took it: its messages
+            # most likely wait in a backlog, where one more every hold would pile up (a
+            # hundred each in an hour's backlog). The store spaces its sends out past two
+            # holds by its own clock; asked past one and a half by this one, a first send
+            # (a hold after the thread was queued) costs no round trip more.
             try:
-                store.defer_due(
-                    thread_id, meta.status.value, meta.fence, min(waited, RESEND_SPACING_CAP * hold)
-                )
+                store.defer_due(thread_id, meta.fence, hold)
             except Exception as exc:  # it is only sent again after a hold, as before
                 logger.warning("thread %s: its next send is not deferred (%s)", thread_id, exc)
         return True

@@ -192,8 +192,9 @@ def timed_out(task: Task, meta: ThreadMeta, message_id: str, exc: BaseException)
 
 def cancelled(task: Task, meta: ThreadMeta, *, retried: bool = False) -> None:
     """Revoke the thread's first task, as Celery revokes a task: marked ``REVOKED``, its
-    chord counts the part as failed (once: by the task, or the caller of ``cancel()``, the
-    store names to carry the canvas on), and no callback or chain runs. ``retried``: in
+    chord counts the part as failed (by the task, or the caller of ``cancel()``, the store
+    names to carry the canvas on; again only by a copy of that task's message, as Celery
+    counts a redelivered failure again), and no callback or chain runs. ``retried``: in
     the task that ended the thread, which waits for a store error to pass."""
     if meta.origin is None:
         return

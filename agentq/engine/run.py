@@ -386,8 +386,12 @@ class Run:
     async def awaited_tools_ended(self) -> None:
         """Wait until the ``run.atool`` calls this run made on the running loop have ended
         (recorded): what the driver awaits after an async node, which may leave some
-        running (``asyncio.gather`` raises at the first call that failed)."""
+        running (``asyncio.gather`` raises at the first call that failed). The run ends
+        here, on the loop, in the turn that found none running: a call a still-running task
+        makes from now on is refused before its claim (its next step makes it), rather than
+        claimed while the step is being committed without it."""
         await self._tools.awaited_ended()
+        self._ended = True
 
     def wait_for_tools(self) -> None:
         """Block until the ``run.tool`` calls this run made in other threads have ended.

@@ -10,6 +10,9 @@ from agentq.errors import LeaseLost
 from agentq.ids import validate_thread_id
 from agentq.store.contract.common import Renewal, Taken, check_ttl
 
+RESEND_SPACING_CAP = 16
+"""A queued thread sent again and again is sent at most this many holds apart."""
+
 
 class LeaseContract(ABC):
     """The lease and recovery operations of :class:`~agentq.store.contract.Store`."""
@@ -115,16 +118,18 @@ class LeaseContract(ABC):
     @abstractmethod
     def _do_unclaim_due(self, thread_ids: Sequence[str]) -> None: ...
 
-    def defer_due(self, thread_id: str, status: str, fence: int, delay: float) -> None:
-        """Make due ``delay`` seconds from now a thread the sweeper has just sent, still in
-        ``status`` with fencing token ``fence``: a thread whose message waits in a backlog
-        is sent again less and less often, not once a ``hold``. Changes nothing once a
-        worker took the thread (its token went up) or its status changed. Atomic."""
+    def defer_due(self, thread_id: str, fence: int, hold: float) -> None:
+        """Space out the sends of a ``queued`` thread the sweeper has just sent again and
+        no worker took since (its fencing token is still ``fence``): queued for more than
+        two ``hold``s by the store's clock, its messages most likely wait in a backlog,
+        and it becomes due after as long as it has been queued, up to
+        :data:`RESEND_SPACING_CAP` ``hold``s, rather than a ``hold`` from now. Changes
+        nothing otherwise. Atomic."""
         validate_thread_id(thread_id)
-        self._do_defer_due(thread_id, status, fence, delay)
+        self._do_defer_due(thread_id, fence, hold)
 
     @abstractmethod
-    def _do_defer_due(self, thread_id: str, status: str, fence: int, delay: float) -> None: ...
+    def _do_defer_due(self, thread_id: str, fence: int, hold: float) -> None: ...
 
     def sync_index(self, thread_id: str) -> None:
         """Set the thread's entries in the global indexes (its status, its due time) from

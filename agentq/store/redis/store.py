@@ -28,6 +28,7 @@ from agentq.errors import (
 from agentq.ids import new_incarnation
 from agentq.records import Finding, Schedule, Status, ThreadMeta
 from agentq.store.contract import UNSET, Renewal, Taken, final_checkpoint, refuse_graph_fork
+from agentq.store.contract.leases import RESEND_SPACING_CAP
 from agentq.store.contract.threads import not_reopenable
 from agentq.store.meta_fields import meta_from_fields
 from agentq.store.redis.base import request_id
@@ -523,11 +524,11 @@ class RedisStore(RedisCheckpoints, RedisEffects, RedisLimits, RedisListing, Redi
     def _do_unclaim_due(self, thread_ids: Sequence[str]) -> None:
         self._scripts["unclaim_due"](keys=[self.keys.due()], args=list(thread_ids))
 
-    def _do_defer_due(self, thread_id: str, status: str, fence: int, delay: float) -> None:
+    def _do_defer_due(self, thread_id: str, fence: int, hold: float) -> None:
         self._run(
             "defer_due",
             [self.keys.meta(thread_id)],
-            [thread_id, status, fence, delay],
+            [thread_id, fence, hold, RESEND_SPACING_CAP],
             indexed=True,
         )
 

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from agentq.errors import LeaseHeld, LeaseLost, ThreadNotFound
 from agentq.records import Status
 from agentq.store.contract import Renewal, Taken, retry_not_due
+from agentq.store.contract.leases import RESEND_SPACING_CAP
 from agentq.store.sqlite.connection import SharedConnection
 from agentq.store.sqlite.queries import (
     NOT_FOUND,
@@ -103,12 +104,22 @@ class LeasesMixin:
                 (now, now, *ids),
             )
 
-    def _do_defer_due(self, thread_id: str, status: str, fence: int, delay: float) -> None:
+    def _do_defer_due(self, thread_id: str, fence: int, hold: float) -> None:
         with self._conn.write() as db:
+            now = time.time()
             db.execute(
-                "UPDATE threads SET due_at = ? WHERE thread_id = ? AND status = ? AND fence = ? "
-                "AND due_at IS NOT NULL",
-                (time.time() + delay, thread_id, status, fence),
+                "UPDATE threads SET due_at = ? + MIN(? - updated_at, ?) WHERE thread_id = ? "
+                "AND status = ? AND fence = ? AND due_at IS NOT NULL AND ? - updated_at > ?",
+                (
+                    now,
+                    now,
+                    RESEND_SPACING_CAP * hold,
+                    thread_id,
+                    Status.QUEUED.value,
+                    fence,
+                    now,
+                    2 * hold,
+                ),
             )
 
     def _do_lease_sweeper(self, owner: str, ttl: float) -> bool:

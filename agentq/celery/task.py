@@ -346,8 +346,9 @@ class AgentTask(Task):  # type: ignore[misc]
         ``link_error``, the chain or chord it is in), which the task that ends the thread
         carries on. An existing thread keeps its first input and options and is only
         re-sent, as :meth:`resend` sends it; the result returned then is its first task's,
-        which holds the thread's end whichever task ends it (the message's own, if
-        ``task_id`` is given)."""
+        which holds the thread's end whichever task ends it, while the thread runs on and
+        the backend keeps results (else the message's own, as when ``task_id`` is
+        given)."""
         if not args or len(args) != 1:
             raise InvalidArgument(
                 f"{self.name} takes exactly one positional argument, the thread id (got "
@@ -380,12 +381,17 @@ class AgentTask(Task):  # type: ignore[misc]
         )
         if not created:
             sent = _sent_or_told(meta, lambda: self.resend(meta, **options))
-            if chose_id or meta.origin is None or meta.status in FINISHED:
-                return sent  # a message finding its thread ended stores that end as its own
-            if self.ignore_result or meta.options.get("ignore_result"):
+            # A message finding its thread ended stores that end as its own; without a
+            # backend keeping results, the first task's end goes to its caller if anywhere.
+            if (
+                chose_id
+                or meta.origin is None
+                or meta.status in FINISHED
+                or self.ignore_result
+                or meta.options.get("ignore_result")
+                or isinstance(self.backend, (DisabledBackend, RPCBackend))
+            ):
                 return sent
-            if isinstance(self.backend, (DisabledBackend, RPCBackend)):
-                return sent  # the first task's end goes to its own caller, if anywhere
             # The thread's result, as for its first delay(): the message just sent only
             # nudges a thread that runs on, and ends WAITING or HANDED_OVER, never to be
             # ended later; the task that ends the thread stores its end under this id.

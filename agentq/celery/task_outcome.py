@@ -264,26 +264,26 @@ def _store_unfinished(task: Task, meta: ThreadMeta, state: str, fields: dict[str
         _reported(task, "looking at its thread again", lambda: _restore_end(task, meta))
 
 
+def _stored_state(task: Task, task_id: str) -> str | None:
+    """The state the backend holds for ``task_id``; ``None`` if it cannot say (no results
+    stored, an ``rpc://`` backend, the backend out)."""
+    if not stores_results(task) or _is_rpc(task.backend):
+        return None
+    try:
+        return str(task.backend.get_state(task_id))
+    except Exception:
+        return None
+
+
 def _ready(task: Task, task_id: str) -> bool:
     """Whether the backend holds a final state for ``task_id``; ``False`` if it cannot
-    say (no results stored, an ``rpc://`` backend, the backend out), so that the task's
-    own state is stored (or, the backend out, logged)."""
-    if not stores_results(task) or _is_rpc(task.backend):
-        return False
-    try:
-        return task.backend.get_state(task_id) in states.READY_STATES
-    except Exception:
-        return False
+    say, so that the task's own state is stored (or, the backend out, logged)."""
+    return bool(_stored_state(task, task_id) in states.READY_STATES)
 
 
 def _succeeded(task: Task, task_id: str) -> bool:
     """Whether the backend holds ``SUCCESS`` for ``task_id``; ``False`` if it cannot say."""
-    if not stores_results(task) or _is_rpc(task.backend):
-        return False
-    try:
-        return bool(task.backend.get_state(task_id) == states.SUCCESS)
-    except Exception:
-        return False
+    return bool(_stored_state(task, task_id) == states.SUCCESS)
 
 
 def _restore_end(task: Task, meta: ThreadMeta) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import types
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final, TypeVar, overload
@@ -72,6 +73,9 @@ def tool(
     return mark(fn) if fn is not None else mark
 
 
+_PLAIN_CALLABLES: Final = (types.FunctionType, types.MethodType, types.BuiltinFunctionType)
+
+
 def policy_of(fn: Callable[..., Any]) -> ToolPolicy:
     """The policy declared on ``fn``, on the tool a ``functools.partial`` binds arguments
     of (which has no attributes of the function's), or on the ``__call__`` of the object
@@ -84,7 +88,8 @@ def policy_of(fn: Callable[..., Any]) -> ToolPolicy:
         if not isinstance(fn, functools.partial):
             break
         fn = fn.func
+    if isinstance(fn, (type, *_PLAIN_CALLABLES)):
+        return ToolPolicy()  # the usual tool: no class of its own to look at
     # An object whose class declared its __call__ a tool (a client holding its session).
-    call = None if isinstance(fn, type) else inspect.getattr_static(type(fn), "__call__", None)
-    policy = getattr(call, "__agentq_policy__", None)
+    policy = getattr(inspect.getattr_static(type(fn), "__call__", None), "__agentq_policy__", None)
     return policy if isinstance(policy, ToolPolicy) else ToolPolicy()
